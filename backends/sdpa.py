@@ -1,0 +1,38 @@
+"""Per-sequence ``scaled_dot_product_attention`` over packed tokens: the portable reference backend.
+
+Segment lengths come from the host, so nothing here reads the device and the calls are capturable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def sdpa_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: Sequence[int], scale: float
+) -> torch.Tensor:
+    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
+
+    ``seq_lens`` are host ints summing to ``N``. Returns ``[N, H, D]`` in ``v.dtype``; q and k are
+    cast to ``v.dtype`` first (q may arrive as fp16 beside bf16 k/v). Equal-length segments run as
+    one batched call, ragged ones one call each.
+    """
+    q, k = q.to(v.dtype), k.to(v.dtype)
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    if len(set(seq_lens)) == 1:
+        batch, length = len(seq_lens), seq_lens[0]
+        q, k, v = (t.view(batch, length, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale, **gqa)
+        return out.transpose(1, 2).reshape(batch * length, out.shape[1], out.shape[3])
+    outputs = [
+        F.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), scale=scale, **gqa
+        ).transpose(0, 1)
+        for qs, ks, vs in zip(
+            q.split(list(seq_lens)), k.split(list(seq_lens)), v.split(list(seq_lens)), strict=True
+        )
+    ]
+    return torch.cat(outputs)
