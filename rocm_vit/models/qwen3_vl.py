@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rocm_vit.attention import AttentionBackend, get_backend
+from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.layout import VisionLayout, to_device_async
 from rocm_vit.models.config import VisionConfig
 from rocm_vit.rotary import apply_rotary
@@ -61,7 +62,7 @@ class Qwen3VLVisionTower(nn.Module):
         )
         self._deepstack_slot = {block: slot for slot, block in enumerate(config.deepstack_visual_indexes)}
         self._layouts: OrderedDict[tuple, _PreparedLayout] = OrderedDict()
-        self._graph_runner = None
+        self._graph_runner: ViTGraphRunner | None = None
 
     @classmethod
     def from_config(cls, config: Any, attention_backend: str | None = None) -> Qwen3VLVisionTower:
@@ -108,16 +109,25 @@ class Qwen3VLVisionTower(nn.Module):
         merged = self.merger(x)
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
 
-    def enable_graphs(self, capacity: int | None = None, min_hits: int = 1, max_tokens: int | None = None):
-        """Run later calls through a ``ViTGraphRunner`` (see ``rocm_vit.graphs``) and return it."""
-        from rocm_vit.graphs import ViTGraphRunner
+    def enable_graphs(
+        self,
+        capacity: int | None = None,
+        min_hits: int = 1,
+        max_tokens: int | None = None,
+        **runner_options: Any,
+    ) -> ViTGraphRunner:
+        """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
+        ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a CPU tower the
+        runner serves every call eagerly and logs that once.
+        """
         self._graph_runner = ViTGraphRunner(
             self.forward_blocks,
             self.attention,
             capacity=capacity,
             min_hits=min_hits,
             max_tokens=max_tokens,
+            **runner_options,
         )
         return self._graph_runner
 

@@ -1,0 +1,220 @@
+"""ViTGraphRunner: one graph per exact attention layout, one shared pool, a bounded cache, owned outputs.
+
+Why each rule exists (DESIGN.md, Known hazards):
+- keys come from host data and carry ``cu_seqlens``: equal token counts with other image boundaries
+  would otherwise replay stale attention metadata;
+- every graph keeps its own static input, cos/sin and ``cu_seqlens`` buffers alive and in place: a
+  shared workspace regrown under a captured graph silently corrupts replies;
+- replay returns a clone: graphs share one pool, and a caller holding a static output would see it
+  overwritten by the next replay;
+- warm-up runs on the capture stream before the first capture: kernel JIT and per-stream library
+  handles created inside a capture fail or hang;
+- capacity bounds memory: layouts past it run the same ``forward_blocks`` eagerly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rocm_vit.attention import AttentionBackend
+from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
+from rocm_vit.layout import VisionLayout
+
+logger = logging.getLogger(__name__)
+
+ForwardBlocks = Callable[[torch.Tensor, list, torch.Tensor, torch.Tensor], torch.Tensor]
+
+EAGER_REASONS = ("over_capacity", "below_min_hits", "over_max_tokens", "capture_failed", "no_gpu")
+
+# Hit counts for layouts not (yet) captured; bounded so a server seeing endless new sizes stays flat.
+_MAX_TRACKED_LAYOUTS = 4096
+
+
+@dataclass
+class _Graph:
+    """A captured layout: the graph, its static buffers and their addresses at capture time."""
+
+    graph: Any
+    x: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cu_seqlens: torch.Tensor
+    output: torch.Tensor
+    addresses: tuple[int, ...]
+
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        return (self.x, self.cos, self.sin, self.cu_seqlens, self.output)
+
+
+class ViTGraphRunner:
+    """Runs ``forward_blocks(x, attn_args, cos, sin)`` under graphs keyed by the exact layout.
+
+    ``run`` returns a tensor owned by the caller. Calls are serialised by a lock; capture is
+    thread-local, so other threads may use the GPU meanwhile. Failures never escape ``run`` as long
+    as the eager ``forward_blocks`` works: a failed capture is remembered and served eagerly.
+    """
+
+    def __init__(
+        self,
+        forward_blocks: ForwardBlocks,
+        attention: AttentionBackend,
+        *,
+        capacity: int | None = None,
+        min_hits: int = 1,
+        max_tokens: int | None = None,
+        capture_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+        mechanism: GraphMechanism | None = None,
+    ) -> None:
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"capacity = {capacity} must be >= 0 or None (unbounded)")
+        if min_hits < 1:
+            raise ValueError(f"min_hits = {min_hits} must be >= 1")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens = {max_tokens} must be >= 1 or None")
+        self.forward_blocks = forward_blocks
+        self.attention = attention
+        self.capacity = capacity
+        self.min_hits = min_hits
+        self.max_tokens = max_tokens
+        self._capture_context = capture_context or contextlib.nullcontext
+        self._mechanism = mechanism or CudaGraphs()
+        self._lock = threading.Lock()
+        self._graphs: dict[tuple, _Graph] = {}
+        self._failed: set[tuple] = set()
+        self._hits: OrderedDict[tuple, int] = OrderedDict()
+        self._pool: Any = None
+        self._stream: Any = None
+        self._device: torch.device | None = None
+        self._captures = 0
+        self._replays = 0
+        self._capture_seconds = 0.0
+        self._eager_runs: Counter[str] = Counter({reason: 0 for reason in EAGER_REASONS})
+        self._logged: set[str] = set()
+
+    def run(
+        self, x: torch.Tensor, layout: VisionLayout, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """Forward ``x`` ``[N, hidden]`` laid out as ``layout``; ``cos``/``sin`` ``[N, head_dim]``, any dtype.
+
+        Returns ``forward_blocks``' output, freshly allocated: no later call changes it.
+        """
+        if x.shape[0] != layout.num_patches:
+            raise ValueError(f"x has {x.shape[0]} rows but the layout describes {layout.num_patches} patches")
+        with self._lock:
+            key = layout.graph_key
+            entry = self._graphs.get(key)
+            if entry is not None and self._buffers_in_place(key, entry):
+                return self._replay(entry, x, cos, sin)
+            reason = self._eager_reason(key, layout, x.device)
+            if reason is None:
+                entry = self._capture(key, layout, x, cos, sin)
+                if entry is not None:
+                    return self._replay(entry, x, cos, sin)
+                reason = "capture_failed"
+            self._eager_runs[reason] += 1
+            attn_args = self.attention.runner_args(layout, layout.cu_seqlens_tensor(x.device))
+            return self.forward_blocks(x, attn_args, cos, sin)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for logs and ``rocm-vit bench``: captures, replays, eager runs by reason, memory."""
+        with self._lock:
+            pool_bytes = 0 if self._pool is None else self._mechanism.pool_bytes(self._pool, self._device)
+            return {
+                "captures": self._captures,
+                "replays": self._replays,
+                "eager_runs": dict(self._eager_runs),
+                "graphs": len(self._graphs),
+                "failed_layouts": len(self._failed),
+                "capture_seconds": self._capture_seconds,
+                "pool_bytes": pool_bytes,
+                "buffer_bytes": sum(t.nbytes for entry in self._graphs.values() for t in entry.buffers()),
+            }
+
+    def _eager_reason(self, key: tuple, layout: VisionLayout, device: torch.device) -> str | None:
+        if not self._mechanism.available(device):
+            self._log_once("no_gpu", "graphs need a CUDA/ROCm device; running %s eagerly", device)
+            return "no_gpu"
+        if key in self._failed:
+            return "capture_failed"
+        if self.max_tokens is not None and layout.num_patches > self.max_tokens:
+            return "over_max_tokens"
+        if self.capacity is not None and len(self._graphs) >= self.capacity:
+            self._log_once(
+                "over_capacity", "graph cache full (%d graphs); new layouts run eagerly", self.capacity
+            )
+            return "over_capacity"
+        hits = self._hits.pop(key, 0) + 1
+        if hits < self.min_hits:
+            self._hits[key] = hits
+            if len(self._hits) > _MAX_TRACKED_LAYOUTS:
+                self._hits.popitem(last=False)
+            return "below_min_hits"
+        return None
+
+    def _capture(
+        self, key: tuple, layout: VisionLayout, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> _Graph | None:
+        started = time.perf_counter()
+        try:
+            if self._pool is None:
+                self._device = x.device
+                self._pool = self._mechanism.new_pool(x.device)
+                self._stream = self._mechanism.new_stream(x.device)
+            static_x, static_cos, static_sin = x.clone(), cos.clone(), sin.clone()
+            static_cu = layout.cu_seqlens_tensor(x.device).clone()
+            attn_args = self.attention.runner_args(layout, static_cu)
+
+            def forward() -> torch.Tensor:
+                return self.forward_blocks(static_x, attn_args, static_cos, static_sin)
+
+            with self._capture_context():
+                self._mechanism.warm_up(forward, self._stream)
+                graph, output = self._mechanism.capture(forward, self._pool, self._stream)
+        except Exception as error:  # any capture failure degrades to eager
+            self._failed.add(key)
+            logger.warning(
+                "graph capture failed for %d patches in %d segments (%s: %s); this layout runs eagerly",
+                layout.num_patches,
+                len(layout.seq_lens),
+                type(error).__name__,
+                error,
+            )
+            return None
+        buffers = (static_x, static_cos, static_sin, static_cu, output)
+        entry = _Graph(graph, *buffers, addresses=tuple(t.data_ptr() for t in buffers))
+        self._graphs[key] = entry
+        self._captures += 1
+        self._capture_seconds += time.perf_counter() - started
+        logger.debug("captured graph %d for %d patches", len(self._graphs), layout.num_patches)
+        return entry
+
+    def _replay(self, entry: _Graph, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        entry.x.copy_(x)
+        entry.cos.copy_(cos)
+        entry.sin.copy_(sin)
+        self._mechanism.replay(entry.graph)
+        self._replays += 1
+        return entry.output.clone()
+
+    def _buffers_in_place(self, key: tuple, entry: _Graph) -> bool:
+        """A graph whose buffers moved would read or write freed memory: drop it and serve eagerly."""
+        if tuple(t.data_ptr() for t in entry.buffers()) == entry.addresses:
+            return True
+        logger.error("static buffers of a captured graph moved; dropping the graph and running eagerly")
+        del self._graphs[key]
+        self._failed.add(key)
+        return False
+
+    def _log_once(self, topic: str, message: str, *args: object) -> None:
+        if topic not in self._logged:
+            self._logged.add(topic)
+            logger.warning(message, *args)

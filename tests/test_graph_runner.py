@@ -1,0 +1,294 @@
+"""ViTGraphRunner policy on CPU: keys, admission, bounds, failures, owned outputs, stats.
+
+A real graph cannot exist on a CPU, so the mechanism is swapped for a stand-in whose "graph" re-runs
+the captured function on the static buffers at replay: it reads exactly what a real graph would
+read, so stale or moved buffers show up as wrong results here too.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from rocm_vit.attention import get_backend
+from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
+from rocm_vit.layout import VisionLayout
+from rocm_vit.models import Qwen3VLVisionTower, preset
+
+
+@dataclass
+class _StandInGraph:
+    fn: Any
+    output: torch.Tensor
+
+
+@dataclass
+class StandInGraphs:
+    """CPU stand-in for ``CudaGraphs``: counts warm-ups, captures and replays; can fail on demand."""
+
+    fail_captures: int = 0
+    warm_ups: int = 0
+    events: list[str] = field(default_factory=list)
+
+    def available(self, device: torch.device) -> bool:
+        return True
+
+    def new_pool(self, device: torch.device) -> object:
+        return object()
+
+    def new_stream(self, device: torch.device) -> str:
+        return "capture-stream"
+
+    def warm_up(self, fn, stream) -> None:
+        assert stream == "capture-stream"
+        self.warm_ups += 1
+        self.events.append("warm_up")
+        fn()
+
+    def capture(self, fn, pool, stream):
+        assert stream == "capture-stream"
+        self.events.append("capture")
+        if self.fail_captures:
+            self.fail_captures -= 1
+            raise torch.OutOfMemoryError("stand-in: out of memory during capture")
+        output = fn()
+        return _StandInGraph(fn, output), output
+
+    def replay(self, graph: _StandInGraph) -> None:
+        self.events.append("replay")
+        graph.output.copy_(graph.fn())
+
+    def pool_bytes(self, pool, device) -> int:
+        return 0
+
+
+HIDDEN = 8
+
+
+def _toy_forward_blocks(
+    x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """Depends on every input and on the segment boundaries, like real attention does."""
+    (seq_lens,) = attn_args
+    segment_sums = torch.cat([part.sum(0, keepdim=True).expand_as(part) for part in x.split(list(seq_lens))])
+    return x * cos[:, :HIDDEN] + segment_sums + sin[:, :HIDDEN]
+
+
+def _runner(**kwargs: Any) -> tuple[ViTGraphRunner, StandInGraphs]:
+    mechanism = kwargs.pop("mechanism", None) or StandInGraphs()
+    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa"), mechanism=mechanism, **kwargs)
+    return runner, mechanism
+
+
+def _inputs(layout: VisionLayout, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    n = layout.num_patches
+    return (
+        torch.randn(n, HIDDEN, generator=generator),
+        torch.randn(n, HIDDEN, generator=generator),
+        torch.randn(n, HIDDEN, generator=generator),
+    )
+
+
+def _eager(layout: VisionLayout, x, cos, sin) -> torch.Tensor:
+    return _toy_forward_blocks(x, [layout.seq_lens], cos, sin)
+
+
+def _layout(*grid: tuple[int, int, int]) -> VisionLayout:
+    return VisionLayout.from_grid_thw(list(grid))
+
+
+def test_replay_matches_eager_and_reads_new_inputs(generator: torch.Generator) -> None:
+    runner, mechanism = _runner()
+    layout = _layout((1, 4, 4), (1, 2, 6))
+    for _ in range(3):
+        x, cos, sin = _inputs(layout, generator)
+        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+    assert mechanism.events == ["warm_up", "capture", "replay", "replay", "replay"]
+    assert runner.stats()["captures"] == 1
+    assert runner.stats()["replays"] == 3
+
+
+def test_equal_token_counts_with_other_boundaries_get_their_own_graph(generator: torch.Generator) -> None:
+    runner, _ = _runner()
+    first = _layout((1, 4, 4), (1, 2, 2))  # 16 + 4 patches
+    second = _layout((1, 2, 2), (1, 4, 4))  # 4 + 16 patches
+    assert first.num_patches == second.num_patches
+    assert first.graph_key != second.graph_key
+    for layout in (first, second, first, second):
+        x, cos, sin = _inputs(layout, generator)
+        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+    assert runner.stats()["graphs"] == 2
+
+
+def test_replay_output_survives_other_graphs(generator: torch.Generator) -> None:
+    runner, _ = _runner()
+    layout_a, layout_b = _layout((1, 2, 4)), _layout((1, 4, 2))
+    x, cos, sin = _inputs(layout_a, generator)
+    kept = runner.run(x, layout_a, cos, sin)
+    expected = kept.clone()
+    for layout in (layout_a, layout_b, layout_a):
+        runner.run(*_with_layout(layout, generator))
+    assert torch.equal(kept, expected)
+
+
+def _with_layout(layout: VisionLayout, generator: torch.Generator) -> tuple:
+    x, cos, sin = _inputs(layout, generator)
+    return x, layout, cos, sin
+
+
+def test_capacity_bounds_graphs_and_captured_layouts_keep_replaying(generator: torch.Generator) -> None:
+    runner, _ = _runner(capacity=2)
+    layouts = [_layout((1, 2, 2 * i)) for i in range(1, 5)]
+    for layout in layouts + layouts:
+        x, cos, sin = _inputs(layout, generator)
+        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+    stats = runner.stats()
+    assert stats["graphs"] == 2
+    assert stats["captures"] == 2
+    assert stats["replays"] == 2 + 2  # first two layouts, captured then replayed on the second pass
+    assert stats["eager_runs"]["over_capacity"] == 4
+
+
+def test_eager_fallback_allocates_no_per_layout_buffers(generator: torch.Generator) -> None:
+    runner, _ = _runner(capacity=1)
+    runner.run(*_with_layout(_layout((1, 2, 2)), generator))
+    buffer_bytes = runner.stats()["buffer_bytes"]
+    assert buffer_bytes > 0
+    for width in range(2, 20, 2):
+        runner.run(*_with_layout(_layout((1, 4, width)), generator))
+    assert runner.stats()["buffer_bytes"] == buffer_bytes
+    assert runner.stats()["graphs"] == 1
+
+
+def test_capacity_zero_never_captures(generator: torch.Generator) -> None:
+    runner, mechanism = _runner(capacity=0)
+    runner.run(*_with_layout(_layout((1, 2, 2)), generator))
+    assert mechanism.events == []
+    assert runner.stats()["eager_runs"]["over_capacity"] == 1
+
+
+def test_min_hits_delays_capture(generator: torch.Generator) -> None:
+    runner, _ = _runner(min_hits=3)
+    layout = _layout((1, 2, 4))
+    for _ in range(4):
+        x, cos, sin = _inputs(layout, generator)
+        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+    stats = runner.stats()
+    assert stats["eager_runs"]["below_min_hits"] == 2
+    assert (stats["captures"], stats["replays"]) == (1, 2)
+
+
+def test_max_tokens_runs_large_layouts_eagerly(generator: torch.Generator) -> None:
+    runner, _ = _runner(max_tokens=16)
+    runner.run(*_with_layout(_layout((1, 4, 4)), generator))
+    runner.run(*_with_layout(_layout((1, 4, 6)), generator))
+    stats = runner.stats()
+    assert stats["graphs"] == 1
+    assert stats["eager_runs"]["over_max_tokens"] == 1
+
+
+def test_failed_capture_is_remembered_served_eagerly_and_runner_keeps_working(
+    generator: torch.Generator, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner, mechanism = _runner(mechanism=StandInGraphs(fail_captures=1))
+    bad, good = _layout((1, 2, 6)), _layout((1, 4, 4))
+    for layout in (bad, bad, good, good):
+        x, cos, sin = _inputs(layout, generator)
+        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+    stats = runner.stats()
+    assert stats["eager_runs"]["capture_failed"] == 2
+    assert (stats["graphs"], stats["failed_layouts"], stats["replays"]) == (1, 1, 2)
+    assert mechanism.events.count("capture") == 2  # the failed layout is not captured again
+    assert "graph capture failed" in caplog.text
+
+
+def test_moved_static_buffer_drops_the_graph(generator: torch.Generator) -> None:
+    runner, _ = _runner()
+    layout = _layout((1, 2, 2))
+    runner.run(*_with_layout(layout, generator))
+    entry = runner._graphs[layout.graph_key]
+    entry.cos = entry.cos.clone()  # what a regrown shared workspace would do under a live graph
+    x, cos, sin = _inputs(layout, generator)
+    assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+    assert runner.stats()["graphs"] == 0
+    assert runner.stats()["eager_runs"]["capture_failed"] == 1
+
+
+def test_rotary_workspace_keeps_the_dtype_the_model_passed(generator: torch.Generator) -> None:
+    runner, _ = _runner()
+    layout = _layout((1, 2, 2))
+    x = torch.randn(4, HIDDEN, generator=generator, dtype=torch.float64).to(torch.bfloat16)
+    cos = torch.randn(4, HIDDEN, generator=generator)
+    runner.run(x, layout, cos, cos)
+    entry = runner._graphs[layout.graph_key]
+    assert (entry.x.dtype, entry.cos.dtype, entry.sin.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+    assert entry.cu_seqlens.dtype == torch.int32
+
+
+def test_input_rows_must_match_layout(generator: torch.Generator) -> None:
+    runner, _ = _runner()
+    layout = _layout((1, 2, 2))
+    x = torch.randn(5, HIDDEN, generator=generator)
+    with pytest.raises(ValueError, match="x has 5 rows but the layout describes 4 patches"):
+        runner.run(x, layout, x, x)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"capacity": -1}, "capacity = -1"),
+        ({"min_hits": 0}, "min_hits = 0"),
+        ({"max_tokens": 0}, "max_tokens = 0"),
+    ],
+)
+def test_invalid_options_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _runner(**kwargs)
+
+
+def test_concurrent_callers_are_serialised(generator: torch.Generator) -> None:
+    runner, _ = _runner(capacity=3)
+    layouts = [_layout((1, 2, 2 * i)) for i in range(1, 7)]
+    jobs = [(layout, *_inputs(layout, generator)) for layout in layouts * 4]
+    errors: list[str] = []
+
+    def worker(chunk: list) -> None:
+        for layout, x, cos, sin in chunk:
+            if not torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin)):
+                errors.append(f"mismatch for {layout.grid_thw}")
+
+    threads = [threading.Thread(target=worker, args=(jobs[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    stats = runner.stats()
+    assert stats["graphs"] == 3
+    assert stats["replays"] + sum(stats["eager_runs"].values()) == len(jobs)
+
+
+def test_real_mechanism_on_cpu_runs_eagerly_with_reason(generator: torch.Generator) -> None:
+    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa"), mechanism=CudaGraphs())
+    layout = _layout((1, 2, 4))
+    x, cos, sin = _inputs(layout, generator)
+    assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+    assert runner.stats()["eager_runs"]["no_gpu"] == 1
+    assert runner.stats()["pool_bytes"] == 0
+
+
+@torch.no_grad()
+def test_tower_with_graphs_equals_eager_bitwise(generator: torch.Generator) -> None:
+    tower = Qwen3VLVisionTower(preset("tiny"), attention_backend="sdpa").eval()
+    grids = [[(1, 4, 6)], [(1, 2, 2), (2, 4, 4)], [(1, 4, 6)]]
+    pixels = [torch.randn(sum(t * h * w for t, h, w in g), 1536, generator=generator) for g in grids]
+    eager = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
+    runner = tower.enable_graphs(capacity=8, mechanism=StandInGraphs())
+    graphed = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
+    tower.disable_graphs()
+    assert all(torch.equal(a, b) for a, b in zip(eager, graphed, strict=True))
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (2, 3)
