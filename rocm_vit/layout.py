@@ -65,8 +65,7 @@ class VisionLayout:
             cu_seqlens.append(cu_seqlens[-1] + length)
         if num_patches is not None and num_patches != cu_seqlens[-1]:
             raise ValueError(
-                f"pixel_values has {num_patches} rows but grid_thw {list(items)} describes "
-                f"{cu_seqlens[-1]} patches"
+                f"pixel_values has {num_patches} rows but grid_thw {list(items)} describes {cu_seqlens[-1]} patches"
             )
         return cls(items, spatial_merge_size, seq_lens, tuple(cu_seqlens), max(seq_lens))
 
@@ -99,9 +98,7 @@ class VisionLayout:
         for t, h, w in self.grid_thw:
             rows = torch.arange(h).view(h // merge, merge, 1, 1).expand(-1, -1, w // merge, merge)
             cols = torch.arange(w).view(1, 1, w // merge, merge).expand(h // merge, merge, -1, -1)
-            block_major = torch.stack(
-                [rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()], dim=-1
-            )
+            block_major = torch.stack([rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()], dim=-1)
             per_item.append(block_major.repeat(t, 1))
         return torch.cat(per_item)
 

@@ -100,9 +100,7 @@ class ViTGraphRunner:
         self._eager_runs: Counter[str] = Counter({reason: 0 for reason in EAGER_REASONS})
         self._logged: set[str] = set()
 
-    def run(
-        self, x: torch.Tensor, layout: VisionLayout, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
+    def run(self, x: torch.Tensor, layout: VisionLayout, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Forward ``x`` ``[N, hidden]`` laid out as ``layout``; ``cos``/``sin`` ``[N, head_dim]``, any dtype.
 
         Returns ``forward_blocks``' output, freshly allocated: no later call changes it.
@@ -148,9 +146,7 @@ class ViTGraphRunner:
         if self.max_tokens is not None and layout.num_patches > self.max_tokens:
             return "over_max_tokens"
         if self.capacity is not None and len(self._graphs) >= self.capacity:
-            self._log_once(
-                "over_capacity", "graph cache full (%d graphs); new layouts run eagerly", self.capacity
-            )
+            self._log_once("over_capacity", "graph cache full (%d graphs); new layouts run eagerly", self.capacity)
             return "over_capacity"
         hits = self._hits.pop(key, 0) + 1
         if hits < self.min_hits:

@@ -57,9 +57,7 @@ class VisionConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field when the sizes cannot form a tower."""
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size = {self.hidden_size} is not divisible by num_heads {self.num_heads}"
-            )
+            raise ValueError(f"hidden_size = {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.head_dim % 4:
             raise ValueError(f"head dim {self.head_dim} must be divisible by 4 for the 2-D rotary embedding")
         if self.num_grid_per_side**2 != self.num_position_embeddings:

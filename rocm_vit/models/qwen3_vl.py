@@ -70,6 +70,11 @@ class Qwen3VLVisionTower(nn.Module):
         return cls(VisionConfig.from_config(config), attention_backend=attention_backend)
 
     @property
+    def graph_runner(self) -> ViTGraphRunner | None:
+        """The runner ``enable_graphs`` installed, or ``None`` while the tower runs eagerly."""
+        return self._graph_runner
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.pos_embed.weight.dtype
 
@@ -78,12 +83,20 @@ class Qwen3VLVisionTower(nn.Module):
         return self.pos_embed.weight.device
 
     def forward(
-        self, pixel_values: torch.Tensor, grid_thw: Sequence[Sequence[int]] | torch.Tensor
+        self,
+        pixel_values: torch.Tensor,
+        grid_thw: Sequence[Sequence[int]] | torch.Tensor,
+        *,
+        use_graphs: bool = True,
     ) -> torch.Tensor:
-        """Encode packed patches ``[N, C * T * P * P]`` described by host-side ``grid_thw``."""
+        """Encode packed patches ``[N, C * T * P * P]`` described by host-side ``grid_thw``.
+
+        With graphs enabled the block stack runs through the graph runner; ``use_graphs=False``
+        runs this call eagerly anyway (what ``rocm-vit verify`` compares against).
+        """
         prepared = self._prepare(grid_thw, pixel_values.shape[0])
         x, cos, sin = self.embed(pixel_values, prepared)
-        if self._graph_runner is not None:
+        if use_graphs and self._graph_runner is not None:
             return self._graph_runner.run(x, prepared.layout, cos, sin)
         attn_args = self.attention.runner_args(prepared.layout, prepared.cu_seqlens)
         return self.forward_blocks(x, attn_args, cos, sin)
@@ -96,9 +109,7 @@ class Qwen3VLVisionTower(nn.Module):
         cos, sin = self.rotary_pos_emb(prepared.rotary_positions)
         return x, cos, sin
 
-    def forward_blocks(
-        self, x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
+    def forward_blocks(self, x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """All blocks, the merger and the deepstack mergers: what eager mode runs and graphs capture."""
         deepstack = []
         for index, block in enumerate(self.blocks):
@@ -177,9 +188,7 @@ class PatchEmbed(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
         kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.proj = nn.Conv3d(
-            config.in_channels, config.hidden_size, kernel_size=kernel, stride=kernel, bias=True
-        )
+        self.proj = nn.Conv3d(config.in_channels, config.hidden_size, kernel_size=kernel, stride=kernel, bias=True)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         weight = self.proj.weight.view(self.proj.out_channels, -1)

@@ -1,0 +1,215 @@
+"""``rocm-vit bench``: tower latency per image layout, eager against graphs, optionally against transformers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from rocm_vit.cli.workload import NAMED_SWEEPS, Workload, build_tower, median_ms, parse_layouts, random_pixels
+from rocm_vit.models import Qwen3VLVisionTower, preset_names
+from rocm_vit.platform import platform_info
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=preset_names(), help="tower (default: tiny on CPU, qwen3-vl-2b on a GPU)")
+    parser.add_argument(
+        "--layouts",
+        default=None,
+        help=f"named sweep ({', '.join(NAMED_SWEEPS)}) or specs like 1x512,4x512,1x768x1024,1x224+2x512,1x448f8 "
+        "(default: 'default' on a GPU, 'tiny' on CPU)",
+    )
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), help="default: bf16 on a GPU, fp32 on CPU")
+    parser.add_argument("--attention-backend", help="override the attention backend (see rocm-vit doctor)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per cell (default: 20 GPU, 3 CPU)")
+    parser.add_argument("--capacity", type=int, default=32, help="graph cache capacity (default 32)")
+    parser.add_argument("--no-graphs", action="store_true", help="eager column only")
+    parser.add_argument(
+        "--baseline", choices=["transformers"], help="add transformers' Qwen3VLVisionModel, same weights"
+    )
+    parser.add_argument("--plot", type=Path, help="write latency against patches to this PNG")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+
+
+def run(args: argparse.Namespace) -> int:
+    info = platform_info()
+    on_gpu = info.name != "cpu"
+    device = torch.device("cuda" if on_gpu else "cpu")
+    preset_name = args.preset or ("qwen3-vl-2b" if on_gpu else "tiny")
+    dtype = _DTYPES[args.dtype or ("bf16" if on_gpu else "fp32")]
+    repeats = args.repeats or (20 if on_gpu else 3)
+    tower = build_tower(preset_name, device, dtype, args.attention_backend, args.seed)
+    workloads = parse_layouts(args.layouts or ("default" if on_gpu else "tiny"), tower.config)
+    baseline = _transformers_baseline(tower) if args.baseline else None
+    graphs = on_gpu and not args.no_graphs
+    runner = tower.enable_graphs(capacity=args.capacity) if graphs else None
+
+    rows = []
+    with torch.inference_mode():
+        for index, workload in enumerate(_progress(workloads)):
+            pixels = random_pixels(workload, tower.config, device, args.seed + index).to(dtype)
+            rows.append(_measure(tower, baseline, workload, pixels, repeats, graphs))
+    report = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "device": info.device_name,
+        "platform": info.name,
+        "commit": _commit(),
+        "torch": torch.__version__,
+        "preset": preset_name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "attention_backend": tower.attention.name,
+        "repeats": repeats,
+        "rows": rows,
+        "runner": runner.stats() if runner else None,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if on_gpu else 0,
+    }
+    if args.plot:
+        _plot(rows, args.plot, f"{preset_name} {report['dtype']} on {info.device_name}")
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if any(row["check"] == "MISMATCH" for row in rows) else 0
+
+
+def _measure(
+    tower: Qwen3VLVisionTower,
+    baseline: object | None,
+    workload: Workload,
+    pixels: torch.Tensor,
+    repeats: int,
+    graphs: bool,
+) -> dict:
+    device = pixels.device
+    grid = list(workload.grid_thw)
+    eager_out = tower(pixels, grid, use_graphs=False)
+    row = {
+        "layout": workload.spec,
+        "patches": workload.patches,
+        "tokens": eager_out.shape[0],
+        "eager_ms": median_ms(lambda: tower(pixels, grid, use_graphs=False), device, repeats),
+    }
+    check = "finite" if torch.isfinite(eager_out).all() else "NON-FINITE"
+    if graphs:
+        runner = tower.graph_runner
+        before = runner.stats()["capture_seconds"]
+        graph_out = tower(pixels, grid)  # first call captures (or falls back)
+        row["capture_ms"] = (runner.stats()["capture_seconds"] - before) * 1e3
+        row["graph_ms"] = median_ms(lambda: tower(pixels, grid), device, repeats)
+        row["speedup"] = row["eager_ms"] / row["graph_ms"]
+        check = "exact" if torch.equal(graph_out, eager_out) else "MISMATCH"
+    if baseline is not None:
+        grid_tensor = torch.tensor(grid, device=device)
+        row["transformers_ms"] = median_ms(lambda: baseline(pixels, grid_tensor), device, repeats)
+    row["check"] = check
+    return row
+
+
+def _transformers_baseline(tower: Qwen3VLVisionTower):
+    """transformers' own tower with the same weights (sdpa attention), or an error saying what is missing."""
+    try:
+        from transformers import Qwen3VLVisionConfig
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+    except ImportError as error:
+        raise SystemExit(f"--baseline transformers needs transformers >= 4.57 installed ({error})") from None
+    config = tower.config
+    hf_config = Qwen3VLVisionConfig(
+        depth=config.depth,
+        hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        out_hidden_size=config.out_hidden_size,
+        deepstack_visual_indexes=list(config.deepstack_visual_indexes),
+        num_position_embeddings=config.num_position_embeddings,
+        hidden_act=config.hidden_act,
+    )
+    hf_config._attn_implementation = "sdpa"
+    model = Qwen3VLVisionModel(hf_config)
+    model.load_state_dict(tower.state_dict())
+    return model.to(device=tower.device, dtype=tower.dtype).eval()
+
+
+def format_report(report: dict) -> str:
+    """The table printed last: one row per layout, graph columns when graphs ran."""
+    rows = report["rows"]
+    columns = [("layout", "layout", "{}"), ("patches", "patches", "{}"), ("tokens", "tokens", "{}")]
+    columns.append(("eager_ms", "eager ms", "{:.2f}"))
+    if rows and "graph_ms" in rows[0]:
+        columns += [("graph_ms", "graph ms", "{:.2f}"), ("speedup", "speedup", "{:.2f}x")]
+        columns.append(("capture_ms", "capture ms", "{:.0f}"))
+    if rows and "transformers_ms" in rows[0]:
+        columns.append(("transformers_ms", "transformers ms", "{:.2f}"))
+    columns.append(("check", "check", "{}"))
+    cells = [[fmt.format(row[key]) for key, _, fmt in columns] for row in rows]
+    widths = [max(len(title), *(len(line[i]) for line in cells)) for i, (_, title, _) in enumerate(columns)]
+    lines = [
+        f"rocm-vit bench  {report['date']}  {report['device']}  commit {report['commit']}  torch {report['torch']}",
+        f"preset {report['preset']}  {report['dtype']}  attention {report['attention_backend']}  "
+        f"median of {report['repeats']}",
+        "  ".join(title.rjust(width) for (_, title, _), width in zip(columns, widths, strict=True)),
+    ]
+    lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
+    runner = report["runner"]
+    if runner:
+        lines.append(
+            f"graphs held {runner['graphs']}  captures {runner['captures']}  replays {runner['replays']}  "
+            f"eager runs {sum(runner['eager_runs'].values())}  pool {runner['pool_bytes'] / 2**20:.0f} MiB  "
+            f"graph buffers {runner['buffer_bytes'] / 2**20:.0f} MiB  "
+            f"peak reserved {report['peak_reserved_bytes'] / 2**20:.0f} MiB"
+        )
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.error("--plot needs matplotlib (pip install rocm-vit[bench]); no plot written")
+        return
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    ordered = sorted(rows, key=lambda row: row["patches"])
+    for key, label in (
+        ("eager_ms", "rocm-vit eager"),
+        ("graph_ms", "rocm-vit graphs"),
+        ("transformers_ms", "transformers"),
+    ):
+        if key in ordered[0]:
+            axes.plot([r["patches"] for r in ordered], [r[key] for r in ordered], marker="o", label=label)
+    axes.set(xscale="log", yscale="log", xlabel="patches", ylabel="latency (ms, median)", title=title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    logger.info("plot written to %s", path)
+
+
+def _progress(items: list):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc="layouts", unit="layout", leave=False)
+
+
+def _commit() -> str:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return result.stdout.strip()

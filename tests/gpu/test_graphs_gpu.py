@@ -1,0 +1,192 @@
+"""Graph runner on a real GPU (CUDA or ROCm): bit-exact with eager, owned outputs, bounded memory."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from rocm_vit.cli.workload import Workload, random_workloads
+from rocm_vit.layout import VisionLayout
+from rocm_vit.models import Qwen3VLVisionTower, preset
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = torch.device("cuda")
+
+
+def _tower(name: str = "tiny", **overrides) -> Qwen3VLVisionTower:
+    torch.manual_seed(0)
+    return Qwen3VLVisionTower(preset(name, **overrides)).to(DEVICE, torch.bfloat16).eval()
+
+
+def _pixels(tower: Qwen3VLVisionTower, grid, seed: int) -> torch.Tensor:
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    config = tower.config
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    patches = sum(t * h * w for t, h, w in grid)
+    return torch.randn(patches, width, generator=generator, device=DEVICE, dtype=tower.dtype)
+
+
+def _workloads(tower: Qwen3VLVisionTower, count: int, seed: int, max_side: int = 512) -> list[Workload]:
+    return random_workloads(count, seed, tower.config, max_side_px=max_side)
+
+
+@torch.inference_mode()
+def test_graph_equals_eager_bitwise_over_random_layouts_with_small_capacity() -> None:
+    tower = _tower()
+    runner = tower.enable_graphs(capacity=40)
+    workloads = _workloads(tower, 120, seed=1)
+    mismatched = []
+    for index, workload in enumerate(workloads + workloads[:30]):
+        grid = list(workload.grid_thw)
+        pixels = _pixels(tower, grid, index)
+        graph_out = tower(pixels, grid)
+        eager_out = tower(pixels, grid, use_graphs=False)
+        if not torch.equal(graph_out, eager_out):
+            mismatched.append(workload.spec)
+    stats = runner.stats()
+    assert mismatched == []
+    assert stats["graphs"] == 40
+    assert stats["replays"] > 40
+    assert stats["eager_runs"]["over_capacity"] > 0
+
+
+@torch.inference_mode()
+def test_replay_output_survives_later_replays_of_other_graphs() -> None:
+    tower = _tower()
+    tower.enable_graphs()
+    grids = [[(1, 8, 8)], [(1, 4, 16)], [(1, 16, 4)], [(2, 8, 8)]]
+    outputs = [tower(_pixels(tower, grid, i), grid) for i, grid in enumerate(grids)]
+    kept = [out.clone() for out in outputs]
+    for round_index in range(3):
+        for i, grid in enumerate(grids):
+            tower(_pixels(tower, grid, 100 + 10 * round_index + i), grid)
+    assert all(torch.equal(out, copy) for out, copy in zip(outputs, kept, strict=True))
+
+
+@torch.inference_mode()
+def test_nan_poisoned_pool_does_not_leak_into_outputs() -> None:
+    tower = _tower()
+    runner = tower.enable_graphs()
+    grid = [(1, 4, 4)]
+    tower(_pixels(tower, grid, 0), grid)  # creates the pool
+    poison = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(poison, pool=runner._pool):
+        scratch = torch.full((64, 2**20), float("nan"), device=DEVICE)
+        del scratch
+    poison.replay()  # the freed NaN block is now pool memory the next captures reuse
+    torch.cuda.synchronize()
+    for index, grid in enumerate([[(1, 8, 12)], [(1, 2, 2), (1, 6, 6)], [(2, 4, 8)]]):
+        pixels = _pixels(tower, grid, index)
+        graph_out = tower(pixels, grid)
+        assert torch.isfinite(graph_out).all()
+        assert torch.equal(graph_out, tower(pixels, grid, use_graphs=False))
+
+
+@torch.inference_mode()
+def test_fp32_rotary_workspace_under_bf16_tower() -> None:
+    tower = _tower()
+    runner = tower.enable_graphs()
+    grid = [(1, 6, 10)]
+    pixels = _pixels(tower, grid, 3)
+    assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    (entry,) = runner._graphs.values()
+    assert (entry.x.dtype, entry.cos.dtype, entry.sin.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+
+
+@torch.inference_mode()
+def test_thread_local_capture_while_another_thread_uses_the_gpu() -> None:
+    tower = _tower()
+    runner = tower.enable_graphs()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def busy() -> None:
+        try:
+            stream = torch.cuda.Stream()
+            a = torch.randn(1024, 1024, device=DEVICE)
+            with torch.cuda.stream(stream):
+                while not stop.is_set():
+                    a = (a @ a).tanh_()
+                    scratch = torch.empty(1 << 20, device=DEVICE)  # allocations from another thread
+                    del scratch
+        except BaseException as error:  # reported to the test thread
+            errors.append(error)
+
+    workloads = _workloads(tower, 12, seed=5)
+    distinct = {VisionLayout.from_grid_thw(list(w.grid_thw)).graph_key for w in workloads}
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        for index, workload in enumerate(workloads):
+            grid = list(workload.grid_thw)
+            pixels = _pixels(tower, grid, index)
+            assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    finally:
+        stop.set()
+        worker.join()
+    assert errors == []
+    assert runner.stats()["eager_runs"]["capture_failed"] == 0
+    assert runner.stats()["captures"] == len(distinct)
+
+
+@torch.inference_mode()
+def test_capture_failure_is_served_eagerly_and_runner_keeps_working() -> None:
+    tower = _tower()
+    runner = tower.enable_graphs()
+    original = tower.forward_blocks
+
+    def syncing_forward_blocks(x, attn_args, cos, sin):
+        if torch.cuda.is_current_stream_capturing():
+            x.sum().item()  # a host sync is illegal inside a capture
+        return original(x, attn_args, cos, sin)
+
+    runner.forward_blocks = syncing_forward_blocks
+    bad = [(1, 6, 6)]
+    pixels = _pixels(tower, bad, 0)
+    assert torch.equal(tower(pixels, bad), tower(pixels, bad, use_graphs=False))
+    assert runner.stats()["eager_runs"]["capture_failed"] == 1
+    runner.forward_blocks = original
+    good = [(1, 4, 8)]
+    pixels = _pixels(tower, good, 1)
+    assert torch.equal(tower(pixels, good), tower(pixels, good, use_graphs=False))
+    assert runner.stats()["captures"] == 1
+
+
+@torch.inference_mode()
+def test_no_host_sync_per_forward_once_layout_is_known() -> None:
+    tower = _tower()
+    tower.enable_graphs()
+    grids = [[(1, 8, 8)], [(1, 4, 4), (2, 4, 6)]]
+    pixels = [_pixels(tower, grid, i) for i, grid in enumerate(grids)]
+    for p, grid in zip(pixels, grids, strict=True):  # first sight: capture may synchronise
+        tower(p, grid)
+        tower(p, grid, use_graphs=False)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for p, grid in zip(pixels, grids, strict=True):
+            tower(p, grid)
+            tower(p, grid, use_graphs=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def test_reserved_memory_stays_bounded_after_200_layouts_with_capacity_32() -> None:
+    tower = _tower()
+    tower.enable_graphs(capacity=32)
+    workloads = _workloads(tower, 200, seed=7, max_side=384)
+    largest = max(workloads, key=lambda w: w.patches)
+    # The largest layout first, so the eager working set peaks at once and growth means a leak.
+    schedule = [largest, *workloads]
+    reserved = []
+    for index, workload in enumerate(schedule):
+        grid = list(workload.grid_thw)
+        tower(_pixels(tower, grid, index), grid)
+        reserved.append(torch.cuda.memory_reserved())
+    after_capacity, final = reserved[64], reserved[-1]
+    assert final <= after_capacity * 1.10 + (64 << 20), (after_capacity, final)
