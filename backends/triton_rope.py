@@ -1,0 +1,185 @@
+"""NEOX (rotate-half) vision RoPE as one Triton kernel for q and k, in place, CUDA/HIP-graph safe.
+
+Shapes and layout (checked by ``triton_rotary_supports``; anything else goes to ``rope_torch``):
+
+- q ``[N, H, D]`` and k ``[N, KH, D]``, contiguous (strides ``(H*D, D, 1)`` and ``(KH*D, D, 1)``),
+  KH may differ from H; fp16, bf16 or fp32 each, q and k dtypes independent.
+- cos and sin ``[N, D]``, contiguous, fp16, bf16 or fp32 (Qwen3-VL passes fp32). The full D columns
+  are read: the second half of cos/sin rotates the second half of each head, as in transformers.
+- D even and at most 256; non-power-of-two head dims (72, 80) are masked, never padded in memory.
+
+Each program rotates ``BLOCK_TOKENS`` tokens, all heads of q and of k: cos/sin are loaded once per
+token and reused across every head of both tensors. The math is fp32 with separately rounded
+products and sums (``enable_fp_fusion=False``), then a round-to-nearest-even cast back to each
+tensor's own dtype, which is exactly what eager torch does; so the result equals
+``rope_torch.rotary_native_`` bit for bit on a GPU, and q's result depends on q's dtype only. (The
+Triton interpreter truncates fp32 -> bf16 casts, so there bf16 may differ by one ulp.)
+
+The wrapper allocates nothing, never synchronises and does no host work beyond computing launch
+constants from shapes, so the launch can be captured in a CUDA or HIP graph (after one eager call
+has compiled the kernel for those shapes).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_HEAD_DIM = 256
+# Padded elements (q and k, both halves) one program holds. With 8 warps that is 32 fp32 values per
+# thread (16 per lane on AMD's 64-wide waves): registers stay low enough for several programs per SM,
+# and each program still has 4.5-9 KiB of bf16 loads in flight.
+_ELEMENTS_PER_PROGRAM = 8192
+_NUM_WARPS = 8
+
+
+def triton_rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate q ``[N, H, D]`` and k ``[N, KH, D]`` in place with cos/sin ``[N, D]``; one launch.
+
+    The caller guarantees ``triton_rotary_supports(q, k, cos, sin)``; this function does not check,
+    to keep the launch path free of host work.
+    """
+    block_tokens, num_warps = _launch_config(q.shape[1], k.shape[1], q.shape[2])
+    _launch(q, k, cos, sin, block_tokens, num_warps)
+
+
+def triton_rotary_supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether ``triton_rotary_`` covers these tensors (see the module docstring for the contract)."""
+    if q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
+        return False
+    num_tokens, q_heads, head_dim = q.shape
+    if k.shape[0] != num_tokens or k.shape[2] != head_dim:
+        return False
+    if cos.shape != (num_tokens, head_dim) or sin.shape != (num_tokens, head_dim):
+        return False
+    if head_dim % 2 or head_dim > _MAX_HEAD_DIM or num_tokens == 0:
+        return False
+    tensors = (q, k, cos, sin)
+    if any(t.dtype not in _KERNEL_DTYPES or not t.is_contiguous() for t in tensors):
+        return False
+    if any(t.device != q.device for t in tensors) or not (q.is_cuda or _INTERPRETED):
+        return False
+    return _elements_per_token(q_heads, k.shape[1], head_dim) <= _ELEMENTS_PER_PROGRAM
+
+
+def _launch_config(q_heads: int, k_heads: int, head_dim: int) -> tuple[int, int]:
+    """Tokens per program and warps: as many whole tokens as fit in ``_ELEMENTS_PER_PROGRAM``.
+
+    At 16 + 16 heads this gives 2 tokens for D 72/80/128 (padded half 64) and 4 for D 64: a few
+    thousand programs at 16k tokens, enough to fill every SM/CU several times over.
+    """
+    tokens_that_fit = _ELEMENTS_PER_PROGRAM // _elements_per_token(q_heads, k_heads, head_dim)
+    # tl.arange needs a power of two; round down so the register budget holds.
+    return 1 << (tokens_that_fit.bit_length() - 1), _NUM_WARPS
+
+
+def _elements_per_token(q_heads: int, k_heads: int, head_dim: int) -> int:
+    heads_pad = triton.next_power_of_2(q_heads) + triton.next_power_of_2(k_heads)
+    return heads_pad * triton.next_power_of_2(head_dim // 2) * 2
+
+
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    block_tokens: int,
+    num_warps: int,
+) -> None:
+    """Launch with an explicit configuration; ``rocm-vit bench-rope --sweep`` calls it directly."""
+    num_tokens, q_heads, head_dim = q.shape
+    k_heads = k.shape[1]
+    _rotary_kernel[(triton.cdiv(num_tokens, block_tokens),)](
+        q,
+        k,
+        cos,
+        sin,
+        num_tokens,
+        Q_HEADS=q_heads,
+        K_HEADS=k_heads,
+        HEAD_DIM=head_dim,
+        Q_HEADS_PAD=triton.next_power_of_2(q_heads),
+        K_HEADS_PAD=triton.next_power_of_2(k_heads),
+        HALF_PAD=triton.next_power_of_2(head_dim // 2),
+        BLOCK_TOKENS=block_tokens,
+        num_warps=num_warps,
+        # Separate roundings of products and sums, as eager torch: bit-identical to rotary_native_.
+        enable_fp_fusion=False,
+    )
+
+
+# num_tokens is not specialised (Triton would otherwise compile separate variants for N == 1 and
+# N % 16 == 0): one binary per head layout and dtypes, so a new image size never triggers a JIT
+# compile (a stall while serving, a failure inside a capture).
+@triton.jit(do_not_specialize=["num_tokens"])
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    num_tokens,
+    Q_HEADS: tl.constexpr,
+    K_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    Q_HEADS_PAD: tl.constexpr,
+    K_HEADS_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
+):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    first_token = tl.program_id(0).to(tl.int64) * BLOCK_TOKENS
+    # 64-bit program bases, 32-bit offsets inside the block: large N cannot overflow, and the
+    # in-block arithmetic stays cheap.
+    q_ptr += first_token * (Q_HEADS * HEAD_DIM)
+    k_ptr += first_token * (K_HEADS * HEAD_DIM)
+    cos_ptr += first_token * HEAD_DIM
+    sin_ptr += first_token * HEAD_DIM
+
+    tokens = tl.arange(0, BLOCK_TOKENS)[:, None, None]
+    dims = tl.arange(0, HALF_PAD)[None, None, :]
+    token_mask = tokens < num_tokens - first_token
+    dim_mask = dims < HALF
+
+    trig_offsets = tokens * HEAD_DIM + dims
+    trig_mask = token_mask & dim_mask
+    cos_first = tl.load(cos_ptr + trig_offsets, mask=trig_mask).to(tl.float32)
+    cos_second = tl.load(cos_ptr + trig_offsets + HALF, mask=trig_mask).to(tl.float32)
+    sin_first = tl.load(sin_ptr + trig_offsets, mask=trig_mask).to(tl.float32)
+    sin_second = tl.load(sin_ptr + trig_offsets + HALF, mask=trig_mask).to(tl.float32)
+
+    q_heads = tl.arange(0, Q_HEADS_PAD)[None, :, None]
+    q_offsets = tokens * (Q_HEADS * HEAD_DIM) + q_heads * HEAD_DIM + dims
+    q_mask = token_mask & (q_heads < Q_HEADS) & dim_mask
+    k_heads = tl.arange(0, K_HEADS_PAD)[None, :, None]
+    k_offsets = tokens * (K_HEADS * HEAD_DIM) + k_heads * HEAD_DIM + dims
+    k_mask = token_mask & (k_heads < K_HEADS) & dim_mask
+
+    # All loads before any store: the compiler cannot move k's loads above q's stores (they might
+    # alias), and having both tensors' bytes in flight at once is what saturates memory bandwidth.
+    q_first = tl.load(q_ptr + q_offsets, mask=q_mask)
+    q_second = tl.load(q_ptr + q_offsets + HALF, mask=q_mask)
+    k_first = tl.load(k_ptr + k_offsets, mask=k_mask)
+    k_second = tl.load(k_ptr + k_offsets + HALF, mask=k_mask)
+
+    _rotate_store(q_ptr, q_offsets, q_mask, q_first, q_second, cos_first, cos_second, sin_first, sin_second, HALF)
+    _rotate_store(k_ptr, k_offsets, k_mask, k_first, k_second, cos_first, cos_second, sin_first, sin_second, HALF)
+
+
+@triton.jit
+def _rotate_store(
+    x_ptr, offsets, mask, x_first, x_second, cos_first, cos_second, sin_first, sin_second, HALF: tl.constexpr
+):
+    first = x_first.to(tl.float32)
+    second = x_second.to(tl.float32)
+    # rotate_half(x) = [-second, first]; first*cos - second*sin equals transformers'
+    # first*cos + (-second)*sin exactly (negation is exact and a + (-b) == a - b in IEEE arithmetic).
+    rotated_first = first * cos_first - second * sin_first
+    rotated_second = second * cos_second + first * sin_second
+    out_dtype = x_ptr.dtype.element_ty
+    tl.store(x_ptr + offsets, rotated_first.to(out_dtype), mask=mask)
+    tl.store(x_ptr + offsets + HALF, rotated_second.to(out_dtype), mask=mask)
+
+
+_INTERPRETED = not isinstance(_rotary_kernel, triton.runtime.JITFunction)

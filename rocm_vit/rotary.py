@@ -1,0 +1,97 @@
+"""Vision RoPE dispatch: one implementation per process, the same in eager and graph mode.
+
+Graph replay is bit-identical to eager only if both run the same rotary code, so the choice is made
+once (per platform, or by ``ROCM_VIT_ROTARY``) and never depends on whether a capture is running.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from collections.abc import Callable
+
+import torch
+
+from rocm_vit.backends.rope_torch import rotary_native_
+from rocm_vit.platform import current_platform
+from rocm_vit.settings import ENV_NAMES, load_settings
+
+logger = logging.getLogger(__name__)
+
+RotaryFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+ROTARY_IMPLS = ("triton", "compiled", "native")
+_DEFAULT_BY_PLATFORM = {"cuda": "triton", "rocm": "compiled", "cpu": "native"}
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Apply NEOX (rotate-half) RoPE to ``q`` and ``k`` in place; ``cos`` and ``sin`` are only read.
+
+    q ``[N, H, D]``, k ``[N, KH, D]`` (KH may differ from H), cos/sin ``[N, D]``, any float dtypes
+    (Qwen3-VL passes fp32 cos/sin); the math runs in fp32 and each result is rounded to its own
+    tensor's dtype, so q and k may differ in dtype. Nothing is returned and nothing else is written.
+
+    CUDA: rocm-vit's Triton kernel, one launch, no allocation, graph-capturable; shapes it does not
+    cover (4-D q/k, non-contiguous tensors, cos/sin not 2-D, mismatched lengths) use the native
+    helper, which allocates fp32 temporaries. ROCm: the native helper under ``torch.compile``,
+    compiled on the first call of each shape, which must happen in the eager warm-up before any
+    capture. CPU: the native helper. ``ROCM_VIT_ROTARY=triton|compiled|native`` overrides the choice.
+
+    The Triton kernel and the native helper round exactly like transformers' eager
+    ``apply_rotary_pos_emb_vision`` (bit-identical results); the compiled helper may differ in the
+    last bit where Inductor fuses a multiply and an add.
+    """
+    _selected()[1](q, k, cos, sin)
+
+
+def rotary_impl_name() -> str:
+    """``"triton"``, ``"compiled"`` or ``"native"``: what ``apply_rotary`` uses in this process.
+
+    Raises ``ValueError`` when ``ROCM_VIT_ROTARY`` names no implementation. The reason for the choice
+    is logged once at INFO.
+    """
+    return _selected()[0]
+
+
+@functools.cache
+def _selected() -> tuple[str, RotaryFn]:
+    name, reason = _choose()
+    if name == "triton" and importlib.util.find_spec("triton") is None:
+        logger.warning("rotary: Triton is not importable (%s); using the native helper", reason)
+        name, reason = "native", "Triton missing"
+    logger.info("rotary: using the %s implementation (%s)", name, reason)
+    builders = {"triton": _triton_or_native, "compiled": _compiled, "native": lambda: rotary_native_}
+    return name, builders[name]()
+
+
+def _choose() -> tuple[str, str]:
+    requested = load_settings().rotary
+    if requested is None:
+        platform = current_platform()
+        return _DEFAULT_BY_PLATFORM[platform], f"default on {platform}"
+    if requested not in ROTARY_IMPLS:
+        raise ValueError(f"{ENV_NAMES['rotary']} = {requested!r} is not one of {', '.join(ROTARY_IMPLS)}")
+    return requested, f"{ENV_NAMES['rotary']}={requested}"
+
+
+def _triton_or_native() -> RotaryFn:
+    # Imported only once Triton is chosen: importing it on a ROCm box that uses the compiled path,
+    # or on a CPU-only install, would be wasted work (DESIGN.md, Known hazards).
+    from rocm_vit.backends import triton_rope
+
+    supports, kernel = triton_rope.triton_rotary_supports, triton_rope.triton_rotary_
+
+    def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        if supports(q, k, cos, sin):
+            kernel(q, k, cos, sin)
+        else:
+            rotary_native_(q, k, cos, sin)
+
+    return rotary
+
+
+def _compiled() -> RotaryFn:
+    # fullgraph: fail loudly at warm-up instead of silently running part of the rotary eagerly.
+    # torch.compile only wraps here; compilation happens on the first call, in the eager warm-up.
+    return torch.compile(rotary_native_, fullgraph=True)
