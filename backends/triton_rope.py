@@ -2,8 +2,10 @@
 
 Shapes and layout (checked by ``triton_rotary_supports``; anything else goes to ``rope_torch``):
 
-- q ``[N, H, D]`` and k ``[N, KH, D]``, contiguous (strides ``(H*D, D, 1)`` and ``(KH*D, D, 1)``),
-  KH may differ from H; fp16, bf16 or fp32 each, q and k dtypes independent.
+- q ``[N, H, D]`` and k ``[N, KH, D]`` with heads packed (strides ``(S, D, 1)``); the token stride
+  ``S`` is free, so q and k may be views into one fused qkv projection (``S = 3 * H * D``) and are
+  rotated there without a copy. KH may differ from H; fp16, bf16 or fp32 each, q and k dtypes
+  independent.
 - cos and sin ``[N, D]``, contiguous, fp16, bf16 or fp32 (Qwen3-VL passes fp32). The full D columns
   are read: the second half of cos/sin rotates the second half of each head, as in transformers.
 - D even and at most 256; non-power-of-two head dims (72, 80) are masked, never padded in memory.
@@ -57,11 +59,19 @@ def triton_rotary_supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, 
     if head_dim % 2 or head_dim > _MAX_HEAD_DIM or num_tokens == 0:
         return False
     tensors = (q, k, cos, sin)
-    if any(t.dtype not in _KERNEL_DTYPES or not t.is_contiguous() for t in tensors):
+    if any(t.dtype not in _KERNEL_DTYPES for t in tensors):
+        return False
+    if not (cos.is_contiguous() and sin.is_contiguous() and _heads_packed(q) and _heads_packed(k)):
         return False
     if any(t.device != q.device for t in tensors) or not (q.is_cuda or _INTERPRETED):
         return False
     return _elements_per_token(q_heads, k.shape[1], head_dim) <= _ELEMENTS_PER_PROGRAM
+
+
+def _heads_packed(x: torch.Tensor) -> bool:
+    """Each token's heads lie back to back (strides ``(S, D, 1)``); the token stride is free."""
+    _, heads, head_dim = x.shape
+    return x.stride(2) == 1 and (x.stride(1) == head_dim or heads == 1) and x.stride(0) >= heads * head_dim
 
 
 def _launch_config(q_heads: int, k_heads: int, head_dim: int) -> tuple[int, int]:
@@ -97,6 +107,8 @@ def _launch(
         cos,
         sin,
         num_tokens,
+        q.stride(0),
+        k.stride(0),
         Q_HEADS=q_heads,
         K_HEADS=k_heads,
         HEAD_DIM=head_dim,
@@ -120,6 +132,8 @@ def _rotary_kernel(
     cos_ptr,
     sin_ptr,
     num_tokens,
+    q_token_stride,
+    k_token_stride,
     Q_HEADS: tl.constexpr,
     K_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -132,8 +146,8 @@ def _rotary_kernel(
     first_token = tl.program_id(0).to(tl.int64) * BLOCK_TOKENS
     # 64-bit program bases, 32-bit offsets inside the block: large N cannot overflow, and the
     # in-block arithmetic stays cheap.
-    q_ptr += first_token * (Q_HEADS * HEAD_DIM)
-    k_ptr += first_token * (K_HEADS * HEAD_DIM)
+    q_ptr += first_token * q_token_stride
+    k_ptr += first_token * k_token_stride
     cos_ptr += first_token * HEAD_DIM
     sin_ptr += first_token * HEAD_DIM
 
@@ -150,10 +164,10 @@ def _rotary_kernel(
     sin_second = tl.load(sin_ptr + trig_offsets + HALF, mask=trig_mask).to(tl.float32)
 
     q_heads = tl.arange(0, Q_HEADS_PAD)[None, :, None]
-    q_offsets = tokens * (Q_HEADS * HEAD_DIM) + q_heads * HEAD_DIM + dims
+    q_offsets = tokens * q_token_stride + q_heads * HEAD_DIM + dims
     q_mask = token_mask & (q_heads < Q_HEADS) & dim_mask
     k_heads = tl.arange(0, K_HEADS_PAD)[None, :, None]
-    k_offsets = tokens * (K_HEADS * HEAD_DIM) + k_heads * HEAD_DIM + dims
+    k_offsets = tokens * k_token_stride + k_heads * HEAD_DIM + dims
     k_mask = token_mask & (k_heads < K_HEADS) & dim_mask
 
     # All loads before any store: the compiler cannot move k's loads above q's stores (they might

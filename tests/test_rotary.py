@@ -155,7 +155,10 @@ def _kernel_cases() -> dict[str, dict]:
     q, k, cos, sin = _random_args(generator, 5, 3, 3, 72, torch.bfloat16)
     qkv = torch.stack([q, k, q], dim=1)
     cases["q_4d"] = {"args": (q.unsqueeze(0), k.unsqueeze(0), cos, sin)}
-    cases["non_contiguous"] = {"args": (qkv[:, 0], qkv[:, 1], cos, sin)}
+    # q and k as views into one fused qkv projection, as the tower passes them: rotated in place.
+    cases["qkv_views"] = {"args": (qkv[:, 0], qkv[:, 1], cos, sin), "buffers": (qkv,)}
+    head_major = torch.stack([q, k], dim=0).transpose(1, 2).contiguous().transpose(1, 2)
+    cases["non_contiguous"] = {"args": (head_major[0], head_major[1], cos, sin)}
     cases["cos_3d"] = {"args": (q, k, cos.unsqueeze(0), sin.unsqueeze(0))}
     cases["cos_one_row"] = {"args": (q, k, cos[:1], sin[:1])}
     cases["k_fewer_tokens"] = {"args": (q, k[:4], cos, sin)}
@@ -174,6 +177,7 @@ KERNEL_COVERED = [
     "all_fp16",
     "all_bf16",
     "guarded",
+    "qkv_views",
 ]
 KERNEL_UNCOVERED = ["q_4d", "non_contiguous", "cos_3d", "cos_one_row", "k_fewer_tokens", "odd_head_dim", "fp64"]
 
@@ -270,6 +274,19 @@ def test_kernel_writes_only_q_and_k(interpreted):
         _assert_equal_bits(after[rotated.numel() :], before[rotated.numel() :])
         # The rotated view is still the front of the same buffer: the kernel worked in place.
         _assert_equal_bits(after[: rotated.numel()], rotated.flatten())
+
+
+def test_kernel_rotates_q_and_k_inside_a_fused_qkv_buffer(interpreted):
+    inputs, outputs = interpreted["qkv_views"]
+    (qkv_before,), (qkv_after,) = inputs["buffers"], outputs["buffers"]
+    q, k, _, _ = outputs["args"]
+    assert q.stride(0) == 3 * q.shape[1] * q.shape[2]
+    _assert_equal_bits(qkv_after[:, 0], q)
+    _assert_equal_bits(qkv_after[:, 1], k)
+    _assert_equal_bits(qkv_after[:, 2], qkv_before[:, 2])  # the v slice is never written
+    q_expected, k_expected, _, _ = _native(inputs["args"])
+    assert _ulp_distance(q, q_expected).max() <= 1
+    assert _ulp_distance(k, k_expected).max() <= 1
 
 
 def test_kernel_mixed_dtypes_match_single_dtype_runs(interpreted):

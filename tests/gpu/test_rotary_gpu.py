@@ -147,6 +147,21 @@ def test_kernel_writes_only_q_and_k(triton_rope, device_generator):
     _assert_equal_bits(k_buffer[k.numel() :], k_tail)
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_kernel_rotates_views_of_a_fused_qkv_buffer_in_place(triton_rope, device_generator, head_dim):
+    # The tower's q and k are slices of one [N, 3, H, D] projection (token stride 3 * H * D).
+    qkv = torch.randn(999, 3, 16, head_dim, generator=device_generator, device="cuda").bfloat16()
+    _, _, cos, sin = _random_args(device_generator, 999, 16, 16, head_dim, torch.bfloat16)
+    v_before = qkv[:, 2].clone()
+    q_native, k_native, _, _ = _rotated(rotary_native_, (qkv[:, 0], qkv[:, 1], cos, sin))
+    q_view, k_view = qkv[:, 0], qkv[:, 1]
+    assert triton_rope.triton_rotary_supports(q_view, k_view, cos, sin)
+    triton_rope.triton_rotary_(q_view, k_view, cos, sin)
+    _assert_equal_bits(qkv[:, 0], q_native)
+    _assert_equal_bits(qkv[:, 1], k_native)
+    _assert_equal_bits(qkv[:, 2], v_before)
+
+
 def test_kernel_allocates_nothing_and_never_syncs(triton_rope, device_generator):
     args = _random_args(device_generator, 4096, 16, 16, 72, torch.bfloat16)
     triton_rope.triton_rotary_(*args)  # compile outside the measurement
