@@ -27,12 +27,12 @@ def sdpa_varlen(
         q, k, v = (t.view(batch, length, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, scale=scale, **gqa)
         return out.transpose(1, 2).reshape(batch * length, out.shape[1], out.shape[3])
+    # 4-D [1, H, S, D] views: given 3-D inputs SDPA skips its fused kernels for the math path
+    # (measured on an H200: 100 ms instead of 16 ms for three ragged images on qwen3-vl-8b).
     outputs = [
         F.scaled_dot_product_attention(
-            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), scale=scale, **gqa
-        ).transpose(0, 1)
-        for qs, ks, vs in zip(
-            q.split(list(seq_lens)), k.split(list(seq_lens)), v.split(list(seq_lens)), strict=True
-        )
+            qs.transpose(0, 1)[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], scale=scale, **gqa
+        )[0].transpose(0, 1)
+        for qs, ks, vs in zip(q.split(list(seq_lens)), k.split(list(seq_lens)), v.split(list(seq_lens)), strict=True)
     ]
     return torch.cat(outputs)

@@ -6,6 +6,7 @@ mechanism for a stand-in; everything the GPU must do lives here, in a handful of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -61,9 +62,13 @@ class CudaGraphs:
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads may keep launching work (and allocating) while this one captures.
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            output = fn()
+        try:
+            # thread_local: other threads may keep launching work (and allocating) while this one captures.
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                output = fn()
+        except BaseException:
+            _stop_allocating_to_pool(pool, stream.device)
+            raise
         return graph, output
 
     def replay(self, graph: Any) -> None:
@@ -77,3 +82,15 @@ class CudaGraphs:
             for segment in segments
             if tuple(segment.get("segment_pool_id", ())) == pool_id and segment["device"] == device.index
         )
+
+
+def _stop_allocating_to_pool(pool: Any, device: torch.device) -> None:
+    """Release the allocator from a capture that failed half-way.
+
+    When the capture is invalidated (a sync or an illegal call inside it), ``capture_end`` raises
+    before the allocator stops routing this stream's allocations to the pool; every later capture
+    into the pool then fails with "beginAllocateToPool: already recording to mempool_id" (seen on
+    torch 2.11, H200). Ending it here keeps the runner able to capture other layouts.
+    """
+    with contextlib.suppress(RuntimeError):  # raised when the capture had already ended cleanly
+        torch._C._cuda_endAllocateToPool(device.index, tuple(pool))

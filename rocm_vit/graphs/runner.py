@@ -177,6 +177,8 @@ class ViTGraphRunner:
                 graph, output = self._mechanism.capture(forward, self._pool, self._stream)
         except Exception as error:  # any capture failure degrades to eager
             self._failed.add(key)
+            if self._stream is not None:  # a fresh stream: the old one may be left mid-capture
+                self._stream = self._mechanism.new_stream(self._device)
             logger.warning(
                 "graph capture failed for %d patches in %d segments (%s: %s); this layout runs eagerly",
                 layout.num_patches,
