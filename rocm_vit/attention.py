@@ -2,22 +2,58 @@
 
 The tower and the graph runner never test a backend's name: they ask the backend for its list
 (``runner_args``) once per layout and hand that list to every layer (DESIGN.md, Attention backend).
+Callers without a layout (SGLang's ``VisionAttention``) build the list from a ``cu_seqlens`` tensor
+with ``attn_args_from_tensor``.
+
+Selection (``default_backend_name``): ROCm with aiter and ``SGLANG_USE_AITER=1`` -> ``aiter_attn``;
+ROCm otherwise -> ``triton_attn``; CUDA -> ``auto`` (a kernel per layout, from host-side lengths);
+CPU -> ``sdpa``. ``ROCM_VIT_ATTENTION_BACKEND`` or an explicit name overrides it, and a backend that
+cannot run here fails in ``get_backend``, at tower construction, not at the first request.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import inspect
+import itertools
 import logging
+import operator
+import os
+import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import ClassVar
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rocm_vit.backends.sdpa import sdpa_varlen
 from rocm_vit.layout import VisionLayout
 from rocm_vit.platform import PlatformName, current_platform
-from rocm_vit.settings import load_settings
+from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
+
+# The CUDA rule (``pick_cuda_backend``). Provisional, to be set from docs/benchmarks.md: the issue's
+# H200 numbers (bf16, 16 heads, head dim 72) have SDPA's cuDNN kernel 1.7-2x faster than
+# FlashAttention-2 varlen on one 3072- or 12800-token sequence; per-sequence SDPA pays one launch
+# per segment, and short segments fill few SMs, so ragged batches of many or short segments go to
+# one varlen launch instead.
+CUDA_SDPA_MAX_SEGMENTS = 4
+CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
+# The varlen kernel for the other layouts, in order of preference where available.
+CUDA_VARLEN_PREFERENCE = ("torch_varlen", "triton_attn")
+
+_CUDNN_FIRST = (
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+)
+# set_priority (the list order is the priority) is not in every torch release rocm-vit supports.
+_SDPA_KERNEL_TAKES_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters
 
 
 class AttentionBackend(ABC):
@@ -39,6 +75,20 @@ class AttentionBackend(ABC):
         """
 
     @abstractmethod
+    def attn_args_from_tensor(
+        self,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int | None = None,
+        seq_lens: Sequence[int] | None = None,
+    ) -> list:
+        """The per-layer argument list for a caller that holds only a ``cu_seqlens`` tensor.
+
+        ``max_seqlen`` and ``seq_lens`` are host data the caller may already have; pass them. A
+        backend that needs host lengths takes them from a CPU ``cu_seqlens`` for free and, only as
+        a last resort, reads a device ``cu_seqlens`` back (a host sync, logged once per backend).
+        """
+
+    @abstractmethod
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
     ) -> torch.Tensor:
@@ -46,36 +96,242 @@ class AttentionBackend(ABC):
 
 
 class SdpaAttention(AttentionBackend):
-    """Per-sequence ``scaled_dot_product_attention`` with host lengths: runs anywhere."""
+    """Per-sequence ``scaled_dot_product_attention`` with host lengths: runs anywhere.
+
+    On CUDA it asks for cuDNN's fused attention first (the fastest measured kernel for long
+    sequences); the kernel choice depends only on shapes and dtypes, so it is the same in eager
+    and captured runs.
+    """
 
     name = "sdpa"
 
     def runner_args(self, layout: VisionLayout, cu_seqlens: torch.Tensor) -> list:
         return [layout.seq_lens]
 
+    def attn_args_from_tensor(
+        self,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int | None = None,
+        seq_lens: Sequence[int] | None = None,
+    ) -> list:
+        return [_host_seq_lens(self.name, cu_seqlens, seq_lens)]
+
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
     ) -> torch.Tensor:
         (seq_lens,) = attn_args
-        return sdpa_varlen(q, k, v, seq_lens, scale)
+        with _sdpa_kernel_priority(q):
+            return sdpa_varlen(q, k, v, seq_lens, scale)
 
 
-BACKENDS: dict[str, type[AttentionBackend]] = {SdpaAttention.name: SdpaAttention}
+class _VarlenAttention(AttentionBackend):
+    """A kernel taking ``[cu_seqlens, max_seqlen]``: the int32 device offsets and a host int.
+
+    Subclasses set ``_attend(q, k, v, cu_seqlens, max_seqlen, scale)``, their kernel's wrapper.
+    """
+
+    _attend: Callable[..., torch.Tensor]
+
+    def runner_args(self, layout: VisionLayout, cu_seqlens: torch.Tensor) -> list:
+        return [cu_seqlens, layout.max_seqlen]
+
+    def attn_args_from_tensor(
+        self,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int | None = None,
+        seq_lens: Sequence[int] | None = None,
+    ) -> list:
+        return [cu_seqlens, _host_max_seqlen(self.name, cu_seqlens, max_seqlen, seq_lens)]
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
+    ) -> torch.Tensor:
+        cu_seqlens, max_seqlen = attn_args
+        return self._attend(q, k, v, cu_seqlens, max_seqlen, scale)
 
 
-def default_backend_name(platform: PlatformName) -> tuple[str, str]:
-    """The backend chosen on ``platform`` without an override, and why (for ``rocm-vit doctor``)."""
-    return "sdpa", f"default on {platform}"
+class AiterAttention(_VarlenAttention):
+    """aiter's ``flash_attn_varlen_func`` (ROCm): ``aiter`` is imported at the first call."""
+
+    name = "aiter_attn"
+
+    def __init__(self) -> None:
+        from rocm_vit.backends.aiter_attn import aiter_varlen_attention
+
+        self._attend = aiter_varlen_attention
+
+    @classmethod
+    def unavailable_reason(cls, platform: PlatformName) -> str | None:
+        if platform != "rocm":
+            return f"aiter_attn needs ROCm on an AMD Instinct GPU; this machine is {platform}"
+        if not _module_available("aiter"):
+            from rocm_vit.backends.aiter_attn import AITER_MISSING
+
+            return AITER_MISSING
+        return None
+
+
+class TritonAttention(_VarlenAttention):
+    """rocm-vit's Triton varlen kernel (CUDA and ROCm; on a CPU only under ``TRITON_INTERPRET=1``).
+
+    Its list is ``[cu_seqlens, max_seqlen]``, not SGLang's ``[cu_seqlens, seq_lens, max_seqlen]``:
+    the kernel reads each segment's bounds from ``cu_seqlens`` on the device and uses
+    ``max_seqlen`` only to size its grid, so per-segment host lengths would be dead weight.
+    """
+
+    name = "triton_attn"
+
+    def __init__(self) -> None:
+        from rocm_vit.backends.triton_attn import triton_varlen_attention
+
+        self._attend = triton_varlen_attention
+
+    @classmethod
+    def unavailable_reason(cls, platform: PlatformName) -> str | None:
+        if not _module_available("triton"):
+            return "triton is not installed (it ships with torch on CUDA and ROCm builds)"
+        if platform == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "triton_attn needs a CUDA or ROCm GPU (or TRITON_INTERPRET=1, for tests)"
+        return None
+
+    def attn_args_from_tensor(
+        self,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int | None = None,
+        seq_lens: Sequence[int] | None = None,
+    ) -> list:
+        # max_seqlen only bounds the grid: without host data the kernel bounds it by the token
+        # count (None), which costs empty programs but never a device read.
+        if max_seqlen is None and seq_lens is None and cu_seqlens.device.type != "cpu":
+            return [cu_seqlens, None]
+        return super().attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)
+
+
+class TorchVarlenAttention(_VarlenAttention):
+    """``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10; FlashAttention-2 on CUDA)."""
+
+    name = "torch_varlen"
+
+    def __init__(self) -> None:
+        from rocm_vit.backends.torch_varlen import torch_varlen_attention
+
+        self._attend = torch_varlen_attention
+
+    @classmethod
+    def unavailable_reason(cls, platform: PlatformName) -> str | None:
+        if platform != "cuda":
+            return f"torch_varlen needs an NVIDIA GPU (CUDA); this machine is {platform}"
+        if not _module_available("torch.nn.attention.varlen"):
+            return f"torch_varlen needs torch >= 2.10 (torch.nn.attention.varlen); this is torch {torch.__version__}"
+        return None
+
+
+class CudaAutoAttention(AttentionBackend):
+    """CUDA's default: per layout, the kernel ``pick_cuda_backend`` names from host-side lengths.
+
+    The choice is made in ``runner_args`` from the layout alone, so one layout always gets the same
+    kernel and a captured graph replays exactly what the eager run computed. Its list is
+    ``[backend, that backend's list]``.
+    """
+
+    name = "auto"
+
+    def __init__(self) -> None:
+        self._sdpa = SdpaAttention()
+        self._varlen = BACKENDS[cuda_varlen_name()]()
+
+    @classmethod
+    def unavailable_reason(cls, platform: PlatformName) -> str | None:
+        if platform != "cuda":
+            return f"auto picks among CUDA kernels per layout; on {platform} name a backend or use the default"
+        return None
+
+    def runner_args(self, layout: VisionLayout, cu_seqlens: torch.Tensor) -> list:
+        backend = self._pick(layout.seq_lens)
+        return [backend, backend.runner_args(layout, cu_seqlens)]
+
+    def attn_args_from_tensor(
+        self,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int | None = None,
+        seq_lens: Sequence[int] | None = None,
+    ) -> list:
+        # Choosing needs host lengths; without them (a device tensor only) the varlen kernel runs,
+        # since it needs none.
+        if seq_lens is None and cu_seqlens.device.type == "cpu":
+            seq_lens = _host_seq_lens(self.name, cu_seqlens, None)
+        backend = self._varlen if seq_lens is None else self._pick(seq_lens)
+        return [backend, backend.attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)]
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
+    ) -> torch.Tensor:
+        backend, backend_args = attn_args
+        return backend(q, k, v, backend_args, scale)
+
+    def _pick(self, seq_lens: Sequence[int]) -> AttentionBackend:
+        name, _ = pick_cuda_backend(seq_lens, self._varlen.name)
+        return self._sdpa if name == SdpaAttention.name else self._varlen
+
+
+BACKENDS: dict[str, type[AttentionBackend]] = {
+    backend.name: backend
+    for backend in (SdpaAttention, AiterAttention, TritonAttention, TorchVarlenAttention, CudaAutoAttention)
+}
+
+
+def pick_cuda_backend(seq_lens: Sequence[int], varlen_name: str = "torch_varlen") -> tuple[str, str]:
+    """The CUDA rule: ``("sdpa" or varlen_name, why)`` for a layout's host-side segment lengths.
+
+    SDPA (cuDNN first) when it runs as one batched call (all segments equally long) or as a few
+    calls on long segments; the one-launch varlen kernel otherwise. Thresholds are module constants.
+    """
+    lengths = [operator.index(length) for length in seq_lens]
+    if len(set(lengths)) == 1:
+        return SdpaAttention.name, f"{len(lengths)} equal segments: one batched SDPA call"
+    if len(lengths) <= CUDA_SDPA_MAX_SEGMENTS and min(lengths) >= CUDA_SDPA_MIN_SEGMENT_TOKENS:
+        return SdpaAttention.name, f"{len(lengths)} segments of >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens"
+    return varlen_name, f"{len(lengths)} ragged segments, shortest {min(lengths)}: one varlen launch"
+
+
+def cuda_varlen_name() -> str:
+    """The varlen kernel ``auto`` uses on CUDA: the first available of ``CUDA_VARLEN_PREFERENCE``."""
+    for name in CUDA_VARLEN_PREFERENCE:
+        if BACKENDS[name].unavailable_reason("cuda") is None:
+            return name
+    return SdpaAttention.name
+
+
+def default_backend_name(platform: PlatformName, settings: Settings | None = None) -> tuple[str, str]:
+    """The backend chosen on ``platform`` without an override, and why (for ``rocm-vit doctor``).
+
+    Availability is checked without importing aiter (``importlib.util.find_spec``).
+    """
+    settings = settings or load_settings()
+    if platform == "rocm":
+        has_aiter = _module_available("aiter")
+        if has_aiter and settings.use_aiter:
+            return AiterAttention.name, "ROCm with aiter installed and SGLANG_USE_AITER=1"
+        why = "SGLANG_USE_AITER is off" if has_aiter else "aiter is not installed (pip install rocm-vit[aiter])"
+        if TritonAttention.unavailable_reason(platform) is None:
+            return TritonAttention.name, f"ROCm and {why}: rocm-vit's Triton varlen kernel"
+        return SdpaAttention.name, f"ROCm, {why} and triton is missing"
+    if platform == "cuda":
+        return CudaAutoAttention.name, (
+            f"CUDA: per layout, cuDNN SDPA for equal or <= {CUDA_SDPA_MAX_SEGMENTS} segments of "
+            f">= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens, else {cuda_varlen_name()}"
+        )
+    return SdpaAttention.name, f"{platform}: per-sequence scaled_dot_product_attention"
 
 
 def resolve_backend_name(name: str | None = None) -> tuple[str, str]:
     """Apply the explicit ``name``, else ``ROCM_VIT_ATTENTION_BACKEND``, else the platform default."""
     if name:
         return name, "requested by the caller"
-    override = load_settings().attention_backend
-    if override:
-        return override, "set by ROCM_VIT_ATTENTION_BACKEND"
-    return default_backend_name(current_platform())
+    settings = load_settings()
+    if settings.attention_backend:
+        return settings.attention_backend, "set by ROCM_VIT_ATTENTION_BACKEND"
+    return default_backend_name(current_platform(), settings)
 
 
 def get_backend(name: str | None = None) -> AttentionBackend:
@@ -90,3 +346,48 @@ def get_backend(name: str | None = None) -> AttentionBackend:
         raise RuntimeError(f"attention backend {chosen!r} ({reason}) cannot run on {platform}: {missing}")
     logger.debug("attention backend %s (%s)", chosen, reason)
     return backend_cls()
+
+
+def _module_available(name: str) -> bool:
+    """Whether ``name`` can be imported, found without importing it (aiter's import is heavy)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        # A parent package that fails to import, or a module put in sys.modules without a spec.
+        return sys.modules.get(name) is not None
+
+
+def _sdpa_kernel_priority(q: torch.Tensor) -> AbstractContextManager:
+    """cuDNN attention first on NVIDIA GPUs (torch's default order puts it after flash and
+    memory-efficient); the default order elsewhere."""
+    if q.is_cuda and torch.version.hip is None and _SDPA_KERNEL_TAKES_PRIORITY:
+        return sdpa_kernel(list(_CUDNN_FIRST), set_priority=True)
+    return nullcontext()
+
+
+def _host_seq_lens(backend: str, cu_seqlens: torch.Tensor, seq_lens: Sequence[int] | None) -> tuple[int, ...]:
+    if seq_lens is not None:
+        return tuple(operator.index(length) for length in seq_lens)
+    if cu_seqlens.device.type != "cpu":
+        _warn_device_read(backend)
+    offsets = cu_seqlens.tolist()
+    return tuple(end - start for start, end in itertools.pairwise(offsets))
+
+
+def _host_max_seqlen(
+    backend: str, cu_seqlens: torch.Tensor, max_seqlen: int | None, seq_lens: Sequence[int] | None
+) -> int:
+    if isinstance(max_seqlen, torch.Tensor):
+        raise TypeError(f"{backend}: max_seqlen must be a host int, not a tensor (reading it would sync)")
+    if max_seqlen is not None:
+        return operator.index(max_seqlen)
+    return max(_host_seq_lens(backend, cu_seqlens, seq_lens), default=0)
+
+
+@functools.cache
+def _warn_device_read(backend: str) -> None:
+    logger.warning(
+        "%s: cu_seqlens is on the device and no max_seqlen/seq_lens was given; reading it back "
+        "syncs the host with the GPU on every call. Pass the host-side lengths.",
+        backend,
+    )

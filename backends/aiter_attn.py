@@ -1,0 +1,60 @@
+"""Varlen attention through aiter's ``flash_attn_varlen_func`` (ROCm, CK/ASM kernels).
+
+``aiter`` is imported when a call is made, never when this module is: importing it runs
+``rocminfo`` and loads dozens of modules (DESIGN.md, Known hazards).
+
+Signature checked against ``aiter/ops/mha.py`` of amd-aiter 0.1.7 (tag v0.1.7 and the PyPI wheel
+0.1.7.post2.dev18), v0.1.9.post1 and ROCm/aiter main (e4048607, 2026-08): all take
+``(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, min_seqlen_q=0, dropout_p=0.0,
+softmax_scale=None, logits_soft_cap=0.0, causal=False, window_size=..., ...)`` and return the output
+tensor alone (``return_lse`` and ``return_attn_probs`` default to False). ``window_size`` changed from a
+2-tuple to a 3-tuple with a sink size in 0.1.9 and main added ``sink_ptr``, so neither is passed. The
+output has ``q.dtype``; head dims that are multiples of 8 (64/72/80/128) run unpadded.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+AITER_MISSING = (
+    "aiter is not installed: pip install rocm-vit[aiter] (the amd-aiter package; ROCm only, "
+    "or build ROCm/aiter from source)"
+)
+
+
+def aiter_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float,
+) -> torch.Tensor:
+    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
+
+    ``cu_seqlens`` is the int32 ``[B + 1]`` offsets tensor on q's device (the graph runner's static
+    buffer, used as is); ``max_seqlen`` a host int (a tensor is refused: reading it would sync).
+    Returns ``[N, H, D]`` in ``v.dtype``: q and k are cast to it first, since aiter returns
+    ``q.dtype``. An int64, non-contiguous or CPU ``cu_seqlens`` from an eager caller is converted
+    here (an extra device op, never a host read).
+    """
+    try:
+        import aiter
+    except ImportError as err:
+        raise RuntimeError(AITER_MISSING) from err
+    if isinstance(max_seqlen, torch.Tensor):
+        raise TypeError("max_seqlen must be a host int, not a tensor: reading it would sync the device")
+    cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True).contiguous()
+    return aiter.flash_attn_varlen_func(
+        q=q.to(v.dtype),
+        k=k.to(v.dtype),
+        v=v,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens,
+        max_seqlen_q=operator.index(max_seqlen),
+        max_seqlen_k=operator.index(max_seqlen),
+        softmax_scale=float(scale),
+        causal=False,
+    )

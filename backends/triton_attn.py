@@ -1,0 +1,308 @@
+"""rocm-vit's own varlen non-causal flash attention in Triton, for CUDA and ROCm.
+
+One program owns ``BLOCK_M`` query rows of one segment and one head, and streams that segment's
+keys and values in ``BLOCK_N`` tiles with an online softmax (fp32 running max, sum and accumulator).
+Segment bounds are read from ``cu_seqlens`` on the device; ``max_seqlen`` only sizes the grid, so
+nothing is read back to the host, and the launch configuration is fixed per head dim and dtype (no
+autotuning), which keeps a launch capturable in CUDA/HIP graphs.
+
+Cost and floor: a segment of ``L`` tokens costs ``4 * L**2 * H * D`` FLOPs (``Q @ K^T`` and ``P @ V``,
+two per multiply-add) against ``8 * L * H * D`` bytes of bf16 q, k, v read and output written: ``L / 2``
+FLOPs per byte, 512 at ``L`` = 1024, above the ~200 where an H200 (989 TFLOP/s dense bf16, 4.8 TB/s)
+turns compute-bound. So the floor is the matmul rate (the bench measures it, ~780 TFLOP/s at 8192^3)
+plus one exp2 per score on the SFU; 256-token segments (128 FLOPs per byte) lean on bandwidth
+instead. What keeps the kernel near it: the head dim is split into a power-of-two part plus a
+16-wide masked tail (72 runs as 64 + 16 instead of padding to 128, which would waste 44 % of both
+matmuls), ``scale * log2(e)`` is folded into the one multiply before ``exp2``, head offsets carry an
+alignment hint so K/V tiles load as pipelined vector copies, and query tiles past a segment's end
+exit at once while key tiles never run past it, so a ragged grid wastes no matmul work.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2_E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class TritonAttnConfig:
+    """Tile sizes and launch shape of one kernel specialisation."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_config(head_dim: int, dtype: torch.dtype) -> TritonAttnConfig:
+    """The fixed launch configuration for ``head_dim`` and ``dtype`` on this build's GPU vendor.
+
+    Chosen once, never autotuned (autotuning would benchmark inside a graph capture). Register and
+    spill counts quoted below come from compiling offline for the target (Triton 3.9); speed is
+    measured by ``rocm-vit bench-attn --sweep-triton``. fp32 (not a serving dtype) gets small tiles.
+    """
+    if dtype == torch.float32:
+        return TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    if torch.version.hip is not None:
+        # gfx942/gfx950: 202 VGPRs at head dim 72, no spills, occupancy 2 (compiled offline).
+        return TritonAttnConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)
+    # sm_90: two warpgroups split the 128 query rows; 141 registers at head dim 72 and 176 at 128,
+    # no spills, where 4 warps spill at 255. Three stages pipeline the K/V copies (80 KiB of smem).
+    return TritonAttnConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+def triton_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int | None,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    config: TritonAttnConfig | None = None,
+) -> torch.Tensor:
+    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
+
+    ``KH`` divides ``H`` (grouped-query attention). ``cu_seqlens`` is an int32 (or int64) tensor
+    ``[B + 1]`` of segment offsets on q's device (a CPU one is copied there, for eager callers only).
+    ``max_seqlen`` is a host int bounding the longest segment; it only sizes the grid, and ``None``
+    bounds it by ``N`` (no device read, more empty programs). Returns ``[N, H, D]`` in ``v.dtype``:
+    q and k are cast to it inside the kernel. ``out``, when given, must be a ``[N, H, D]`` tensor of
+    ``v.dtype`` with a contiguous last dim; nothing else is allocated. Head dims 16..256; the last
+    dim of q, k and v must be contiguous.
+    """
+    _check_inputs(q, k, v, cu_seqlens, max_seqlen)
+    tokens, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    if out is None:
+        out = torch.empty(q.shape, dtype=v.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != v.dtype or out.device != q.device or out.stride(-1) != 1:
+        raise ValueError(
+            f"out is {tuple(out.shape)} {out.dtype} on {out.device}; expected {tuple(q.shape)} "
+            f"{v.dtype} on {q.device} with a contiguous last dim"
+        )
+    if cu_seqlens.device != q.device:
+        cu_seqlens = cu_seqlens.to(q.device, non_blocking=True)
+    num_seqs = cu_seqlens.shape[0] - 1
+    bound = tokens if max_seqlen is None else min(operator.index(max_seqlen), tokens)
+    if tokens == 0 or num_seqs <= 0 or bound <= 0:
+        return out
+    config = config or default_config(head_dim, v.dtype)
+    block_d0, block_d1 = _head_dim_split(head_dim)
+    strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2])
+    grid = (triton.cdiv(bound, config.block_m), num_seqs, heads)
+    _varlen_attn_fwd[grid](
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens,
+        *strides,
+        float(scale) * _LOG2_E,
+        GROUP_SIZE=heads // kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D0=block_d0,
+        BLOCK_D1=block_d1,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        ALIGN=_common_alignment(strides),
+        DOT_PRECISION=_fp32_dot_precision() if v.dtype == torch.float32 else None,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out
+
+
+def _check_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None
+) -> None:
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be [N, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} do not fit q {tuple(q.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the {k.shape[1]} k/v heads")
+    if not 16 <= q.shape[2] <= 256:
+        raise ValueError(f"head dim {q.shape[2]} is outside the supported 16..256")
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        raise ValueError("q, k and v need a contiguous last (head) dim")
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens must be 1-D int32 (or int64); got {tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
+    if isinstance(max_seqlen, torch.Tensor):
+        raise TypeError("max_seqlen must be a host int or None, not a tensor: reading it would sync the device")
+
+
+def _fp32_dot_precision() -> str:
+    """fp32 products near fp32 accuracy (the default would round them to tf32).
+
+    NVIDIA: three tf32 tensor-core products ("tf32x3"); the exact "ieee" FMA path spills registers
+    at every tile size tried on sm_90. AMD: "ieee", which compiles without spills on gfx950.
+    """
+    return "ieee" if torch.version.hip is not None else "tf32x3"
+
+
+def _common_alignment(strides: tuple[int, ...]) -> int:
+    """The largest power of two up to 16 dividing every token and head stride (in elements)."""
+    align = 16
+    for stride in strides:
+        while stride % align:
+            align //= 2
+    return align
+
+
+def _head_dim_split(head_dim: int) -> tuple[int, int]:
+    """``(power-of-two head part, power-of-two masked tail or 0)``: 72 -> (64, 16), 128 -> (128, 0).
+
+    ``tl.dot`` needs power-of-two tile sides of at least 16, so the tail is one more dot of width
+    ``>= 16`` with the columns past ``head_dim`` masked on load and store.
+    """
+    head = 1 << (head_dim.bit_length() - 1)
+    rest = head_dim - head
+    return head, (max(16, triton.next_power_of_2(rest)) if rest else 0)
+
+
+@triton.jit
+def _varlen_attn_fwd(
+    Q,
+    K,
+    V,
+    Out,
+    cu_seqlens,
+    stride_qn,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_on,
+    stride_oh,
+    qk_scale_log2,
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D0: tl.constexpr,
+    BLOCK_D1: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ALIGN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    block_m = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    seq_start = tl.load(cu_seqlens + seq)
+    seq_len = tl.load(cu_seqlens + seq + 1) - seq_start
+    # The grid is sized by max_seqlen: tiles past this segment's end have nothing to do.
+    if block_m * BLOCK_M >= seq_len:
+        return
+    dtype = V.dtype.element_ty
+    row0 = seq_start.to(tl.int64)
+    kv_head = head // GROUP_SIZE
+    offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d0 = tl.arange(0, BLOCK_D0)
+    m_valid = offs_m < seq_len
+    # Head offsets are multiples of ALIGN elements (checked on the host): without this hint a head
+    # stride like 72 defeats vectorised loads and with them the pipelined async copies.
+    q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m[:, None] * stride_qn
+    q0 = tl.load(q_rows + offs_d0[None, :], mask=m_valid[:, None], other=0.0).to(dtype)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D0], dtype=tl.float32)
+    if BLOCK_D1 > 0:
+        offs_d1 = BLOCK_D0 + tl.arange(0, BLOCK_D1)
+        d1_valid = offs_d1 < HEAD_DIM
+        q1 = tl.load(q_rows + offs_d1[None, :], mask=m_valid[:, None] & d1_valid[None, :], other=0.0).to(dtype)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D1], dtype=tl.float32)
+    else:
+        # Placeholders, never read: no tail columns for a power-of-two head dim.
+        q1 = q0
+        acc1 = tl.zeros([1], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    k_base = K + tl.multiple_of(row0 * stride_kn + kv_head * stride_kh, ALIGN)
+    v_base = V + tl.multiple_of(row0 * stride_vn + kv_head * stride_vh, ALIGN)
+
+    # Full key tiles need no bounds mask; only the last, partial one does.
+    full_end = (seq_len // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full_end, BLOCK_N):
+        acc0, acc1, m_i, l_i = _attend_tile(
+            acc0, acc1, m_i, l_i, q0, q1, k_base, v_base, stride_kn, stride_vn, start_n, seq_len,
+            qk_scale_log2, HEAD_DIM, BLOCK_D0, BLOCK_D1, BLOCK_N, False, DOT_PRECISION,
+        )  # fmt: skip
+    if full_end < seq_len:
+        acc0, acc1, m_i, l_i = _attend_tile(
+            acc0, acc1, m_i, l_i, q0, q1, k_base, v_base, stride_kn, stride_vn, full_end, seq_len,
+            qk_scale_log2, HEAD_DIM, BLOCK_D0, BLOCK_D1, BLOCK_N, True, DOT_PRECISION,
+        )  # fmt: skip
+
+    inv_l = 1.0 / l_i
+    out_rows = Out + tl.multiple_of(row0 * stride_on + head * stride_oh, ALIGN) + offs_m[:, None] * stride_on
+    tl.store(out_rows + offs_d0[None, :], (acc0 * inv_l[:, None]).to(dtype), mask=m_valid[:, None])
+    if BLOCK_D1 > 0:
+        tl.store(
+            out_rows + offs_d1[None, :],
+            (acc1 * inv_l[:, None]).to(dtype),
+            mask=m_valid[:, None] & d1_valid[None, :],
+        )
+
+
+@triton.jit
+def _attend_tile(
+    acc0,
+    acc1,
+    m_i,
+    l_i,
+    q0,
+    q1,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_vn,
+    start_n,
+    seq_len,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D0: tl.constexpr,
+    BLOCK_D1: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One key/value tile of the online softmax: scores in log2 units, rescale, accumulate."""
+    dtype = q0.dtype
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d0 = tl.arange(0, BLOCK_D0)
+    n_valid = offs_n < seq_len
+    k_rows = k_base + offs_n[:, None] * stride_kn
+    v_rows = v_base + offs_n[:, None] * stride_vn
+    if MASK_N:
+        k0 = tl.load(k_rows + offs_d0[None, :], mask=n_valid[:, None], other=0.0)
+    else:
+        k0 = tl.load(k_rows + offs_d0[None, :])
+    scores = tl.dot(q0, tl.trans(k0.to(dtype)), input_precision=DOT_PRECISION)
+    if BLOCK_D1 > 0:
+        offs_d1 = BLOCK_D0 + tl.arange(0, BLOCK_D1)
+        d1_valid = offs_d1 < HEAD_DIM
+        k1 = tl.load(k_rows + offs_d1[None, :], mask=n_valid[:, None] & d1_valid[None, :], other=0.0)
+        scores = tl.dot(q1, tl.trans(k1.to(dtype)), scores, input_precision=DOT_PRECISION)
+    if MASK_N:
+        scores = tl.where(n_valid[None, :], scores, float("-inf"))
+    # Every tile holds at least one valid key, so m_new is finite and exp2(-inf - m_new) is 0.
+    m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale_log2)
+    p = tl.math.exp2(scores * qk_scale_log2 - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = p.to(dtype)
+    if MASK_N:
+        v0 = tl.load(v_rows + offs_d0[None, :], mask=n_valid[:, None], other=0.0)
+    else:
+        v0 = tl.load(v_rows + offs_d0[None, :])
+    acc0 = tl.dot(p, v0, acc0 * alpha[:, None], input_precision=DOT_PRECISION)
+    if BLOCK_D1 > 0:
+        v1 = tl.load(v_rows + offs_d1[None, :], mask=n_valid[:, None] & d1_valid[None, :], other=0.0)
+        acc1 = tl.dot(p, v1, acc1 * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc0, acc1, m_new, l_i

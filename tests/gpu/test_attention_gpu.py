@@ -1,0 +1,196 @@
+"""Attention backends on a real GPU: accuracy against fp32, graph replay bit-equal to eager, no host sync.
+
+CUDA: sdpa (cuDNN first), torch_varlen, triton_attn and auto. ROCm: sdpa and triton_attn, plus
+aiter_attn (marked ``rocm``) when aiter is installed — the MI355X checks of ``make rocm-test``.
+q, k and v are views of one packed ``[N, 3, H, D]`` projection, as the tower makes them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from rocm_vit.attention import BACKENDS, get_backend
+from rocm_vit.layout import VisionLayout
+from rocm_vit.platform import current_platform
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = torch.device("cuda")
+HEADS = 16
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+LAYOUTS = {
+    # 256, 1, 960, 96, 96 and 15 tokens: one-token and partial tiles, a video of two frames.
+    "ragged": [(1, 16, 16), (1, 1, 1), (1, 24, 40), (2, 8, 12), (1, 3, 5)],
+    "single_4096": [(1, 64, 64)],
+    "uniform": [(1, 16, 16)] * 4,
+}
+GENERIC_BACKENDS = ["sdpa", "triton_attn", "torch_varlen", "auto"]
+
+
+def _has_aiter() -> bool:
+    return torch.version.hip is not None and importlib.util.find_spec("aiter") is not None
+
+
+AITER = pytest.param(
+    "aiter_attn",
+    marks=[pytest.mark.rocm, pytest.mark.skipif(not _has_aiter(), reason="needs ROCm with aiter installed")],
+)
+BACKEND_NAMES = [*GENERIC_BACKENDS, AITER]
+
+
+def _backend(name: str):
+    if torch.cuda.is_available():
+        missing = BACKENDS[name].unavailable_reason(current_platform())
+        if missing:
+            pytest.skip(f"{name}: {missing}")
+    return get_backend(name)
+
+
+def _layout(name: str) -> VisionLayout:
+    return VisionLayout.from_grid_thw(LAYOUTS[name], spatial_merge_size=1)
+
+
+def _qkv(tokens: int, head_dim: int, dtype: torch.dtype, kv_heads: int = HEADS, seed: int = 0):
+    """q ``[N, H, D]`` and k, v ``[N, KH, D]`` as strided views of one packed buffer."""
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    packed = torch.randn(tokens, HEADS + 2 * kv_heads, head_dim, generator=generator, device=DEVICE).to(dtype)
+    return packed[:, :HEADS], packed[:, HEADS : HEADS + kv_heads], packed[:, HEADS + kv_heads :]
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens, scale: float) -> torch.Tensor:
+    """fp32 attention per segment (plain matmuls and softmax), k/v heads repeated for GQA."""
+    groups = q.shape[1] // k.shape[1]
+    q, k, v = q.float(), k.float().repeat_interleave(groups, 1), v.float().repeat_interleave(groups, 1)
+    outputs = []
+    for qs, ks, vs in zip(q.split(list(seq_lens)), k.split(list(seq_lens)), v.split(list(seq_lens)), strict=True):
+        weights = torch.softmax(torch.einsum("qhd,khd->hqk", qs, ks) * scale, dim=-1)
+        outputs.append(torch.einsum("hqk,khd->qhd", weights, vs))
+    return torch.cat(outputs)
+
+
+def _relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((out.float() - expected).norm() / expected.norm())
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("layout_name", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 72, 80, 128])
+@pytest.mark.parametrize("name", BACKEND_NAMES)
+def test_backend_matches_fp32_reference(name, head_dim, dtype, layout_name):
+    backend = _backend(name)
+    layout = _layout(layout_name)
+    q, k, v = _qkv(layout.num_patches, head_dim, dtype)
+    scale = head_dim**-0.5
+    out = backend(q, k, v, backend.runner_args(layout, layout.cu_seqlens_tensor(DEVICE)), scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    error = _relative_error(out, _reference(q, k, v, layout.seq_lens, scale))
+    assert error < TOLERANCE[dtype], f"{name} d{head_dim} {dtype} {layout_name}: relative error {error:.2e}"
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("name", BACKEND_NAMES)
+def test_grouped_query_heads(name):
+    backend = _backend(name)
+    layout = _layout("ragged")
+    q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16, kv_heads=4)
+    out = backend(q, k, v, backend.runner_args(layout, layout.cu_seqlens_tensor(DEVICE)), 0.1)
+    assert _relative_error(out, _reference(q, k, v, layout.seq_lens, 0.1)) < TOLERANCE[torch.bfloat16]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("name", BACKEND_NAMES)
+def test_output_dtype_follows_v_when_q_is_fp16_beside_bf16_kv(name):
+    backend = _backend(name)
+    layout = _layout("ragged")
+    q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
+    out = backend(q.half(), k, v, backend.runner_args(layout, layout.cu_seqlens_tensor(DEVICE)), 72**-0.5)
+    assert out.dtype == torch.bfloat16
+    assert _relative_error(out, _reference(q.half(), k, v, layout.seq_lens, 72**-0.5)) < TOLERANCE[torch.bfloat16]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("layout_name", ["ragged", "single_4096"])
+@pytest.mark.parametrize("name", BACKEND_NAMES)
+def test_graph_replay_equals_eager_bitwise_with_the_list_layout(name, layout_name):
+    backend = _backend(name)
+    layout = _layout(layout_name)
+    q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
+    static_cu = layout.cu_seqlens_tensor(DEVICE).clone()  # the graph runner's static buffer
+    attn_args = backend.runner_args(layout, static_cu)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: kernel compilation, library handles, cuDNN plans
+        backend(q, k, v, attn_args, 72**-0.5)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = backend(q, k, v, attn_args, 72**-0.5)
+    for seed in (1, 2):
+        fresh_q, fresh_k, fresh_v = _qkv(layout.num_patches, 72, torch.bfloat16, seed=seed)
+        for static, fresh in ((q, fresh_q), (k, fresh_k), (v, fresh_v)):
+            static.copy_(fresh)
+        graph.replay()
+        eager = backend(q, k, v, attn_args, 72**-0.5)
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager), f"{name}: replay differs from eager (seed {seed})"
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("name", BACKEND_NAMES)
+def test_no_host_sync_in_the_list_and_tensor_paths(name):
+    backend = _backend(name)
+    layout = _layout("ragged")
+    q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
+    cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
+    list_args = backend.runner_args(layout, cu_seqlens)
+    tensor_args = backend.attn_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
+    max_only_args = backend.attn_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen) if name != "sdpa" else None
+    for attn_args in filter(None, (list_args, tensor_args, max_only_args)):
+        backend(q, k, v, attn_args, 0.1)  # warm-up outside the check: compilation may query the device
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for attn_args in filter(None, (list_args, tensor_args, max_only_args)):
+            backend(q, k, v, attn_args, 0.1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@torch.inference_mode()
+def test_triton_attn_without_max_seqlen_bounds_its_grid_by_tokens_without_a_sync():
+    backend = _backend("triton_attn")
+    layout = _layout("ragged")
+    q, k, v = _qkv(layout.num_patches, 80, torch.float16)
+    cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
+    attn_args = backend.attn_args_from_tensor(cu_seqlens)
+    assert attn_args == [cu_seqlens, None]
+    backend(q, k, v, attn_args, 0.1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = backend(q, k, v, attn_args, 0.1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert _relative_error(out, _reference(q, k, v, layout.seq_lens, 0.1)) < TOLERANCE[torch.float16]
+
+
+@torch.inference_mode()
+def test_triton_attn_writes_into_out_and_allocates_nothing_else():
+    from rocm_vit.backends.triton_attn import triton_varlen_attention
+
+    _backend("triton_attn")
+    layout = _layout("ragged")
+    q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
+    cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
+    out = torch.empty_like(q)
+    triton_varlen_attention(q, k, v, cu_seqlens, layout.max_seqlen, 0.1, out=out)  # compile
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    result = triton_varlen_attention(q, k, v, cu_seqlens, layout.max_seqlen, 0.1, out=out)
+    assert result is out
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    assert _relative_error(out, _reference(q, k, v, layout.seq_lens, 0.1)) < TOLERANCE[torch.bfloat16]

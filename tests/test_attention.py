@@ -1,0 +1,621 @@
+"""Attention backends on a CPU: numerics against float64, argument lists, selection, the Triton kernel
+through the interpreter, and aiter against a stand-in that enforces aiter's real signature."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.util
+import itertools
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import rocm_vit.attention as attention
+from rocm_vit.attention import (
+    AiterAttention,
+    CudaAutoAttention,
+    SdpaAttention,
+    TorchVarlenAttention,
+    TritonAttention,
+    default_backend_name,
+    get_backend,
+    pick_cuda_backend,
+)
+from rocm_vit.cli import bench_attention
+from rocm_vit.layout import VisionLayout
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Ragged, with a single-token segment (grid (1, 1, 1) has one patch only with merge size 1).
+RAGGED_GRID = [(1, 2, 3), (1, 1, 1), (2, 2, 2), (1, 3, 5)]
+UNIFORM_GRID = [(1, 2, 2), (1, 2, 2), (1, 2, 2)]
+
+
+def _layout(grid: list[tuple[int, int, int]]) -> VisionLayout:
+    return VisionLayout.from_grid_thw(grid, spatial_merge_size=1)
+
+
+def _qkv(
+    generator: torch.Generator, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype=torch.float32
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def randn(h: int) -> torch.Tensor:
+        return torch.randn(tokens, h, head_dim, generator=generator).to(dtype)
+
+    return randn(heads), randn(kv_heads), randn(kv_heads)
+
+
+def _reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int] | tuple[int, ...], scale: float
+) -> torch.Tensor:
+    """Float64 attention within each segment; k/v heads repeated for grouped-query attention."""
+    groups = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
+    outputs = []
+    for qs, ks, vs in zip(q.split(list(seq_lens)), k.split(list(seq_lens)), v.split(list(seq_lens)), strict=True):
+        weights = torch.softmax(torch.einsum("qhd,khd->hqk", qs, ks) * scale, dim=-1)
+        outputs.append(torch.einsum("hqk,khd->qhd", weights, vs))
+    return torch.cat(outputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# sdpa
+
+
+@pytest.mark.parametrize("grid", [RAGGED_GRID, UNIFORM_GRID], ids=["ragged", "uniform"])
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_sdpa_matches_float64_reference(generator, grid, kv_heads):
+    layout = _layout(grid)
+    q, k, v = _qkv(generator, layout.num_patches, 4, kv_heads, 72)
+    backend = get_backend("sdpa")
+    out = backend(q, k, v, backend.runner_args(layout, layout.cu_seqlens_tensor("cpu")), 72**-0.5)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 72**-0.5), atol=1e-5, rtol=0)
+
+
+def test_sdpa_output_dtype_follows_v_when_q_is_fp16_beside_bf16_kv(generator):
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    backend = SdpaAttention()
+    out = backend(q.half(), k.bfloat16(), v.bfloat16(), backend.runner_args(layout, None), 0.125)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 0.125), atol=3e-2, rtol=0)
+
+
+def test_sdpa_from_a_host_cu_seqlens_tensor(generator):
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    backend = SdpaAttention()
+    attn_args = backend.attn_args_from_tensor(torch.tensor(layout.cu_seqlens))
+    assert attn_args == [layout.seq_lens]
+    torch.testing.assert_close(
+        backend(q, k, v, attn_args, 0.125).double(), _reference(q, k, v, layout.seq_lens, 0.125), atol=1e-5, rtol=0
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# aiter, against a stand-in module with the real signature
+
+
+def _stand_in_aiter(host_cu_seqlens: tuple[int, ...] | None = None) -> types.ModuleType:
+    """A fake ``aiter`` whose ``flash_attn_varlen_func`` has aiter's signature (0.1.7 .. main) and
+    refuses what real aiter cannot take: non-int32 or non-contiguous offsets, offsets on another
+    device, a max length that is not a Python int (tensor, numpy int, bool) or that does not match
+    the offsets (cu/max order mixed up), mixed dtypes. It computes attention in float64 and returns
+    ``q.dtype``, as aiter does. ``host_cu_seqlens`` lets it compute without reading the offsets
+    tensor (for the no-device-read test); otherwise it reads them, as the GPU would.
+    """
+    module = types.ModuleType("aiter")
+    module.calls = []
+
+    def flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        min_seqlen_q=0,
+        dropout_p=0.0,
+        softmax_scale=None,
+        logits_soft_cap=0.0,
+        causal=False,
+        window_size=(-1, -1),
+        bias=None,
+        alibi_slopes=None,
+        deterministic=False,
+        return_lse=False,
+        return_attn_probs=False,
+        how_v3_bf16_cvt=1,
+        block_table=None,
+        out=None,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_k_padded=None,
+    ):
+        for name, offsets in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if not isinstance(offsets, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor, got {type(offsets).__name__}")
+            if offsets.dtype != torch.int32 or offsets.dim() != 1 or not offsets.is_contiguous():
+                raise TypeError(f"{name} must be contiguous 1-D int32, got {offsets.dtype} {offsets.stride()}")
+            if offsets.device != q.device:
+                raise TypeError(f"{name} is on {offsets.device}, q on {q.device}")
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if type(value) is not int:
+                raise TypeError(f"{name} must be a Python int, got {type(value).__name__}")
+        if not q.dtype == k.dtype == v.dtype:
+            raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+        if causal or dropout_p or min_seqlen_q or return_lse or return_attn_probs or out is not None:
+            raise ValueError("the stand-in covers non-causal inference without extra outputs only")
+        offsets = host_cu_seqlens if host_cu_seqlens is not None else tuple(cu_seqlens_q.tolist())
+        seq_lens = [end - start for start, end in itertools.pairwise(offsets)]
+        if max_seqlen_q != max(seq_lens) or max_seqlen_k != max(seq_lens):
+            raise ValueError(f"max_seqlen {max_seqlen_q}/{max_seqlen_k} does not match offsets {offsets}")
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+        module.calls.append({"cu_seqlens_q": cu_seqlens_q, "max_seqlen_q": max_seqlen_q, "scale": scale})
+        return _reference(q, k, v, seq_lens, scale).to(q.dtype)
+
+    module.flash_attn_varlen_func = flash_attn_varlen_func
+    return module
+
+
+@pytest.fixture
+def stand_in_aiter(monkeypatch) -> types.ModuleType:
+    module = _stand_in_aiter()
+    monkeypatch.setitem(sys.modules, "aiter", module)
+    return module
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_aiter_attn_list_layout_matches_float64_reference(generator, stand_in_aiter, kv_heads):
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 4, kv_heads, 80)
+    cu_seqlens = layout.cu_seqlens_tensor("cpu")
+    backend = AiterAttention()
+    attn_args = backend.runner_args(layout, cu_seqlens)
+    assert attn_args[0] is cu_seqlens and attn_args[1] == layout.max_seqlen
+    out = backend(q, k, v, attn_args, 0.1)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 0.1), atol=1e-5, rtol=0)
+    (call,) = stand_in_aiter.calls
+    assert call["cu_seqlens_q"] is cu_seqlens, "the runner's static cu_seqlens buffer must reach aiter as is"
+    assert call["scale"] == 0.1
+
+
+def test_aiter_attn_output_dtype_follows_v(generator, stand_in_aiter):
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    backend = AiterAttention()
+    attn_args = backend.runner_args(layout, layout.cu_seqlens_tensor("cpu"))
+    out = backend(q.half(), k.bfloat16(), v.bfloat16(), attn_args, 0.125)
+    assert out.dtype == torch.bfloat16
+
+
+def test_aiter_attn_tensor_caller_path_converts_offsets(generator, stand_in_aiter):
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    backend = AiterAttention()
+    # An eager caller's int64, non-contiguous offsets: converted on the way in, lengths from the host.
+    spaced = torch.tensor([x for offset in layout.cu_seqlens for x in (offset, -1)])[::2]
+    attn_args = backend.attn_args_from_tensor(spaced)
+    assert attn_args[1] == layout.max_seqlen and type(attn_args[1]) is int
+    out = backend(q, k, v, attn_args, 0.125)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 0.125), atol=1e-5, rtol=0)
+    backend(q, k, v, backend.attn_args_from_tensor(spaced, max_seqlen=np.int64(layout.max_seqlen)), 0.125)
+    assert stand_in_aiter.calls[-1]["max_seqlen_q"] == layout.max_seqlen
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"cu_seqlens_q": "int64"},
+        {"cu_seqlens_k": "strided"},
+        {"max_seqlen_q": "tensor"},
+        {"max_seqlen_k": "numpy"},
+        {"max_seqlen_q": "wrong"},
+        {"swap": True},
+        {"extra": True},
+    ],
+    ids=lambda change: "-".join(f"{key}={value}" for key, value in change.items()),
+)
+def test_stand_in_aiter_refuses_what_real_aiter_cannot_take(generator, change):
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    cu_seqlens = torch.tensor(layout.cu_seqlens, dtype=torch.int32)
+    kwargs = {
+        "cu_seqlens_q": cu_seqlens,
+        "cu_seqlens_k": cu_seqlens,
+        "max_seqlen_q": layout.max_seqlen,
+        "max_seqlen_k": layout.max_seqlen,
+    }
+    bad = {
+        "int64": cu_seqlens.long(),
+        "strided": torch.stack([cu_seqlens, cu_seqlens], 1)[:, 0],
+        "tensor": torch.tensor(layout.max_seqlen),
+        "numpy": np.int64(layout.max_seqlen),
+        "wrong": layout.max_seqlen + 1,
+    }
+    fake = _stand_in_aiter().flash_attn_varlen_func
+    fake(q, k, v, **kwargs)  # the unchanged call is accepted
+    if change.get("swap"):
+        args = (q, k, v, layout.max_seqlen, layout.max_seqlen, cu_seqlens, cu_seqlens)
+        with pytest.raises(TypeError):
+            fake(*args)
+        return
+    if change.get("extra"):
+        with pytest.raises(TypeError):
+            fake(q, k, v, **kwargs, sink_ptr=None)
+        return
+    ((key, kind),) = change.items()
+    with pytest.raises((TypeError, ValueError)):
+        fake(q, k, v, **{**kwargs, key: bad[kind]})
+
+
+def test_aiter_attn_refuses_a_tensor_max_seqlen(generator, stand_in_aiter):
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    cu_seqlens = layout.cu_seqlens_tensor("cpu")
+    with pytest.raises(TypeError, match="host int"):
+        AiterAttention()(q, k, v, [cu_seqlens, torch.tensor(layout.max_seqlen)], 0.125)
+    with pytest.raises(TypeError, match="host int"):
+        AiterAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=torch.tensor(layout.max_seqlen))
+
+
+class _ImportTrapLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise AssertionError("aiter was imported")
+
+
+class _AiterFinder(importlib.abc.MetaPathFinder):
+    """Makes ``aiter`` findable, and its import fail loudly."""
+
+    def find_spec(self, name, path, target=None):
+        return importlib.util.spec_from_loader(name, _ImportTrapLoader()) if name == "aiter" else None
+
+
+def test_aiter_is_found_without_being_imported_until_the_first_call(generator, monkeypatch):
+    monkeypatch.delitem(sys.modules, "aiter", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_AiterFinder(), *sys.meta_path])
+    monkeypatch.setattr(attention, "current_platform", lambda: "rocm")
+    monkeypatch.setenv("SGLANG_USE_AITER", "1")
+    monkeypatch.delenv("ROCM_VIT_ATTENTION_BACKEND", raising=False)
+    assert default_backend_name("rocm")[0] == "aiter_attn"
+    backend = get_backend()
+    assert isinstance(backend, AiterAttention) and "aiter" not in sys.modules
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    with pytest.raises(AssertionError, match="aiter was imported"):
+        backend(q, k, v, backend.runner_args(layout, layout.cu_seqlens_tensor("cpu")), 0.125)
+
+
+def test_missing_aiter_says_how_to_install(generator, monkeypatch):
+    monkeypatch.setitem(sys.modules, "aiter", None)  # makes `import aiter` fail
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    backend = AiterAttention()
+    with pytest.raises(RuntimeError, match=r"pip install rocm-vit\[aiter\]"):
+        backend(q, k, v, backend.runner_args(layout, layout.cu_seqlens_tensor("cpu")), 0.125)
+
+
+# ---------------------------------------------------------------------------------------------
+# No device reads: the graph-runner list is built and used without touching cu_seqlens' values
+
+
+class _NoHostReads(torch.Tensor):
+    """A ``cu_seqlens`` that fails every read back to the host (as a sync would on a GPU)."""
+
+    _READS = frozenset({"item", "tolist", "cpu", "numpy", "__int__", "__index__", "__float__", "__bool__"})
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in cls._READS:
+            raise AssertionError(f"cu_seqlens was read back to the host through {name}")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+ALL_BACKENDS = [SdpaAttention, AiterAttention, TritonAttention, TorchVarlenAttention, CudaAutoAttention]
+
+
+@pytest.mark.parametrize("backend_cls", ALL_BACKENDS, ids=lambda cls: cls.name)
+def test_runner_args_reference_the_buffer_and_hold_only_host_data(backend_cls):
+    layout = _layout(RAGGED_GRID)
+    cu_seqlens = layout.cu_seqlens_tensor("cpu").as_subclass(_NoHostReads)
+    attn_args = backend_cls().runner_args(layout, cu_seqlens)
+    if backend_cls is CudaAutoAttention:
+        inner, attn_args = attn_args
+        assert isinstance(inner, (SdpaAttention, TorchVarlenAttention, TritonAttention))
+    tensors = [item for item in attn_args if isinstance(item, torch.Tensor)]
+    assert all(item is cu_seqlens for item in tensors)
+    assert all(type(item) in (int, tuple) for item in attn_args if not isinstance(item, torch.Tensor))
+
+
+def test_aiter_attn_list_path_reads_nothing_back(generator, monkeypatch):
+    layout = _layout(RAGGED_GRID)
+    monkeypatch.setitem(sys.modules, "aiter", _stand_in_aiter(host_cu_seqlens=layout.cu_seqlens))
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
+    cu_seqlens = layout.cu_seqlens_tensor("cpu").as_subclass(_NoHostReads)
+    backend = AiterAttention()
+    out = backend(q, k, v, backend.runner_args(layout, cu_seqlens), 0.125)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 0.125), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend_cls", ALL_BACKENDS, ids=lambda cls: cls.name)
+def test_tensor_callers_with_host_lengths_read_nothing_back(backend_cls):
+    layout = _layout(RAGGED_GRID)
+    # On "meta": a device tensor whose values cannot be read at all.
+    cu_seqlens = torch.empty(len(layout.cu_seqlens), dtype=torch.int32, device="meta").as_subclass(_NoHostReads)
+    backend = backend_cls()
+    with_lengths = backend.attn_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
+    if backend_cls is CudaAutoAttention:
+        with_lengths = with_lengths[1]
+    assert with_lengths in ([layout.seq_lens], [cu_seqlens, layout.max_seqlen])
+    if backend_cls is not SdpaAttention:
+        backend.attn_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen)
+
+
+def test_triton_attn_tensor_caller_without_lengths_bounds_the_grid_instead_of_reading():
+    cu_seqlens = torch.empty(4, dtype=torch.int32, device="meta").as_subclass(_NoHostReads)
+    assert TritonAttention().attn_args_from_tensor(cu_seqlens) == [cu_seqlens, None]
+    backend, attn_args = CudaAutoAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=9)
+    assert attn_args == [cu_seqlens, 9] and backend is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection and errors
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Pretend to be another platform with a chosen set of importable modules."""
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.delenv("ROCM_VIT_ATTENTION_BACKEND", raising=False)
+    monkeypatch.delenv("SGLANG_USE_AITER", raising=False)
+    monkeypatch.delenv("ROCM_VIT_CONFIG", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+    def configure(platform: str, modules: set[str] = frozenset({"triton", "torch.nn.attention.varlen"})):
+        def find_spec(name, package=None):
+            if name in ("aiter", "triton", "torch.nn.attention.varlen"):
+                return real_find_spec("torch") if name in modules else None
+            return real_find_spec(name, package)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        monkeypatch.setattr(attention, "current_platform", lambda: platform)
+
+    return configure
+
+
+def test_rocm_with_aiter_and_sglang_use_aiter_selects_aiter_attn(machine, monkeypatch):
+    machine("rocm", {"aiter", "triton"})
+    monkeypatch.setenv("SGLANG_USE_AITER", "1")
+    name, why = default_backend_name("rocm")
+    assert name == "aiter_attn" and "SGLANG_USE_AITER=1" in why
+    assert isinstance(get_backend(), AiterAttention)
+
+
+def test_rocm_with_aiter_but_sglang_use_aiter_off_selects_triton_attn(machine):
+    machine("rocm", {"aiter", "triton"})
+    name, why = default_backend_name("rocm")
+    assert name == "triton_attn" and "SGLANG_USE_AITER is off" in why
+
+
+def test_rocm_without_aiter_selects_triton_attn_and_says_how_to_get_aiter(machine, monkeypatch):
+    machine("rocm", {"triton"})
+    monkeypatch.setenv("SGLANG_USE_AITER", "1")
+    name, why = default_backend_name("rocm")
+    assert name == "triton_attn" and "pip install rocm-vit[aiter]" in why
+    assert isinstance(get_backend(), TritonAttention)
+
+
+def test_rocm_without_aiter_or_triton_falls_back_to_sdpa(machine):
+    machine("rocm", set())
+    assert default_backend_name("rocm")[0] == "sdpa"
+
+
+def test_cpu_selects_sdpa(machine):
+    machine("cpu")
+    assert default_backend_name("cpu")[0] == "sdpa"
+    assert isinstance(get_backend(), SdpaAttention)
+
+
+def test_cuda_selects_auto_with_torch_varlen_for_ragged_layouts(machine):
+    machine("cuda")
+    name, why = default_backend_name("cuda")
+    assert name == "auto" and "torch_varlen" in why
+    backend = get_backend()
+    assert isinstance(backend, CudaAutoAttention)
+    ragged, _ = backend.runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
+    assert isinstance(ragged, TorchVarlenAttention)
+
+
+def test_cuda_without_torch_varlen_uses_triton_attn_for_ragged_layouts(machine):
+    machine("cuda", {"triton"})
+    assert "triton_attn" in default_backend_name("cuda")[1]
+    ragged, _ = get_backend().runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
+    assert isinstance(ragged, TritonAttention)
+
+
+def test_environment_override_and_explicit_name(machine, monkeypatch):
+    machine("rocm", {"aiter", "triton"})
+    monkeypatch.setenv("ROCM_VIT_ATTENTION_BACKEND", "sdpa")
+    assert attention.resolve_backend_name() == ("sdpa", "set by ROCM_VIT_ATTENTION_BACKEND")
+    assert isinstance(get_backend(), SdpaAttention)
+    assert isinstance(get_backend("aiter_attn"), AiterAttention)
+
+
+@pytest.mark.parametrize(
+    ("platform", "modules", "name", "expected"),
+    [
+        ("cuda", {"triton"}, "aiter_attn", "needs ROCm"),
+        ("rocm", {"triton"}, "aiter_attn", r"pip install rocm-vit\[aiter\]"),
+        ("cpu", set(), "triton_attn", "triton is not installed"),
+        ("cpu", {"triton"}, "triton_attn", "needs a CUDA or ROCm GPU"),
+        ("rocm", {"triton"}, "torch_varlen", "needs an NVIDIA GPU"),
+        ("cuda", {"triton"}, "torch_varlen", r"needs torch >= 2\.10"),
+        ("cpu", set(), "auto", "name a backend"),
+    ],
+)
+def test_unavailable_backend_fails_at_construction_naming_what_is_missing(
+    machine, monkeypatch, platform, modules, name, expected
+):
+    machine(platform, modules)
+    monkeypatch.setenv("ROCM_VIT_ATTENTION_BACKEND", name)
+    with pytest.raises(RuntimeError, match=expected) as raised:
+        get_backend()
+    message = str(raised.value)
+    assert repr(name) in message and f"cannot run on {platform}" in message
+    assert "ROCM_VIT_ATTENTION_BACKEND" in message
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"known: .*'aiter_attn'.*'triton_attn'"):
+        get_backend("flash_infinity")
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "expected"),
+    [
+        ((12800,), "sdpa"),
+        ((256,) * 16, "sdpa"),
+        ((1024, 4096, 2048), "sdpa"),
+        ((4096, 64), "torch_varlen"),
+        ((1024, 1088, 1152, 1216, 1280), "torch_varlen"),
+        ((64, 100, 256), "torch_varlen"),
+    ],
+)
+def test_cuda_rule_from_host_lengths(seq_lens, expected):
+    assert pick_cuda_backend(seq_lens)[0] == expected
+
+
+def test_auto_gives_one_layout_the_same_kernel_every_time():
+    backend = CudaAutoAttention()
+    cu_seqlens = torch.zeros(6, dtype=torch.int32)
+    picks = {id(backend.runner_args(_layout(RAGGED_GRID), cu_seqlens)[0]) for _ in range(3)}
+    assert len(picks) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# triton_attn through the Triton interpreter
+#
+# Why a subprocess: triton.jit picks interpreter or compiler from TRITON_INTERPRET when the kernel
+# module is imported; setting it in this process could be too late and would leak into GPU tests of
+# the same session. One child runs every case and saves the outputs; the tests compare them here.
+# The interpreter's bf16 matmul is unreliable, so the cases use fp16 and fp32.
+
+_INTERPRETER_SCRIPT = """
+import sys
+import torch
+from rocm_vit.attention import get_backend
+from rocm_vit.backends.triton_attn import TritonAttnConfig, triton_varlen_attention
+from rocm_vit.layout import VisionLayout
+cases = torch.load(sys.argv[1])
+outputs = {}
+for name, case in cases.items():
+    q, k, v = case["q"], case["k"], case["v"]
+    if case["via"] == "backend":
+        layout = VisionLayout.from_grid_thw(case["grid"], spatial_merge_size=1)
+        backend = get_backend("triton_attn")
+        attn_args = backend.runner_args(layout, layout.cu_seqlens_tensor("cpu"))
+        outputs[name] = backend(q, k, v, attn_args, case["scale"])
+        continue
+    config = TritonAttnConfig(*case["config"]) if case["config"] else None
+    out = torch.full(q.shape, float("nan"), dtype=v.dtype) if case["out"] else None
+    result = triton_varlen_attention(
+        q, k, v, case["cu_seqlens"], case["max_seqlen"], case["scale"], out=out, config=config
+    )
+    assert out is None or result is out, "out= must be written in place and returned"
+    outputs[name] = result
+torch.save(outputs, sys.argv[2])
+"""
+
+SMALL_TILES = (16, 16, 4, 1)  # several query and key tiles per segment, and partial last tiles
+
+
+def _interpreter_cases() -> dict[str, dict]:
+    generator = torch.Generator().manual_seed(7)
+    seq_lens = (37, 1, 16, 20)
+    cu_seqlens = torch.tensor([0, *itertools.accumulate(seq_lens)], dtype=torch.int32)
+    tokens = cu_seqlens[-1].item()
+
+    def case(head_dim, dtype, heads=4, kv_heads=2, **changes) -> dict:
+        q, k, v = _qkv(generator, tokens, heads, kv_heads, head_dim, dtype)
+        return {
+            "q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "seq_lens": seq_lens, "max_seqlen": max(seq_lens),
+            "scale": head_dim**-0.5, "config": SMALL_TILES, "out": False, "via": "function", **changes,
+        }  # fmt: skip
+
+    cases = {
+        "d72_fp16_gqa": case(72, torch.float16),
+        "d64_fp32_default_tiles": case(64, torch.float32, heads=2, kv_heads=2, config=None),
+        "d80_fp16_grid_bounded_by_tokens": case(80, torch.float16, max_seqlen=None),
+        "d128_fp16_out": case(128, torch.float16, heads=2, kv_heads=1, out=True),
+    }
+    mixed = case(72, torch.float32, heads=2, kv_heads=2)
+    mixed["q"] = mixed["q"].half()
+    cases["fp16_q_fp32_kv"] = mixed
+    # q, k, v as views of one packed [N, 3, H, D] projection: token stride 3 * H * D, head stride 72.
+    packed = torch.randn(tokens, 3, 2, 72, generator=generator).half()
+    cases["d72_strided_views"] = case(72, torch.float16) | {"q": packed[:, 0], "k": packed[:, 1], "v": packed[:, 2]}
+    grid = [(1, 2, 3), (1, 1, 1), (2, 2, 2)]
+    layout = _layout(grid)
+    q, k, v = _qkv(generator, layout.num_patches, 2, 2, 72, torch.float16)
+    cases["backend_list_layout"] = {
+        "q": q, "k": k, "v": v, "grid": grid, "seq_lens": layout.seq_lens, "scale": 0.1, "via": "backend",
+    }  # fmt: skip
+    return cases
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict[str, tuple[dict, torch.Tensor]]:
+    """case name -> (inputs, the interpreted kernel's output)."""
+    pytest.importorskip("triton")
+    cases = _interpreter_cases()
+    workdir = tmp_path_factory.mktemp("attention_interpreter")
+    torch.save(cases, workdir / "in.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.pop("ROCM_VIT_ATTENTION_BACKEND", None)
+    completed = subprocess.run(
+        [sys.executable, "-c", _INTERPRETER_SCRIPT, str(workdir / "in.pt"), str(workdir / "out.pt")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if completed.returncode != 0:
+        pytest.fail(f"interpreter run failed:\n{completed.stderr[-4000:]}")
+    outputs = torch.load(workdir / "out.pt")
+    return {name: (cases[name], outputs[name]) for name in cases}
+
+
+@pytest.mark.parametrize("name", list(_interpreter_cases()))
+def test_triton_attn_interpreted_matches_float64_reference(interpreted, name):
+    case, out = interpreted[name]
+    expected = _reference(case["q"], case["k"], case["v"], case["seq_lens"], case["scale"])
+    assert out.dtype == case["v"].dtype, "output dtype follows v"
+    assert out.shape == case["q"].shape
+    tolerance = 1e-5 if out.dtype == torch.float32 and case["q"].dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(out.double(), expected, atol=tolerance, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark command on a CPU
+
+
+def test_bench_attn_parses_its_arguments_and_declines_without_a_gpu(monkeypatch, capsys):
+    parser = argparse.ArgumentParser()
+    bench_attention.add_arguments(parser)
+    args = parser.parse_args(["--head-dims", "72,80", "--json", "-"])
+    assert args.head_dims == [72, 80]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench_attention.run(args) == 2
+    assert "needs a CUDA or ROCm GPU" in capsys.readouterr().err
