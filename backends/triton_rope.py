@@ -30,10 +30,13 @@ import triton.language as tl
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_HEAD_DIM = 256
-# Padded elements (q and k, both halves) one program holds. With 8 warps that is 32 fp32 values per
-# thread (16 per lane on AMD's 64-wide waves): registers stay low enough for several programs per SM,
-# and each program still has 4.5-9 KiB of bf16 loads in flight.
-_ELEMENTS_PER_PROGRAM = 8192
+# Padded elements (q and k, both halves) one program may hold: beyond this a token's heads would
+# spill registers, so such shapes go to the native helper.
+_MAX_ELEMENTS_PER_PROGRAM = 8192
+# Elements a program aims for. Measured on an H200 (bf16, 16 + 16 heads, graph-timed sweep over
+# tokens per program 1-16 x warps 2-16, docs/benchmarks.md): one token per program with 8 warps was
+# fastest at 4k and 16k tokens for D 64 and 72; bigger programs lose to fewer programs in flight.
+_TARGET_ELEMENTS_PER_PROGRAM = 2048
 _NUM_WARPS = 8
 
 
@@ -65,7 +68,7 @@ def triton_rotary_supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, 
         return False
     if any(t.device != q.device for t in tensors) or not (q.is_cuda or _INTERPRETED):
         return False
-    return _elements_per_token(q_heads, k.shape[1], head_dim) <= _ELEMENTS_PER_PROGRAM
+    return _elements_per_token(q_heads, k.shape[1], head_dim) <= _MAX_ELEMENTS_PER_PROGRAM
 
 
 def _heads_packed(x: torch.Tensor) -> bool:
@@ -75,12 +78,12 @@ def _heads_packed(x: torch.Tensor) -> bool:
 
 
 def _launch_config(q_heads: int, k_heads: int, head_dim: int) -> tuple[int, int]:
-    """Tokens per program and warps: as many whole tokens as fit in ``_ELEMENTS_PER_PROGRAM``.
+    """Tokens per program and warps: whole tokens up to ``_TARGET_ELEMENTS_PER_PROGRAM``, at least one.
 
-    At 16 + 16 heads this gives 2 tokens for D 72/80/128 (padded half 64) and 4 for D 64: a few
-    thousand programs at 16k tokens, enough to fill every SM/CU several times over.
+    At 16 + 16 heads that is one token per program for D 64 to 128: one program per token, enough
+    to fill every SM/CU many times over at a few thousand tokens.
     """
-    tokens_that_fit = _ELEMENTS_PER_PROGRAM // _elements_per_token(q_heads, k_heads, head_dim)
+    tokens_that_fit = max(1, _TARGET_ELEMENTS_PER_PROGRAM // _elements_per_token(q_heads, k_heads, head_dim))
     # tl.arange needs a power of two; round down so the register budget holds.
     return 1 << (tokens_that_fit.bit_length() - 1), _NUM_WARPS
 

@@ -1,8 +1,13 @@
 """``rocm-vit bench-rope``: the vision RoPE against a device copy and the upstream implementations.
 
 Bandwidth is counted as in issue 5: q and k read and written once plus cos/sin read once, against a
-device-to-device copy counted as bytes read plus bytes written, measured in the same run. Times are
-``triton.testing.do_bench`` medians, which flush L2 before every run: no input is cache-resident.
+device-to-device copy counted as bytes read plus bytes written, measured in the same run.
+
+Times are device times: each implementation is captured in a CUDA graph that applies it to several
+input sets (together at least twice the L2 cache, so no input stays cache-resident), and the median
+replay time is divided by the number of sets. Timing single eager launches instead would measure
+Python launch overhead (about 20 us for a Triton launch), not the kernel, and inside rocm-vit the
+rotary always runs inside a graph.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import argparse
 import json
 import logging
 import math
+import statistics
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -59,17 +65,18 @@ def run(args: argparse.Namespace) -> int:
     for num_tokens in args.tokens:
         for head_dim in args.head_dims:
             logger.info("timing %d tokens, head dim %d", num_tokens, head_dim)
-            q, k, cos, sin = _inputs(num_tokens, args.heads, kv_heads, head_dim)
+            input_sets = _input_sets(num_tokens, args.heads, kv_heads, head_dim)
+            q, k, cos, sin = input_sets[0]
             moved_bytes = 2 * (q.nbytes + k.nbytes) + cos.nbytes + sin.nbytes
             row = {"tokens": num_tokens, "head_dim": head_dim, "bytes": moved_bytes, "us": {}, "pct_copy": {}}
             impls = {"rocm-vit": triton_rope.triton_rotary_, **{n: make() for n, make in baselines.items()}}
             for name, fn in impls.items():
-                seconds = _median_seconds(name, fn, q, k, cos, sin)
+                seconds = _median_seconds(name, fn, input_sets)
                 row["us"][name] = None if seconds is None else seconds * 1e6
                 row["pct_copy"][name] = None if seconds is None else 100 * moved_bytes / seconds / copy_bytes_per_s
             rows.append(row)
             if args.sweep:
-                sweep.append(_sweep(triton_rope, q, k, cos, sin))
+                sweep.append(_sweep(triton_rope, input_sets))
     report = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name(0),
@@ -110,7 +117,7 @@ def format_report(report: dict) -> str:
         f"rocm-vit bench-rope  {report['date']}  {report['device']}  torch {report['torch']}  "
         f"triton {report['triton']}",
         f"{report['dtype']}, {report['heads']} q heads, {report['kv_heads']} k heads; "
-        f"copy {report['copy_tb_per_s']:.2f} TB/s (read + write); do_bench median",
+        f"copy {report['copy_tb_per_s']:.2f} TB/s (read + write); median device time under CUDA graphs",
         "  ".join(title.rjust(width) for title, width in zip(header, widths, strict=True)),
     ]
     lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
@@ -133,26 +140,53 @@ def _copy_bytes_per_s(size_mib: int) -> float:
     return 2 * source.nbytes / seconds
 
 
-def _inputs(num_tokens: int, heads: int, kv_heads: int, head_dim: int):
-    """Random bf16 q/k and real cos/sin: a true rotation keeps norms, so thousands of in-place
-    repetitions neither overflow nor drift into denormals."""
+def _input_sets(num_tokens: int, heads: int, kv_heads: int, head_dim: int) -> list[tuple]:
+    """Enough independent input sets to cover twice the L2 cache (at most 64).
+
+    Random bf16 q/k and real cos/sin: a true rotation keeps norms, so thousands of in-place
+    repetitions neither overflow nor drift into denormals.
+    """
     generator = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(num_tokens, heads, head_dim, device="cuda", generator=generator).bfloat16()
-    k = torch.randn(num_tokens, kv_heads, head_dim, device="cuda", generator=generator).bfloat16()
-    angles = torch.rand(num_tokens, head_dim // 2, device="cuda", generator=generator) * (2 * math.pi)
-    return q, k, torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    per_set_bytes = num_tokens * head_dim * (2 * (heads + kv_heads) + 8)
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    sets = []
+    for _ in range(min(64, max(1, -(-2 * l2_bytes // per_set_bytes)))):
+        q = torch.randn(num_tokens, heads, head_dim, device="cuda", generator=generator).bfloat16()
+        k = torch.randn(num_tokens, kv_heads, head_dim, device="cuda", generator=generator).bfloat16()
+        angles = torch.rand(num_tokens, head_dim // 2, device="cuda", generator=generator) * (2 * math.pi)
+        sets.append((q, k, torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)))
+    return sets
 
 
-def _median_seconds(name: str, fn: RotaryFn, q, k, cos, sin) -> float | None:
-    """Median seconds of ``fn``; an implementation that fails is reported as failed, not a crash."""
-    import triton.testing
+def _median_seconds(name: str, fn: RotaryFn, input_sets: list[tuple], replays: int = 30) -> float | None:
+    """Median device seconds of one ``fn`` call, from graph replays over all input sets.
 
+    An implementation that fails (or cannot be captured) is reported as failed, not a crash.
+    """
     try:
-        fn(q, k, cos, sin)  # compile (Triton JIT, torch.compile) outside the timing
-        return triton.testing.do_bench(lambda: fn(q, k, cos, sin), return_mode="median") * 1e-3
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for args in input_sets:  # compile (Triton JIT, torch.compile) outside the capture
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for args in input_sets:
+                fn(*args)
+        samples = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e-3 / len(input_sets))
     except Exception:
+        q, k = input_sets[0][:2]
         logger.exception("%s failed at q %s, k %s", name, tuple(q.shape), tuple(k.shape))
         return None
+    return statistics.median(samples)
 
 
 def _baselines(no_compiled: bool) -> tuple[dict[str, Callable[[], RotaryFn]], dict[str, str]]:
@@ -186,8 +220,9 @@ def _compiled_per_shape(fn: RotaryFn) -> RotaryFn:
     return torch.compile(fn, dynamic=False)
 
 
-def _sweep(triton_rope, q, k, cos, sin) -> dict:
+def _sweep(triton_rope, input_sets: list[tuple]) -> dict:
     """Time the kernel at every configuration that fits; report the default and the best."""
+    q, k = input_sets[0][:2]
     num_tokens, heads, head_dim = q.shape
     per_token = triton_rope._elements_per_token(heads, k.shape[1], head_dim)
     default_tokens, default_warps = triton_rope._launch_config(heads, k.shape[1], head_dim)
@@ -201,7 +236,7 @@ def _sweep(triton_rope, q, k, cos, sin) -> dict:
                 triton_rope._launch(q, k, cos, sin, block_tokens, num_warps)
 
             name = f"triton {block_tokens} tokens x {num_warps} warps"
-            seconds = _median_seconds(name, launch, q, k, cos, sin)
+            seconds = _median_seconds(name, launch, input_sets)
             if seconds is not None:
                 timings.append({"block_tokens": block_tokens, "num_warps": num_warps, "us": seconds * 1e6})
     default = next(t for t in timings if (t["block_tokens"], t["num_warps"]) == (default_tokens, default_warps))
