@@ -209,13 +209,19 @@ def _varlen_attn_fwd(
     m_valid = offs_m < seq_len
     # Head offsets are multiples of ALIGN elements (checked on the host): without this hint a head
     # stride like 72 defeats vectorised loads and with them the pipelined async copies.
-    q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m[:, None] * stride_qn
-    q0 = tl.load(q_rows + offs_d0[None, :], mask=m_valid[:, None], other=0.0).to(dtype)
+    # Loads are never masked: rows past the segment re-read its last row (their output is not
+    # stored) and tail columns past HEAD_DIM re-read the last column (zeroed in q1, so they add
+    # nothing). Masked 2-D loads of the 16-wide tail returned garbage and read out of bounds on
+    # partial key tiles under Triton 3.6 on an H200 (NaNs, illegal addresses; docs/benchmarks.md).
+    offs_m_read = tl.minimum(offs_m, seq_len - 1)
+    q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m_read[:, None] * stride_qn
+    q0 = tl.load(q_rows + offs_d0[None, :]).to(dtype)
     acc0 = tl.zeros([BLOCK_M, BLOCK_D0], dtype=tl.float32)
     if BLOCK_D1 > 0:
         offs_d1 = BLOCK_D0 + tl.arange(0, BLOCK_D1)
         d1_valid = offs_d1 < HEAD_DIM
-        q1 = tl.load(q_rows + offs_d1[None, :], mask=m_valid[:, None] & d1_valid[None, :], other=0.0).to(dtype)
+        q1 = tl.load(q_rows + _clamped_tail(offs_d1, HEAD_DIM, BLOCK_D0, BLOCK_D1)[None, :]).to(dtype)
+        q1 = tl.where(d1_valid[None, :], q1, 0.0).to(dtype)
         acc1 = tl.zeros([BLOCK_M, BLOCK_D1], dtype=tl.float32)
     else:
         # Placeholders, never read: no tail columns for a power-of-two head dim.
@@ -277,17 +283,16 @@ def _attend_tile(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d0 = tl.arange(0, BLOCK_D0)
     n_valid = offs_n < seq_len
-    k_rows = k_base + offs_n[:, None] * stride_kn
-    v_rows = v_base + offs_n[:, None] * stride_vn
-    if MASK_N:
-        k0 = tl.load(k_rows + offs_d0[None, :], mask=n_valid[:, None], other=0.0)
-    else:
-        k0 = tl.load(k_rows + offs_d0[None, :])
+    # Keys past the segment re-read its last row: their scores become -inf below, so they weigh
+    # exactly 0, and every address stays inside the segment (no masked loads, see the kernel).
+    offs_n_read = tl.minimum(offs_n, seq_len - 1) if MASK_N else offs_n
+    k_rows = k_base + offs_n_read[:, None] * stride_kn
+    v_rows = v_base + offs_n_read[:, None] * stride_vn
+    k0 = tl.load(k_rows + offs_d0[None, :])
     scores = tl.dot(q0, tl.trans(k0.to(dtype)), input_precision=DOT_PRECISION)
     if BLOCK_D1 > 0:
-        offs_d1 = BLOCK_D0 + tl.arange(0, BLOCK_D1)
-        d1_valid = offs_d1 < HEAD_DIM
-        k1 = tl.load(k_rows + offs_d1[None, :], mask=n_valid[:, None] & d1_valid[None, :], other=0.0)
+        offs_d1 = _clamped_tail(BLOCK_D0 + tl.arange(0, BLOCK_D1), HEAD_DIM, BLOCK_D0, BLOCK_D1)
+        k1 = tl.load(k_rows + offs_d1[None, :])
         scores = tl.dot(q1, tl.trans(k1.to(dtype)), scores, input_precision=DOT_PRECISION)
     if MASK_N:
         scores = tl.where(n_valid[None, :], scores, float("-inf"))
@@ -297,12 +302,17 @@ def _attend_tile(
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     p = p.to(dtype)
-    if MASK_N:
-        v0 = tl.load(v_rows + offs_d0[None, :], mask=n_valid[:, None], other=0.0)
-    else:
-        v0 = tl.load(v_rows + offs_d0[None, :])
+    v0 = tl.load(v_rows + offs_d0[None, :])
     acc0 = tl.dot(p, v0, acc0 * alpha[:, None], input_precision=DOT_PRECISION)
     if BLOCK_D1 > 0:
-        v1 = tl.load(v_rows + offs_d1[None, :], mask=n_valid[:, None] & d1_valid[None, :], other=0.0)
+        v1 = tl.load(v_rows + offs_d1[None, :])  # columns past HEAD_DIM of acc1 are never stored
         acc1 = tl.dot(p, v1, acc1 * alpha[:, None], input_precision=DOT_PRECISION)
     return acc0, acc1, m_new, l_i
+
+
+@triton.jit
+def _clamped_tail(offs_d1, HEAD_DIM: tl.constexpr, BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr):
+    """Tail column offsets with those past ``HEAD_DIM`` pointing at its last column (72: 64..71, 71 x 8)."""
+    if BLOCK_D0 + BLOCK_D1 > HEAD_DIM:
+        offs_d1 = tl.minimum(offs_d1, HEAD_DIM - 1)
+    return offs_d1
