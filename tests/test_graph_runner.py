@@ -69,9 +69,7 @@ class StandInGraphs:
 HIDDEN = 8
 
 
-def _toy_forward_blocks(
-    x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor
-) -> torch.Tensor:
+def _toy_forward_blocks(x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Depends on every input and on the segment boundaries, like real attention does."""
     (seq_lens,) = attn_args
     segment_sums = torch.cat([part.sum(0, keepdim=True).expand_as(part) for part in x.split(list(seq_lens))])

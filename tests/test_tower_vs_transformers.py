@@ -82,9 +82,7 @@ def test_state_dict_keys_and_shapes_equal_transformers(generator: torch.Generato
     hf_state = _hf_model(config, generator).state_dict()
     ours_state = Qwen3VLVisionTower(config, attention_backend="sdpa").state_dict()
     assert list(ours_state) == list(hf_state)
-    assert {k: tuple(v.shape) for k, v in ours_state.items()} == {
-        k: tuple(v.shape) for k, v in hf_state.items()
-    }
+    assert {k: tuple(v.shape) for k, v in ours_state.items()} == {k: tuple(v.shape) for k, v in hf_state.items()}
 
 
 def test_from_config_accepts_transformers_config_and_dict() -> None:

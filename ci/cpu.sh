@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# CPU tier (`make test`, CI): lint, then every test not marked gpu or rocm.
+#
+# Runs with $PYTHON (default: python3), which must have rocm-vit's test extra installed (`make venv`
+# does that in .venv). GPUs are hidden so the suite checks the CPU paths on any machine.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+PY=${PYTHON:-python3}
+export CUDA_VISIBLE_DEVICES="" HIP_VISIBLE_DEVICES=""
+
+"$PY" -c 'import pytest, ruff' 2>/dev/null ||
+  die "$PY lacks pytest or ruff: run \`make test\` (it sets up .venv) or pip install -e '.[test]'"
+
+echo "== lint: ruff check, ruff format --check"
+"$PY" -m ruff check .
+"$PY" -m ruff format --check .
+
+echo "== tests: not gpu and not rocm"
+run_pytest -m "not gpu and not rocm" tests

@@ -1,0 +1,169 @@
+"""``rocm-vit doctor``: what this machine would run, and why, before anyone files a bug.
+
+Reports the platform, the versions of the packages that matter, the attention backend and rotary
+implementation that would be selected, and the settings in effect. Package versions come from
+installed metadata, never from importing the package: importing aiter runs rocminfo. Every section
+is computed on its own, so one failure (a bad environment variable, a missing module) is reported
+in place and the rest still prints; the exit status is 1 when anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform as python_platform
+import sys
+from collections.abc import Callable
+from typing import Any
+
+NOT_INSTALLED = "not installed"
+
+# import name -> distribution names that provide it, in order of preference
+_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
+    "aiter": ("amd-aiter", "aiter"),
+    "sglang": ("sglang",),
+    "transformers": ("transformers",),
+}
+_ENV_PREFIXES = ("SGLANG_", "ROCM_VIT_")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect()
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if report["problems"] else 0
+
+
+def collect() -> dict[str, Any]:
+    """The doctor report as plain data; ``problems`` lists every section that failed."""
+    problems: list[str] = []
+    report: dict[str, Any] = {
+        "rocm_vit": _rocm_vit_version(),
+        "python": f"{python_platform.python_version()} ({sys.executable})",
+        "platform": _section("platform", _platform, problems),
+        "versions": _versions(),
+        "attention": _section("attention", _attention, problems),
+        "rotary": _section("rotary", _rotary, problems),
+        "settings": _section("settings", _settings, problems),
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
+    }
+    report["problems"] = problems
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as aligned text sections."""
+    lines = [f"rocm-vit {report['rocm_vit']}", f"python   {report['python']}"]
+    for section in ("platform", "versions", "attention", "rotary", "settings", "environment"):
+        values = report[section]
+        lines.append(f"\n{section}:")
+        if not values:
+            lines.append("  (none set)")
+        width = max((len(key) for key in values), default=0)
+        lines.extend(f"  {key:<{width}}  {_text(value)}" for key, value in values.items())
+    if report["problems"]:
+        lines.append("\nproblems:")
+        lines.extend(f"  - {problem}" for problem in report["problems"])
+    return "\n".join(lines)
+
+
+def _section(name: str, build: Callable[[], dict[str, Any]], problems: list[str]) -> dict[str, Any]:
+    """Run one section's ``build``; an exception, or an ``error`` entry it returns, becomes a problem."""
+    try:
+        values = build()
+    except Exception as err:  # reported, never raised: the doctor must always print
+        values = {"error": f"{type(err).__name__}: {err}"}
+    if "error" in values:
+        problems.append(f"{name}: {values['error']}")
+    return values
+
+
+def _platform() -> dict[str, Any]:
+    from rocm_vit.platform import platform_info
+
+    info = platform_info()
+    return {
+        "name": info.name,
+        "device_name": info.device_name,
+        "arch": info.arch,
+        "device_count": info.device_count,
+    }
+
+
+def _versions() -> dict[str, Any]:
+    versions: dict[str, Any] = {"python": python_platform.python_version()}
+    versions.update({name: _installed_version(name) for name in _DISTRIBUTIONS})
+    try:
+        import torch
+    except Exception:  # reported as the platform section's error
+        return versions
+    versions["torch_hip"] = torch.version.hip
+    versions["torch_cuda"] = torch.version.cuda
+    return versions
+
+
+def _installed_version(import_name: str) -> str:
+    for distribution in _DISTRIBUTIONS[import_name]:
+        try:
+            version = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return version if distribution == import_name else f"{version} ({distribution})"
+    # Found on the path without metadata (a source checkout on PYTHONPATH): locating a top-level
+    # module does not import it.
+    if importlib.util.find_spec(import_name) is not None:
+        return "installed (version unknown)"
+    return NOT_INSTALLED
+
+
+def _attention() -> dict[str, Any]:
+    from rocm_vit.attention import BACKENDS, resolve_backend_name
+    from rocm_vit.platform import current_platform
+
+    name, why = resolve_backend_name()
+    values: dict[str, Any] = {"backend": name, "why": why, "known": sorted(BACKENDS)}
+    backend_cls = BACKENDS.get(name)
+    platform = current_platform()
+    if backend_cls is None:
+        values["error"] = f"attention backend {name!r} is unknown"
+    elif missing := backend_cls.unavailable_reason(platform):
+        values["error"] = f"attention backend {name!r} cannot run on {platform}: {missing}"
+    return values
+
+
+def _rotary() -> dict[str, Any]:
+    from rocm_vit.rotary import rotary_impl_name
+
+    selected = rotary_impl_name()
+    if isinstance(selected, tuple):
+        name, why = selected
+        return {"implementation": name, "why": why}
+    return {"implementation": selected}
+
+
+def _settings() -> dict[str, Any]:
+    from rocm_vit.settings import CONFIG_ENV, load_settings
+
+    values = load_settings().as_dict()
+    values["config_file"] = os.environ.get(CONFIG_ENV) or None
+    return values
+
+
+def _rocm_vit_version() -> str:
+    from rocm_vit import __version__
+
+    return __version__
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(item) for item in value) or "(none)"
+    return "-" if value is None or value == "" else str(value)

@@ -1,0 +1,191 @@
+"""VisionLayout: host-side attention layout, graph keys, input validation, rotary and position taps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rocm_vit.layout import VisionLayout
+
+transformers = pytest.importorskip("transformers")
+from transformers.vision_utils import (  # noqa: E402
+    get_vision_cu_seqlens,
+    get_vision_interpolation_indices_and_weights,
+    get_vision_position_ids,
+)
+
+MIXED = [(1, 4, 6), (2, 4, 4), (1, 2, 2)]  # image, video of two frames, image
+
+LAYOUTS = {
+    "single_image": [(1, 8, 12)],
+    "several_images": [(1, 4, 4), (1, 8, 6), (1, 2, 10), (1, 6, 6)],
+    "video_t2": [(2, 6, 8)],
+    "images_and_videos": MIXED,
+    "odd_merged_sides": [(1, 6, 10), (3, 2, 6)],
+}
+
+
+def test_mixed_images_and_videos_give_one_segment_per_frame() -> None:
+    layout = VisionLayout.from_grid_thw(MIXED)
+    assert layout.seq_lens == (24, 16, 16, 4)
+    assert layout.cu_seqlens == (0, 24, 40, 56, 60)
+    assert layout.max_seqlen == 24
+    assert layout.num_patches == 60
+    assert layout.num_merged_tokens == 15
+    assert layout.graph_key == ("full", (0, 24, 40, 56, 60), 24)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_cu_seqlens_equal_transformers(name: str) -> None:
+    grid = LAYOUTS[name]
+    layout = VisionLayout.from_grid_thw(grid)
+    assert list(layout.cu_seqlens) == get_vision_cu_seqlens(torch.tensor(grid)).tolist()
+    assert layout.max_seqlen == max(h * w for _, h, w in grid)
+
+
+def test_cpu_tensor_and_list_give_the_same_layout() -> None:
+    from_list = VisionLayout.from_grid_thw(MIXED)
+    for dtype in (torch.int64, torch.int32):
+        from_tensor = VisionLayout.from_grid_thw(torch.tensor(MIXED, dtype=dtype))
+        assert from_tensor == from_list
+        assert from_tensor.graph_key == from_list.graph_key
+
+
+def test_equal_token_counts_with_other_boundaries_get_other_graph_keys() -> None:
+    grids = [[(1, 8, 8)], [(1, 4, 8), (1, 4, 8)], [(2, 4, 8)], [(1, 4, 4), (1, 4, 12)], [(1, 4, 12), (1, 4, 4)]]
+    layouts = [VisionLayout.from_grid_thw(grid) for grid in grids]
+    assert {layout.num_patches for layout in layouts} == {64}
+    assert len({layout.graph_key for layout in layouts}) == len(grids) - 1
+    # A video of two frames and two images of that frame size attend identically: one graph serves both.
+    assert layouts[1].graph_key == layouts[2].graph_key
+
+
+def test_graph_key_is_hashable_and_stable() -> None:
+    first, second = VisionLayout.from_grid_thw(MIXED), VisionLayout.from_grid_thw(list(MIXED))
+    assert hash(first.graph_key) == hash(second.graph_key)
+    assert {first.graph_key: 1}[second.graph_key] == 1
+
+
+def test_cu_seqlens_tensor_is_int32_and_made_once_per_device() -> None:
+    layout = VisionLayout.from_grid_thw(MIXED)
+    cu_seqlens = layout.cu_seqlens_tensor("cpu")
+    assert cu_seqlens.dtype == torch.int32
+    assert cu_seqlens.tolist() == list(layout.cu_seqlens)
+    assert layout.cu_seqlens_tensor(torch.device("cpu")) is cu_seqlens
+
+
+def test_num_patches_must_match_pixel_rows() -> None:
+    VisionLayout.from_grid_thw(MIXED, num_patches=60)
+    with pytest.raises(ValueError, match=r"pixel_values has 59 rows .* describes 60 patches"):
+        VisionLayout.from_grid_thw(MIXED, num_patches=59)
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ([(0, 4, 4)], r"grid_thw\[0\]\.t = 0 must be positive"),
+        ([(1, 4, 4), (1, -2, 4)], r"grid_thw\[1\]\.h = -2 must be positive"),
+        ([(1, 4, 4), (1, 4, 4), (1, 4, 0)], r"grid_thw\[2\]\.w = 0 must be positive"),
+        ([(1, 4, 4), (-1, 4, 4)], r"grid_thw\[1\]\.t = -1 must be positive"),
+    ],
+)
+def test_non_positive_sizes_are_refused(grid: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VisionLayout.from_grid_thw(grid)
+
+
+@pytest.mark.parametrize(
+    ("grid", "merge", "message"),
+    [
+        ([(1, 7, 4)], 2, r"grid_thw\[0\]\.h = 7 is not divisible by spatial_merge_size 2"),
+        ([(1, 4, 4), (1, 4, 6)], 4, r"grid_thw\[1\]\.w = 6 is not divisible by spatial_merge_size 4"),
+        ([(2, 6, 8)], 3, r"grid_thw\[0\]\.w = 8 is not divisible by spatial_merge_size 3"),
+    ],
+)
+def test_sides_not_divisible_by_merge_size_are_refused(grid: list, merge: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VisionLayout.from_grid_thw(grid, merge)
+
+
+@pytest.mark.parametrize("merge", [0, -2, 2.0, "2"])
+def test_bad_spatial_merge_size_is_refused(merge: object) -> None:
+    with pytest.raises(ValueError, match=rf"spatial_merge_size = {merge!r}"):
+        VisionLayout.from_grid_thw(MIXED, merge)
+
+
+def test_device_tensor_is_refused_without_reading_it() -> None:
+    # A meta tensor stands in for a GPU tensor: it has a non-CPU device and no data to read.
+    grid = torch.tensor(MIXED).to("meta")
+    with pytest.raises(ValueError, match=r"grid_thw is on meta; pass host data .* device-to-host sync"):
+        VisionLayout.from_grid_thw(grid)
+
+
+def test_cuda_tensor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    grid = torch.tensor(MIXED)
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("read a device tensor"))
+    with pytest.raises(ValueError, match=r"grid_thw is on cuda:0; pass host data"):
+        VisionLayout.from_grid_thw(grid)
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        (torch.tensor([[1.0, 4.0, 4.0]]), r"grid_thw has dtype torch\.float32; expected an integer tensor"),
+        (torch.tensor([[True, True, True]]), r"grid_thw\[0\] = \[True, True, True\] must hold integers"),
+        (torch.tensor([1, 4, 4]), r"grid_thw has shape \(3,\); expected \[num_items, 3\]"),
+        (torch.tensor([[1, 4, 4, 1]]), r"grid_thw has shape \(1, 4\); expected \[num_items, 3\]"),
+        (torch.zeros(0, 3, dtype=torch.int64), r"grid_thw is empty"),
+        ([], r"grid_thw is empty"),
+        ([(1, 4)], r"grid_thw\[0\] = \(1, 4\) must be a \(t, h, w\) triple"),
+        ([(1, 4, 4), (1, 4, 4, 4)], r"grid_thw\[1\] = \(1, 4, 4, 4\) must be a \(t, h, w\) triple"),
+        ([(1, 4.0, 4)], r"grid_thw\[0\] = \(1, 4\.0, 4\) must hold integers"),
+        ([(1, 4, "4")], r"grid_thw\[0\] = \(1, 4, '4'\) must hold integers"),
+        ([(1, 4, 4), (True, 4, 4)], r"grid_thw\[1\] = \(True, 4, 4\) must hold integers"),
+        ([(1, 4, None)], r"grid_thw\[0\] = \(1, 4, None\) must hold integers"),
+    ],
+    ids=[
+        "float_tensor",
+        "bool_tensor",
+        "1d_tensor",
+        "four_columns",
+        "empty_tensor",
+        "empty_list",
+        "pair",
+        "quadruple",
+        "float_entry",
+        "str_entry",
+        "bool_entry",
+        "none_entry",
+    ],
+)
+def test_malformed_grid_is_refused_naming_the_value(grid: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VisionLayout.from_grid_thw(grid)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_rotary_position_ids_equal_transformers(name: str) -> None:
+    grid = LAYOUTS[name]
+    ours = VisionLayout.from_grid_thw(grid).rotary_position_ids()
+    expected = get_vision_position_ids(torch.tensor(grid), 2)
+    assert ours.dtype == torch.int64
+    assert ours.shape == (sum(t * h * w for t, h, w in grid), 2)
+    assert torch.equal(ours, expected)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("side", [16, 48])
+def test_position_embedding_taps_match_transformers(name: str, side: int) -> None:
+    """Same taps in the same order; weights differ in the last bits (docs/numerics.md)."""
+    grid = LAYOUTS[name]
+    indices, weights = VisionLayout.from_grid_thw(grid).position_embedding_taps(side)
+    expected_indices, expected_weights = get_vision_interpolation_indices_and_weights(
+        torch.tensor(grid), side, mode="bilinear", align_corners=True, spatial_merge_size=2
+    )
+    num_patches = sum(t * h * w for t, h, w in grid)
+    assert indices.shape == weights.shape == (num_patches, 4)
+    assert (indices.dtype, weights.dtype) == (torch.int64, torch.float32)
+    assert torch.equal(indices, expected_indices)
+    torch.testing.assert_close(weights, expected_weights, rtol=0, atol=1e-5)
+    torch.testing.assert_close(weights.sum(1), torch.ones(num_patches), rtol=0, atol=1e-5)

@@ -1,0 +1,143 @@
+"""The wheel: build it, install it into a fresh venv without network, import it from outside the checkout.
+
+Catches what an editable install or a checkout on PYTHONPATH hides: a package missing from
+pyproject's list, ``backends/`` not shipped as ``rocm_vit.backends``, presets.yaml left out, no
+console script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("build")
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the build reads; copying only these keeps stale build/ output and caches out of the wheel.
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "setup.cfg", "rocm_vit", "backends")
+
+_PROBE = """
+import importlib.resources, json, sys
+import rocm_vit, rocm_vit.backends, rocm_vit.backends.sdpa, rocm_vit.cli.main, rocm_vit.models
+print(json.dumps({
+    "rocm_vit": rocm_vit.__file__,
+    "backends": rocm_vit.backends.__file__,
+    "sdpa": rocm_vit.backends.sdpa.__file__,
+    "presets": importlib.resources.files("rocm_vit").joinpath("presets.yaml").is_file(),
+    "presets_list": rocm_vit.models.preset_names(),
+}))
+"""
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    source = tmp_path_factory.mktemp("source")
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif path.is_file():
+            shutil.copy2(path, source / name)
+    dist = tmp_path_factory.mktemp("dist")
+    # --skip-dependency-check: recent setuptools builds wheels without the `wheel` package listed in
+    # build-system.requires; a missing setuptools still fails the build loudly.
+    done = _run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--outdir",
+            dist,
+            source,
+        ],
+        cwd=source,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (built,) = dist.glob("rocm_vit-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv holding the wheel; torch and pyyaml come from this interpreter's environment."""
+    env_dir = tmp_path_factory.mktemp("wheel-venv")
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    # --system-site-packages reaches the base interpreter only; when the tests run inside a venv
+    # (make test) its site-packages hold torch, so append them after the new venv's own.
+    outer = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    site_packages = Path(
+        _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    )
+    (site_packages / "outer-environment.pth").write_text("\n".join(sorted(outer)) + "\n")
+    done = _run(
+        [python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "--quiet", wheel],
+        cwd=env_dir,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return env_dir
+
+
+def test_wheel_holds_only_the_package(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {name.split("/")[0] for name in names}
+    assert len(top_level) == 2 and "rocm_vit" in top_level
+    assert (top_level - {"rocm_vit"}).pop().endswith(".dist-info")
+    assert "rocm_vit/presets.yaml" in names
+    assert "rocm_vit/backends/sdpa.py" in names
+
+
+def test_wheel_ships_every_source_package(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = _wheel_paths_of_packages(ROOT / "rocm_vit", "rocm_vit") | _wheel_paths_of_packages(
+        ROOT / "backends", "rocm_vit/backends"
+    )
+    missing = sorted(path for path in expected if path not in names)
+    assert not missing, f"missing from the wheel (list the package in pyproject's [tool.setuptools]): {missing}"
+
+
+def test_installed_wheel_imports_backends_from_the_new_venv(installed: Path, tmp_path: Path) -> None:
+    done = _run([installed / "bin" / "python", "-c", _PROBE], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    package_dir = Path(found["rocm_vit"]).resolve().parent
+    assert package_dir.is_relative_to(installed.resolve()), f"rocm_vit imported from {package_dir}, not the new venv"
+    assert Path(found["backends"]).resolve().parent == package_dir / "backends"
+    assert Path(found["sdpa"]).resolve() == package_dir / "backends" / "sdpa.py"
+    assert found["presets"] is True
+    assert "tiny" in found["presets_list"]
+
+
+def test_installed_wheel_has_the_console_script(installed: Path, tmp_path: Path) -> None:
+    script = installed / "bin" / "rocm-vit"
+    assert script.is_file()
+    done = _run([script, "doctor", "--json"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["problems"] == []
+
+
+def _wheel_paths_of_packages(source: Path, prefix: str) -> set[str]:
+    """``<prefix>/<sub>/__init__.py`` for every package under ``source``, as the wheel must hold them."""
+    return {f"{prefix}/{init.relative_to(source).as_posix()}" for init in source.rglob("__init__.py")}
+
+
+def _run(command: list, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    # No PYTHONPATH: the checkout must not leak into what the new venv imports.
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run(
+        [str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
