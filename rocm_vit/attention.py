@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import itertools
 import logging
 import operator
@@ -23,11 +22,9 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import ClassVar
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rocm_vit.backends.sdpa import sdpa_varlen
 from rocm_vit.layout import VisionLayout
@@ -36,24 +33,17 @@ from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
 
-# The CUDA rule (``pick_cuda_backend``). Provisional, to be set from docs/benchmarks.md: the issue's
-# H200 numbers (bf16, 16 heads, head dim 72) have SDPA's cuDNN kernel 1.7-2x faster than
-# FlashAttention-2 varlen on one 3072- or 12800-token sequence; per-sequence SDPA pays one launch
-# per segment, and short segments fill few SMs, so ragged batches of many or short segments go to
-# one varlen launch instead.
+# The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` on an H200 (bf16, 16 heads,
+# head dim 72, torch 2.11; docs/benchmarks.md): SDPA's default kernel (FlashAttention) is the
+# fastest or within 2% on every equal-length layout (0.024 ms at 1x1024, 2.19 ms at 1x12800) and on
+# a few long ragged segments (4 segments >= 1024 tokens: 0.36 ms vs 0.43 triton_attn, 0.54
+# torch_varlen), while many or short ragged segments pay one SDPA launch each (16 segments: 0.54 ms
+# vs 0.25 triton_attn, 0.28 torch_varlen). cuDNN attention is not used: it was no faster at head dim
+# 72 and builds a plan per new shape on its first call (40-900 ms), a stall per new image size.
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
 # The varlen kernel for the other layouts, in order of preference where available.
-CUDA_VARLEN_PREFERENCE = ("torch_varlen", "triton_attn")
-
-_CUDNN_FIRST = (
-    SDPBackend.CUDNN_ATTENTION,
-    SDPBackend.FLASH_ATTENTION,
-    SDPBackend.EFFICIENT_ATTENTION,
-    SDPBackend.MATH,
-)
-# set_priority (the list order is the priority) is not in every torch release rocm-vit supports.
-_SDPA_KERNEL_TAKES_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters
+CUDA_VARLEN_PREFERENCE = ("triton_attn", "torch_varlen")
 
 
 class AttentionBackend(ABC):
@@ -98,9 +88,7 @@ class AttentionBackend(ABC):
 class SdpaAttention(AttentionBackend):
     """Per-sequence ``scaled_dot_product_attention`` with host lengths: runs anywhere.
 
-    On CUDA it asks for cuDNN's fused attention first (the fastest measured kernel for long
-    sequences); the kernel choice depends only on shapes and dtypes, so it is the same in eager
-    and captured runs.
+    SDPA picks its kernel from shapes and dtypes only, so eager and captured runs use the same one.
     """
 
     name = "sdpa"
@@ -120,8 +108,7 @@ class SdpaAttention(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
     ) -> torch.Tensor:
         (seq_lens,) = attn_args
-        with _sdpa_kernel_priority(q):
-            return sdpa_varlen(q, k, v, seq_lens, scale)
+        return sdpa_varlen(q, k, v, seq_lens, scale)
 
 
 class _VarlenAttention(AttentionBackend):
@@ -280,10 +267,10 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 }
 
 
-def pick_cuda_backend(seq_lens: Sequence[int], varlen_name: str = "torch_varlen") -> tuple[str, str]:
+def pick_cuda_backend(seq_lens: Sequence[int], varlen_name: str = "triton_attn") -> tuple[str, str]:
     """The CUDA rule: ``("sdpa" or varlen_name, why)`` for a layout's host-side segment lengths.
 
-    SDPA (cuDNN first) when it runs as one batched call (all segments equally long) or as a few
+    SDPA when it runs as one batched call (all segments equally long) or as a few
     calls on long segments; the one-launch varlen kernel otherwise. Thresholds are module constants.
     """
     lengths = [operator.index(length) for length in seq_lens]
@@ -318,7 +305,7 @@ def default_backend_name(platform: PlatformName, settings: Settings | None = Non
         return SdpaAttention.name, f"ROCm, {why} and triton is missing"
     if platform == "cuda":
         return CudaAutoAttention.name, (
-            f"CUDA: per layout, cuDNN SDPA for equal or <= {CUDA_SDPA_MAX_SEGMENTS} segments of "
+            f"CUDA: per layout, SDPA for equal segments or <= {CUDA_SDPA_MAX_SEGMENTS} segments of "
             f">= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens, else {cuda_varlen_name()}"
         )
     return SdpaAttention.name, f"{platform}: per-sequence scaled_dot_product_attention"
@@ -355,14 +342,6 @@ def _module_available(name: str) -> bool:
     except (ImportError, ValueError):
         # A parent package that fails to import, or a module put in sys.modules without a spec.
         return sys.modules.get(name) is not None
-
-
-def _sdpa_kernel_priority(q: torch.Tensor) -> AbstractContextManager:
-    """cuDNN attention first on NVIDIA GPUs (torch's default order puts it after flash and
-    memory-efficient); the default order elsewhere."""
-    if q.is_cuda and torch.version.hip is None and _SDPA_KERNEL_TAKES_PRIORITY:
-        return sdpa_kernel(list(_CUDNN_FIRST), set_priority=True)
-    return nullcontext()
 
 
 def _host_seq_lens(backend: str, cu_seqlens: torch.Tensor, seq_lens: Sequence[int] | None) -> tuple[int, ...]:

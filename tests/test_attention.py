@@ -426,21 +426,21 @@ def test_cpu_selects_sdpa(machine):
     assert isinstance(get_backend(), SdpaAttention)
 
 
-def test_cuda_selects_auto_with_torch_varlen_for_ragged_layouts(machine):
+def test_cuda_selects_auto_with_triton_attn_for_ragged_layouts(machine):
     machine("cuda")
     name, why = default_backend_name("cuda")
-    assert name == "auto" and "torch_varlen" in why
+    assert name == "auto" and "triton_attn" in why
     backend = get_backend()
     assert isinstance(backend, CudaAutoAttention)
     ragged, _ = backend.runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
-    assert isinstance(ragged, TorchVarlenAttention)
-
-
-def test_cuda_without_torch_varlen_uses_triton_attn_for_ragged_layouts(machine):
-    machine("cuda", {"triton"})
-    assert "triton_attn" in default_backend_name("cuda")[1]
-    ragged, _ = get_backend().runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
     assert isinstance(ragged, TritonAttention)
+
+
+def test_cuda_without_triton_uses_torch_varlen_for_ragged_layouts(machine):
+    machine("cuda", {"torch.nn.attention.varlen"})
+    assert "torch_varlen" in default_backend_name("cuda")[1]
+    ragged, _ = get_backend().runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
+    assert isinstance(ragged, TorchVarlenAttention)
 
 
 def test_environment_override_and_explicit_name(machine, monkeypatch):
@@ -486,9 +486,9 @@ def test_unknown_backend_lists_the_known_ones():
         ((12800,), "sdpa"),
         ((256,) * 16, "sdpa"),
         ((1024, 4096, 2048), "sdpa"),
-        ((4096, 64), "torch_varlen"),
-        ((1024, 1088, 1152, 1216, 1280), "torch_varlen"),
-        ((64, 100, 256), "torch_varlen"),
+        ((4096, 64), "triton_attn"),
+        ((1024, 1088, 1152, 1216, 1280), "triton_attn"),
+        ((64, 100, 256), "triton_attn"),
     ],
 )
 def test_cuda_rule_from_host_lengths(seq_lens, expected):

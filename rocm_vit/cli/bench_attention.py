@@ -134,6 +134,8 @@ def _matmul_tflops(bench: _Timer, device: torch.device) -> float:
 
 def _variants(platform: str) -> dict[str, Callable]:
     """name -> factory of ``(q, k, v, layout, cu_seqlens, scale) -> fn``, for each kernel that can run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from rocm_vit.attention import BACKENDS, SdpaAttention
     from rocm_vit.backends.sdpa import sdpa_varlen
 
@@ -146,15 +148,16 @@ def _variants(platform: str) -> dict[str, Callable]:
 
         return make
 
-    def sdpa_default(q, k, v, layout, cu_seqlens, scale):
-        return lambda: sdpa_varlen(q, k, v, layout.seq_lens, scale)
+    def sdpa_cudnn(q, k, v, layout, cu_seqlens, scale):
+        def run():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return sdpa_varlen(q, k, v, layout.seq_lens, scale)
 
-    variants: dict[str, Callable] = {}
-    if platform == "cuda":
-        variants["sdpa_cudnn"] = backend_variant(SdpaAttention.name)
-        variants["sdpa_default"] = sdpa_default
-    else:
-        variants["sdpa"] = sdpa_default
+        return run
+
+    variants: dict[str, Callable] = {"sdpa": backend_variant(SdpaAttention.name)}
+    if platform == "cuda":  # measured for reference; the rule does not use it (see rocm_vit.attention)
+        variants["sdpa_cudnn"] = sdpa_cudnn
     for name in ("torch_varlen", "triton_attn", "aiter_attn"):
         if BACKENDS[name].unavailable_reason(platform) is None:
             variants[name] = backend_variant(name)
@@ -261,7 +264,6 @@ def _cuda_rule_check(results: list[dict], head_dim: int) -> list[dict]:
     from rocm_vit.attention import cuda_varlen_name, pick_cuda_backend
     from rocm_vit.layout import VisionLayout
 
-    measured_as = {"sdpa": "sdpa_cudnn"}  # auto's sdpa is the cuDNN-first one
     varlen = cuda_varlen_name()
     rows = []
     for layout_name in dict.fromkeys(row["layout"] for row in results if row["head_dim"] == head_dim):
@@ -270,17 +272,16 @@ def _cuda_rule_check(results: list[dict], head_dim: int) -> list[dict]:
             for row in results
             if row["head_dim"] == head_dim and row["layout"] == layout_name and "ms" in row
         }
-        candidates = {name: times[name] for name in ("sdpa_cudnn", "torch_varlen", "triton_attn") if name in times}
+        candidates = {name: times[name] for name in ("sdpa", "torch_varlen", "triton_attn") if name in times}
         picked, why = pick_cuda_backend(VisionLayout.from_grid_thw(LAYOUTS[layout_name]).seq_lens, varlen)
-        picked_measured = measured_as.get(picked, picked)
         fastest = min(candidates, key=candidates.get) if candidates else None
         rows.append(
             {
                 "layout": layout_name,
                 "head_dim": head_dim,
-                "picked": picked_measured,
+                "picked": picked,
                 "why": why,
-                "picked_ms": candidates.get(picked_measured),
+                "picked_ms": candidates.get(picked),
                 "fastest": fastest,
                 "fastest_ms": candidates.get(fastest),
             }
@@ -351,7 +352,7 @@ def _print_tables(
     if any(r.get("rel_err", 0) > 2e-2 for r in results):
         print("  ! = relative error against torch's default SDPA (fp32) above 2e-2")
     if rule:
-        candidates = "sdpa_cudnn/torch_varlen/triton_attn"
+        candidates = "sdpa/torch_varlen/triton_attn"
         print(f"\nCUDA auto rule, head dim {rule[0]['head_dim']}: its pick vs the fastest of {candidates}")
         for row in rule:
             picked_ms, fastest_ms = row["picked_ms"], row["fastest_ms"]
