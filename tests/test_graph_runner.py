@@ -33,6 +33,7 @@ class StandInGraphs:
     fail_captures: int = 0
     warm_ups: int = 0
     events: list[str] = field(default_factory=list)
+    capture_pools: list[object] = field(default_factory=list)
 
     def available(self, device: torch.device) -> bool:
         return True
@@ -52,6 +53,7 @@ class StandInGraphs:
     def capture(self, fn, pool, stream):
         assert stream == "capture-stream"
         self.events.append("capture")
+        self.capture_pools.append(pool)
         if self.fail_captures:
             self.fail_captures -= 1
             raise torch.OutOfMemoryError("stand-in: out of memory during capture")
@@ -201,6 +203,8 @@ def test_failed_capture_is_remembered_served_eagerly_and_runner_keeps_working(
     assert stats["eager_runs"]["capture_failed"] == 2
     assert (stats["graphs"], stats["failed_layouts"], stats["replays"]) == (1, 1, 2)
     assert mechanism.events.count("capture") == 2  # the failed layout is not captured again
+    # The capture after a failure goes to a fresh pool: the failed one may be left mid-capture.
+    assert mechanism.capture_pools[0] is not mechanism.capture_pools[1]
     assert "graph capture failed" in caplog.text
 
 

@@ -6,7 +6,6 @@ mechanism for a stand-in; everything the GPU must do lives here, in a handful of
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -62,12 +61,13 @@ class CudaGraphs:
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
+        caller_stream = torch.cuda.current_stream(stream.device)
         try:
             # thread_local: other threads may keep launching work (and allocating) while this one captures.
             with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                 output = fn()
         except BaseException:
-            _stop_allocating_to_pool(pool, stream.device)
+            _clean_up_failed_capture(pool, stream.device, caller_stream)
             raise
         return graph, output
 
@@ -84,13 +84,17 @@ class CudaGraphs:
         )
 
 
-def _stop_allocating_to_pool(pool: Any, device: torch.device) -> None:
-    """Release the allocator from a capture that failed half-way.
+def _clean_up_failed_capture(pool: Any, device: torch.device, caller_stream: Any) -> None:
+    """Undo what a capture that failed half-way leaves behind.
 
     When the capture is invalidated (a sync or an illegal call inside it), ``capture_end`` raises
-    before the allocator stops routing this stream's allocations to the pool; every later capture
-    into the pool then fails with "beginAllocateToPool: already recording to mempool_id" (seen on
-    torch 2.11, H200). Ending it here keeps the runner able to capture other layouts.
+    before the allocator stops routing the capture stream's allocations to the pool and before the
+    stream context is left. Seen on torch 2.11 (H200): every later capture into that pool failed
+    with "beginAllocateToPool: already recording to mempool_id". The runner also moves on to a fresh
+    pool after a failure; this restores the caller's stream and ends the pool recording.
     """
-    with contextlib.suppress(RuntimeError):  # raised when the capture had already ended cleanly
+    torch.cuda.set_stream(caller_stream)
+    try:
         torch._C._cuda_endAllocateToPool(device.index, tuple(pool))
+    except RuntimeError as error:  # the capture had already ended cleanly
+        logger.debug("no pool recording to end after the failed capture: %s", error)

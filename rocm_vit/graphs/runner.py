@@ -91,7 +91,8 @@ class ViTGraphRunner:
         self._graphs: dict[tuple, _Graph] = {}
         self._failed: set[tuple] = set()
         self._hits: OrderedDict[tuple, int] = OrderedDict()
-        self._pool: Any = None
+        self._pool: Any = None  # the pool new captures go to
+        self._pools: list[Any] = []  # every pool a live graph may use
         self._stream: Any = None
         self._device: torch.device | None = None
         self._captures = 0
@@ -125,7 +126,7 @@ class ViTGraphRunner:
     def stats(self) -> dict[str, Any]:
         """Counters for logs and ``rocm-vit bench``: captures, replays, eager runs by reason, memory."""
         with self._lock:
-            pool_bytes = 0 if self._pool is None else self._mechanism.pool_bytes(self._pool, self._device)
+            pool_bytes = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._pools)
             return {
                 "captures": self._captures,
                 "replays": self._replays,
@@ -164,6 +165,7 @@ class ViTGraphRunner:
             if self._pool is None:
                 self._device = x.device
                 self._pool = self._mechanism.new_pool(x.device)
+                self._pools.append(self._pool)
                 self._stream = self._mechanism.new_stream(x.device)
             static_x, static_cos, static_sin = x.clone(), cos.clone(), sin.clone()
             static_cu = layout.cu_seqlens_tensor(x.device).clone()
@@ -177,8 +179,9 @@ class ViTGraphRunner:
                 graph, output = self._mechanism.capture(forward, self._pool, self._stream)
         except Exception as error:  # any capture failure degrades to eager
             self._failed.add(key)
-            if self._stream is not None:  # a fresh stream: the old one may be left mid-capture
-                self._stream = self._mechanism.new_stream(self._device)
+            # Later captures get a fresh pool and stream: a failed capture can leave the old ones
+            # mid-capture. Graphs already captured keep the memory of the pool they used.
+            self._pool = None
             logger.warning(
                 "graph capture failed for %d patches in %d segments (%s: %s); this layout runs eagerly",
                 layout.num_patches,
