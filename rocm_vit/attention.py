@@ -34,13 +34,14 @@ from rocm_vit.settings import Settings, load_settings
 logger = logging.getLogger(__name__)
 
 # The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` on an H200 (bf16, 16 heads,
-# head dim 72, torch 2.11; docs/benchmarks.md): SDPA's default kernel (FlashAttention) is the
-# fastest or within 2% on every equal-length layout (0.024 ms at 1x1024, 2.15 ms at 1x12800;
-# triton_attn 2.37, torch_varlen 3.37) and on a few long ragged segments (4 segments >= 1024
-# tokens: 0.36 ms), while many or short ragged segments pay one SDPA launch each (16 segments:
-# 0.54 ms) where one triton_attn launch takes 0.17-0.38 ms, 0.70x torch_varlen. cuDNN attention is
-# not used: it was no faster at head dim 72 and builds a plan per new shape on its first call
-# (40-900 ms), a stall per new image size.
+# head dim 72, torch 2.11; docs/benchmarks.md). SDPA's default kernel there is cuDNN's fused
+# attention (the profiler shows cudnn_generated_fort_native_sdpa_sm90_flash_fprop): fastest or
+# within 2% on every equal-length layout (0.024 ms at 1x1024, 2.12 ms at 1x12800; triton_attn
+# 2.40, torch_varlen 3.39) and on a few long ragged segments (4 segments >= 1024 tokens: 0.35 ms
+# vs 0.38 triton_attn), while many or short ragged segments pay one SDPA launch each (16 segments:
+# 1.0 ms) where one triton_attn launch takes 0.20 ms (torch_varlen 0.28). Its cost: cuDNN builds a
+# plan on the first call of each new shape (50-250 ms, 660 ms for 16 ragged lengths); under graphs
+# the warm-up before capture pays it once per layout.
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
 # The varlen kernel for the other layouts, in order of preference where available.
