@@ -1,9 +1,10 @@
 """Attention backends: one class per kernel, each declaring the argument list it takes per layer.
 
 The tower and the graph runner never test a backend's name: they ask the backend for its list
-(``runner_args``) once per layout and hand that list to every layer (DESIGN.md, Attention backend).
-Callers without a layout (SGLang's ``VisionAttention``) build the list from a ``cu_seqlens`` tensor
-with ``attn_args_from_tensor``.
+(``runner_args``) once per layout segmentation and hand each layer the list of the segmentation it
+attends within (DESIGN.md, Attention backend); ``layout_args`` builds them all. Callers without a
+layout (SGLang's ``VisionAttention``) build the list from a ``cu_seqlens`` tensor with
+``attn_args_from_tensor``.
 
 Selection (``default_backend_name``): ROCm with aiter and ``SGLANG_USE_AITER=1`` -> ``aiter_attn``;
 ROCm otherwise -> ``triton_attn``; CUDA -> ``auto`` (a kernel per layout, from host-side lengths);
@@ -21,13 +22,13 @@ import operator
 import os
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 import torch
 
 from rocm_vit.backends.sdpa import sdpa_varlen
-from rocm_vit.layout import VisionLayout
+from rocm_vit.layout import Segmentation, VisionLayout
 from rocm_vit.platform import PlatformName, current_platform
 from rocm_vit.settings import Settings, load_settings
 
@@ -47,6 +48,10 @@ CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
 # The varlen kernel for the other layouts, in order of preference where available.
 CUDA_VARLEN_PREFERENCE = ("triton_attn", "torch_varlen")
 
+# What a tower's ``forward_blocks`` takes: one backend argument list per segmentation of the
+# layout, keyed by its name (``"full"``; ``"window"`` too for a windowed layout).
+AttnArgs = dict[str, list]
+
 
 class AttentionBackend(ABC):
     """Varlen non-causal attention over packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``."""
@@ -59,12 +64,24 @@ class AttentionBackend(ABC):
         return None
 
     @abstractmethod
-    def runner_args(self, layout: VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        """The per-layer argument list for ``layout``; ``cu_seqlens`` is its int32 device tensor.
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
+        """The per-layer argument list for ``segmentation``; ``cu_seqlens`` is its int32 device tensor.
 
-        The graph runner passes its own static ``cu_seqlens`` buffer, so the list must reference
-        that tensor rather than copy it, and must hold nothing read back from the device.
+        A ``VisionLayout`` stands for its full segmentation. The graph runner passes its own static
+        ``cu_seqlens`` buffer, so the list must reference that tensor rather than copy it, and must
+        hold nothing read back from the device.
         """
+
+    def layout_args(self, layout: VisionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> AttnArgs:
+        """``runner_args`` of every segmentation of ``layout``, by name: what ``forward_blocks`` takes.
+
+        ``cu_seqlens`` maps each segmentation's name to its int32 device tensor (the layout's own,
+        or the graph runner's static buffers).
+        """
+        return {
+            name: self.runner_args(segmentation, cu_seqlens[name])
+            for name, segmentation in layout.segmentations.items()
+        }
 
     @abstractmethod
     def attn_args_from_tensor(
@@ -95,8 +112,8 @@ class SdpaAttention(AttentionBackend):
 
     name = "sdpa"
 
-    def runner_args(self, layout: VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        return [layout.seq_lens]
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
+        return [segmentation.seq_lens]
 
     def attn_args_from_tensor(
         self,
@@ -121,8 +138,8 @@ class _VarlenAttention(AttentionBackend):
 
     _attend: Callable[..., torch.Tensor]
 
-    def runner_args(self, layout: VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        return [cu_seqlens, layout.max_seqlen]
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
+        return [cu_seqlens, segmentation.max_seqlen]
 
     def attn_args_from_tensor(
         self,
@@ -216,10 +233,10 @@ class TorchVarlenAttention(_VarlenAttention):
 
 
 class CudaAutoAttention(AttentionBackend):
-    """CUDA's default: per layout, the kernel ``pick_cuda_backend`` names from host-side lengths.
+    """CUDA's default: per segmentation, the kernel ``pick_cuda_backend`` names from host-side lengths.
 
-    The choice is made in ``runner_args`` from the layout alone, so one layout always gets the same
-    kernel and a captured graph replays exactly what the eager run computed. Its list is
+    The choice is made in ``runner_args`` from the segmentation alone, so one layout always gets the
+    same kernels and a captured graph replays exactly what the eager run computed. Its list is
     ``[backend, that backend's list]``.
     """
 
@@ -235,9 +252,9 @@ class CudaAutoAttention(AttentionBackend):
             return f"auto picks among CUDA kernels per layout; on {platform} name a backend or use the default"
         return None
 
-    def runner_args(self, layout: VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        backend = self._pick(layout.seq_lens)
-        return [backend, backend.runner_args(layout, cu_seqlens)]
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
+        backend = self._pick(segmentation.seq_lens)
+        return [backend, backend.runner_args(segmentation, cu_seqlens)]
 
     def attn_args_from_tensor(
         self,

@@ -1,14 +1,20 @@
 """VisionLayout: everything about one batch of images and videos that is known on the host.
 
 A layout is built from ``grid_thw`` given as host data and never reads the device. The graph
-runner keys its graphs with ``graph_key``; attention backends take ``cu_seqlens`` (as a host tuple
-and as an int32 device tensor made once, non-blocking from pinned memory) and ``max_seqlen``.
+runner keys its graphs with ``graph_key``; attention backends take each segmentation's
+``cu_seqlens`` (as a host tuple and as an int32 device tensor made once, non-blocking from pinned
+memory) and ``max_seqlen``.
+
+A layout has one segmentation, ``"full"`` (one segment per frame), or, for a windowed tower
+(Qwen2.5-VL), also ``"window"``: the frames cut into square windows of merge blocks, with the
+tokens permuted so that each window is contiguous (``window_index``) and back (``window_inverse``).
 """
 
 from __future__ import annotations
 
+import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -17,12 +23,38 @@ GridTHW = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
+class Segmentation:
+    """One cut of the packed tokens into attention segments: host lengths and offsets.
+
+    Attention backends read ``seq_lens`` and ``max_seqlen`` from it (a ``VisionLayout`` stands for
+    its full segmentation, with the same three fields).
+    """
+
+    seq_lens: tuple[int, ...]
+    cu_seqlens: tuple[int, ...]
+    max_seqlen: int
+
+    @classmethod
+    def from_lengths(cls, seq_lens: Sequence[int]) -> Segmentation:
+        cu_seqlens = [0]
+        for length in seq_lens:
+            cu_seqlens.append(cu_seqlens[-1] + length)
+        return cls(tuple(seq_lens), tuple(cu_seqlens), max(seq_lens))
+
+
+@dataclass(frozen=True)
 class VisionLayout:
-    """Host-side description of a packed batch: one attention segment per frame.
+    """Host-side description of a packed batch: one attention segment per frame, windows optionally.
 
     ``grid_thw`` holds ``(t, h, w)`` in patches per item; a video of ``t`` frames contributes ``t``
     segments of ``h * w`` tokens (Qwen3-VL attends within a frame). Tokens are ordered in
     spatial-merge blocks, as the patch merger consumes them.
+
+    With ``window_merge_blocks`` set, each frame is also cut into windows of that many merge blocks
+    per side (the last row and column of windows may be partial): ``window_seq_lens``,
+    ``cu_window_seqlens`` and ``max_window_seqlen`` describe them in window order, and
+    ``window_index`` / ``window_inverse`` (host int64, one entry per merge block) permute the tokens
+    into that order and back, exactly as transformers' ``get_vision_window_index`` does.
     """
 
     grid_thw: tuple[GridTHW, ...]
@@ -30,6 +62,13 @@ class VisionLayout:
     seq_lens: tuple[int, ...]
     cu_seqlens: tuple[int, ...]
     max_seqlen: int
+    window_merge_blocks: int | None = None
+    window_seq_lens: tuple[int, ...] | None = None
+    cu_window_seqlens: tuple[int, ...] | None = None
+    max_window_seqlen: int | None = None
+    # Derived from grid_thw and window_merge_blocks, which the comparison already covers.
+    window_index: torch.Tensor | None = field(default=None, repr=False, compare=False, hash=False)
+    window_inverse: torch.Tensor | None = field(default=None, repr=False, compare=False, hash=False)
     _device_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     @classmethod
@@ -39,15 +78,20 @@ class VisionLayout:
         spatial_merge_size: int = 2,
         *,
         num_patches: int | None = None,
+        window_merge_blocks: int | None = None,
     ) -> VisionLayout:
         """Validate ``grid_thw`` (a list of ``(t, h, w)`` or a CPU integer tensor) and build the layout.
 
         ``num_patches``, when given, is the number of pixel rows the caller holds; it must equal the
-        sum of ``t * h * w``. Raises ``ValueError`` naming the field and the value on bad input, and
-        on a device tensor (reading it would force a device-to-host sync).
+        sum of ``t * h * w``. ``window_merge_blocks``, when given, adds the window segmentation:
+        the window side in merge blocks (transformers' ``window_size // spatial_merge_size //
+        patch_size``, 4 for Qwen2.5-VL). Raises ``ValueError`` naming the field and the value on bad
+        input, and on a device tensor (reading it would force a device-to-host sync).
         """
         if not isinstance(spatial_merge_size, int) or spatial_merge_size < 1:
             raise ValueError(f"spatial_merge_size = {spatial_merge_size!r} must be a positive int")
+        if window_merge_blocks is not None and (not isinstance(window_merge_blocks, int) or window_merge_blocks < 1):
+            raise ValueError(f"window_merge_blocks = {window_merge_blocks!r} must be a positive int or None")
         items = _host_grid(grid_thw)
         for index, (t, h, w) in enumerate(items):
             for name, value in (("t", t), ("h", h), ("w", w)):
@@ -59,15 +103,27 @@ class VisionLayout:
                         f"grid_thw[{index}].{name} = {value} is not divisible by "
                         f"spatial_merge_size {spatial_merge_size}"
                     )
-        seq_lens = tuple(h * w for t, h, w in items for _ in range(t))
-        cu_seqlens = [0]
-        for length in seq_lens:
-            cu_seqlens.append(cu_seqlens[-1] + length)
-        if num_patches is not None and num_patches != cu_seqlens[-1]:
+        full = Segmentation.from_lengths([h * w for t, h, w in items for _ in range(t)])
+        if num_patches is not None and num_patches != full.cu_seqlens[-1]:
             raise ValueError(
-                f"pixel_values has {num_patches} rows but grid_thw {list(items)} describes {cu_seqlens[-1]} patches"
+                f"pixel_values has {num_patches} rows but grid_thw {list(items)} "
+                f"describes {full.cu_seqlens[-1]} patches"
             )
-        return cls(items, spatial_merge_size, seq_lens, tuple(cu_seqlens), max(seq_lens))
+        if window_merge_blocks is None:
+            return cls(items, spatial_merge_size, *_fields(full))
+        window_lens, window_index = _window_partition(items, spatial_merge_size, window_merge_blocks)
+        window = Segmentation.from_lengths(window_lens)
+        window_inverse = torch.empty_like(window_index)
+        window_inverse[window_index] = torch.arange(window_index.numel())
+        return cls(
+            items,
+            spatial_merge_size,
+            *_fields(full),
+            window_merge_blocks,
+            *_fields(window),
+            window_index=window_index,
+            window_inverse=window_inverse,
+        )
 
     @property
     def num_patches(self) -> int:
@@ -77,18 +133,68 @@ class VisionLayout:
     def num_merged_tokens(self) -> int:
         return self.num_patches // (self.spatial_merge_size**2)
 
+    @functools.cached_property
+    def segmentations(self) -> dict[str, Segmentation]:
+        """The attention segmentations by name: ``"full"``, then ``"window"`` for a windowed layout.
+
+        A tower's blocks each attend within one of them; the graph runner keeps one static
+        ``cu_seqlens`` buffer per segmentation.
+        """
+        full = {"full": Segmentation(self.seq_lens, self.cu_seqlens, self.max_seqlen)}
+        if self.window_merge_blocks is None:
+            return full
+        return {**full, "window": Segmentation(self.window_seq_lens, self.cu_window_seqlens, self.max_window_seqlen)}
+
     @property
     def graph_key(self) -> tuple:
-        """Identifies the attention layout exactly: equal token counts with other boundaries differ."""
-        return ("full", self.cu_seqlens, self.max_seqlen)
+        """Identifies the attention layout exactly: every segmentation's boundaries are in it.
 
-    def cu_seqlens_tensor(self, device: torch.device | str) -> torch.Tensor:
-        """The int32 ``cu_seqlens`` on ``device``, made once per device with a non-blocking copy."""
+        Equal token counts with other image or window boundaries get other keys; layouts whose
+        segmentations all agree share one (the window permutation happens outside the blocks).
+        """
+        return tuple(
+            part
+            for name, segmentation in self.segmentations.items()
+            for part in (name, segmentation.cu_seqlens, segmentation.max_seqlen)
+        )
+
+    def cu_seqlens_tensor(self, device: torch.device | str, segmentation: str = "full") -> torch.Tensor:
+        """The int32 ``cu_seqlens`` of ``segmentation`` on ``device``, made once per device, non-blocking."""
+        if segmentation not in self.segmentations:
+            raise ValueError(f"segmentation = {segmentation!r} is not one of this layout's {list(self.segmentations)}")
+        offsets = self.segmentations[segmentation].cu_seqlens
+        return self._on_device(("cu_seqlens", segmentation), device, lambda: torch.tensor(offsets, dtype=torch.int32))
+
+    def cu_seqlens_tensors(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """``cu_seqlens_tensor`` of every segmentation, by name."""
+        return {name: self.cu_seqlens_tensor(device, name) for name in self.segmentations}
+
+    def to_window_order(self, rows: torch.Tensor) -> torch.Tensor:
+        """Permute ``rows`` ``[N, ...]`` from merge-block order into window order, on ``rows.device``.
+
+        Whole merge blocks move, so the merger still finds each block's tokens side by side. The
+        index reaches the device once per layout and device, non-blocking; nothing is read back.
+        """
+        unit = self.spatial_merge_size**2
+        index = self._window_tensor("window_index", rows.device)
+        return rows.reshape(rows.shape[0] // unit, unit, *rows.shape[1:]).index_select(0, index).reshape(rows.shape)
+
+    def from_window_order(self, merged: torch.Tensor) -> torch.Tensor:
+        """Put merged tokens ``[N / merge², ...]`` (one row per merge block) back in merge-block order."""
+        return merged.index_select(0, self._window_tensor("window_inverse", merged.device))
+
+    def _window_tensor(self, name: str, device: torch.device) -> torch.Tensor:
+        host = getattr(self, name)
+        if host is None:
+            raise ValueError(f"{name}: this layout has no windows (built without window_merge_blocks)")
+        return self._on_device((name,), device, lambda: host)
+
+    def _on_device(self, key: tuple, device: torch.device | str, make_host: Callable[[], torch.Tensor]) -> torch.Tensor:
         device = torch.device(device)
-        cached = self._device_cache.get(("cu_seqlens", device))
+        cached = self._device_cache.get((*key, device))
         if cached is None:
-            cached = to_device_async(torch.tensor(self.cu_seqlens, dtype=torch.int32), device)
-            self._device_cache[("cu_seqlens", device)] = cached
+            cached = to_device_async(make_host(), device)
+            self._device_cache[(*key, device)] = cached
         return cached
 
     def rotary_position_ids(self) -> torch.Tensor:
@@ -141,6 +247,35 @@ def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return host
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def _fields(segmentation: Segmentation) -> tuple:
+    return segmentation.seq_lens, segmentation.cu_seqlens, segmentation.max_seqlen
+
+
+def _window_partition(items: Sequence[GridTHW], merge: int, window: int) -> tuple[list[int], torch.Tensor]:
+    """Window lengths in tokens, and the merge-block permutation that makes each window contiguous.
+
+    Per frame, windows run row-major over a ``window x window`` grid of merge blocks; the last row
+    and column may be partial. Matches transformers' ``get_vision_window_index`` (whose padding
+    windows are empty and dropped there by ``unique_consecutive``).
+    """
+    unit = merge * merge
+    lengths: list[int] = []
+    index_parts = []
+    offset = 0
+    for t, h, w in items:
+        rows, cols = h // merge, w // merge
+        windows_h, windows_w = -(-rows // window), -(-cols // window)
+        padded = torch.full((t, windows_h * window, windows_w * window), -1, dtype=torch.int64)
+        padded[:, :rows, :cols] = torch.arange(offset, offset + t * rows * cols).view(t, rows, cols)
+        by_window = padded.view(t, windows_h, window, windows_w, window).permute(0, 1, 3, 2, 4)
+        by_window = by_window.reshape(t * windows_h * windows_w, window * window)
+        present = by_window >= 0
+        lengths.extend((present.sum(1) * unit).tolist())
+        index_parts.append(by_window[present])
+        offset += t * rows * cols
+    return lengths, torch.cat(index_parts)
 
 
 def _merge_block_order(grid: torch.Tensor, h: int, w: int, merge: int) -> torch.Tensor:

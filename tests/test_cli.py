@@ -160,3 +160,32 @@ def test_python_dash_m_runs_doctor_json(module: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert set(report) >= DOCTOR_SECTIONS
+
+
+def test_presets_build_their_own_tower_class() -> None:
+    import torch
+
+    from rocm_vit.cli.workload import build_tower
+    from rocm_vit.models import Qwen3VLVisionTower, Qwen25VLVisionTower
+
+    qwen3 = build_tower("tiny", torch.device("cpu"), torch.float32, "sdpa", seed=0)
+    qwen25 = build_tower("qwen2.5-vl-tiny", torch.device("cpu"), torch.float32, "sdpa", seed=0)
+    assert type(qwen3) is Qwen3VLVisionTower
+    assert type(qwen25) is Qwen25VLVisionTower
+
+
+def test_layouts_round_to_each_towers_merge_blocks() -> None:
+    from rocm_vit.cli.workload import parse_layouts
+    from rocm_vit.models import preset
+
+    # 32 px merge blocks for Qwen3-VL (patch 16), 28 px for Qwen2.5-VL (patch 14).
+    assert parse_layouts("1x448x224", preset("tiny"))[0].grid_thw == ((1, 28, 14),)
+    assert parse_layouts("1x448x224,1x448f4", preset("qwen2.5-vl-tiny"))[1].grid_thw == ((2, 32, 32),)
+    assert parse_layouts("1x448x224", preset("qwen2.5-vl-tiny"))[0].grid_thw == ((1, 32, 16),)
+
+
+def test_bench_runs_a_qwen25_preset_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--preset", "qwen2.5-vl-tiny", "--layouts", "1x224,1x64+1x300x200", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "preset qwen2.5-vl-tiny" in out
+    assert out.count("finite") == 2

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from rocm_vit.attention import get_backend
+from rocm_vit.attention import SdpaAttention, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
-from rocm_vit.layout import VisionLayout
-from rocm_vit.models import Qwen3VLVisionTower, preset
+from rocm_vit.layout import Segmentation, VisionLayout
+from rocm_vit.models import preset, tower_class
 
 
 @dataclass
@@ -71,9 +71,9 @@ class StandInGraphs:
 HIDDEN = 8
 
 
-def _toy_forward_blocks(x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Depends on every input and on the segment boundaries, like real attention does."""
-    (seq_lens,) = attn_args
+    (seq_lens,) = attn_args["full"]
     segment_sums = torch.cat([part.sum(0, keepdim=True).expand_as(part) for part in x.split(list(seq_lens))])
     return x * cos[:, :HIDDEN] + segment_sums + sin[:, :HIDDEN]
 
@@ -94,7 +94,7 @@ def _inputs(layout: VisionLayout, generator: torch.Generator) -> tuple[torch.Ten
 
 
 def _eager(layout: VisionLayout, x, cos, sin) -> torch.Tensor:
-    return _toy_forward_blocks(x, [layout.seq_lens], cos, sin)
+    return _toy_forward_blocks(x, {"full": [layout.seq_lens]}, cos, sin)
 
 
 def _layout(*grid: tuple[int, int, int]) -> VisionLayout:
@@ -228,7 +228,7 @@ def test_rotary_workspace_keeps_the_dtype_the_model_passed(generator: torch.Gene
     runner.run(x, layout, cos, cos)
     entry = runner._graphs[layout.graph_key]
     assert (entry.x.dtype, entry.cos.dtype, entry.sin.dtype) == (torch.bfloat16, torch.float32, torch.float32)
-    assert entry.cu_seqlens.dtype == torch.int32
+    assert entry.cu_seqlens["full"].dtype == torch.int32
 
 
 def test_input_rows_must_match_layout(generator: torch.Generator) -> None:
@@ -283,14 +283,90 @@ def test_real_mechanism_on_cpu_runs_eagerly_with_reason(generator: torch.Generat
     assert runner.stats()["pool_bytes"] == 0
 
 
+# Per tower: layouts in call order (a repeat replays), and the segmentations each graph holds.
+TOWER_CASES = {
+    "tiny": ([[(1, 4, 6)], [(1, 2, 2), (2, 4, 4)], [(1, 4, 6)]], ["full"]),
+    # Partial windows, a video, a repeat, and the transposed grid (other windows, other graph).
+    "qwen2.5-vl-tiny": ([[(1, 12, 20)], [(1, 2, 2), (2, 10, 14)], [(1, 12, 20)], [(1, 20, 12)]], ["full", "window"]),
+}
+
+
+@pytest.mark.parametrize("name", list(TOWER_CASES))
 @torch.no_grad()
-def test_tower_with_graphs_equals_eager_bitwise(generator: torch.Generator) -> None:
-    tower = Qwen3VLVisionTower(preset("tiny"), attention_backend="sdpa").eval()
-    grids = [[(1, 4, 6)], [(1, 2, 2), (2, 4, 4)], [(1, 4, 6)]]
-    pixels = [torch.randn(sum(t * h * w for t, h, w in g), 1536, generator=generator) for g in grids]
+def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Generator) -> None:
+    grids, segmentations = TOWER_CASES[name]
+    config = preset(name)
+    tower = tower_class(config)(config, attention_backend="sdpa").eval()
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    pixels = [torch.randn(sum(t * h * w for t, h, w in g), width, generator=generator) for g in grids]
     eager = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
     runner = tower.enable_graphs(capacity=8, mechanism=StandInGraphs())
     graphed = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
     tower.disable_graphs()
     assert all(torch.equal(a, b) for a, b in zip(eager, graphed, strict=True))
-    assert (runner.stats()["captures"], runner.stats()["replays"]) == (2, 3)
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (len(grids) - 1, len(grids))
+    assert all(list(entry.cu_seqlens) == segmentations for entry in runner._graphs.values())
+
+
+class _RecordingSdpa(SdpaAttention):
+    """sdpa that also records the ``cu_seqlens`` tensor each segmentation's list was built on."""
+
+    def __init__(self) -> None:
+        self.built_on: list[torch.Tensor] = []
+
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
+        self.built_on.append(cu_seqlens)
+        return super().runner_args(segmentation, cu_seqlens)
+
+
+def _windowed_toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor):
+    """A window "block" then a full one: the output depends on both segmentations' boundaries."""
+    for name in ("window", "full"):
+        (seq_lens,) = attn_args[name]
+        x = x * cos[:, :HIDDEN] + torch.cat([part.cumsum(0) for part in x.split(list(seq_lens))]) + sin[:, :HIDDEN]
+    return x
+
+
+def _windowed(*grid: tuple[int, int, int]) -> VisionLayout:
+    return VisionLayout.from_grid_thw(list(grid), window_merge_blocks=4)
+
+
+def test_windowed_layout_gets_a_static_cu_seqlens_buffer_per_segmentation(generator: torch.Generator) -> None:
+    backend = _RecordingSdpa()
+    runner = ViTGraphRunner(_windowed_toy_forward_blocks, backend, mechanism=StandInGraphs())
+    layout = _windowed((1, 12, 20), (1, 4, 4))
+    for _ in range(2):
+        x, cos, sin = _inputs(layout, generator)
+        eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
+        assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
+    entry = runner._graphs[layout.graph_key]
+    assert list(entry.cu_seqlens) == ["full", "window"]
+    for name, buffer in entry.cu_seqlens.items():
+        assert buffer.dtype == torch.int32
+        assert buffer.tolist() == list(layout.segmentations[name].cu_seqlens)
+        assert buffer is not layout.cu_seqlens_tensor("cpu", name)  # the graph's own copy, not the layout's
+    # The captured argument lists were built on exactly those static buffers.
+    assert [id(cu) for cu in backend.built_on] == [id(cu) for cu in entry.cu_seqlens.values()]
+    assert len(entry.addresses) == len(entry.buffers()) == 6
+
+
+def test_moved_window_cu_seqlens_drops_the_graph(generator: torch.Generator) -> None:
+    runner = ViTGraphRunner(_windowed_toy_forward_blocks, get_backend("sdpa"), mechanism=StandInGraphs())
+    layout = _windowed((1, 12, 20))
+    runner.run(*_with_layout(layout, generator))
+    entry = runner._graphs[layout.graph_key]
+    entry.cu_seqlens["window"] = entry.cu_seqlens["window"].clone()
+    runner.run(*_with_layout(layout, generator))
+    assert runner.stats()["graphs"] == 0
+    assert runner.stats()["eager_runs"]["capture_failed"] == 1
+
+
+def test_equal_token_counts_with_other_windows_get_their_own_graph(generator: torch.Generator) -> None:
+    runner = ViTGraphRunner(_windowed_toy_forward_blocks, get_backend("sdpa"), mechanism=StandInGraphs())
+    wide, squarer = _windowed((1, 8, 24)), _windowed((1, 12, 16))
+    assert wide.cu_seqlens == squarer.cu_seqlens
+    for layout in (wide, squarer, wide, squarer):
+        x, cos, sin = _inputs(layout, generator)
+        eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
+        assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
+    assert (runner.stats()["graphs"], runner.stats()["replays"]) == (2, 4)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -189,3 +191,121 @@ def test_position_embedding_taps_match_transformers(name: str, side: int) -> Non
     assert torch.equal(indices, expected_indices)
     torch.testing.assert_close(weights, expected_weights, rtol=0, atol=1e-5)
     torch.testing.assert_close(weights.sum(1), torch.ones(num_patches), rtol=0, atol=1e-5)
+
+
+# Qwen2.5-VL windows: 112 px = 4 merge blocks of 2 x 14 px per side (8 x 8 patches).
+WINDOW_MERGE_BLOCKS = 4
+WINDOW_LAYOUTS = {
+    "exact_windows": [(1, 16, 16)],
+    "partial_windows": [(1, 12, 20)],
+    "smaller_than_a_window": [(1, 2, 2), (1, 6, 4)],
+    "video_t2": [(2, 10, 14)],
+    "images_and_videos": [(1, 18, 10), (3, 8, 12), (1, 4, 4)],
+}
+
+
+def _windowed(grid: list) -> VisionLayout:
+    return VisionLayout.from_grid_thw(grid, window_merge_blocks=WINDOW_MERGE_BLOCKS)
+
+
+@pytest.mark.parametrize("name", list(WINDOW_LAYOUTS))
+def test_windows_equal_transformers(name: str) -> None:
+    from transformers.vision_utils import get_vision_window_index
+
+    grid = WINDOW_LAYOUTS[name]
+    layout = _windowed(grid)
+    window_index, cu_window_seqlens = get_vision_window_index(
+        torch.tensor(grid), spatial_merge_size=2, window_size=112, patch_size=14
+    )
+    assert torch.equal(layout.window_index, window_index)
+    assert list(layout.cu_window_seqlens) == cu_window_seqlens.tolist()
+    assert layout.max_window_seqlen == max(layout.window_seq_lens)
+    assert sum(layout.window_seq_lens) == layout.num_patches
+    # The full segmentation is the one a non-windowed layout has.
+    assert layout.segmentations["full"] == VisionLayout.from_grid_thw(grid).segmentations["full"]
+
+
+def test_partial_windows_have_the_leftover_sizes() -> None:
+    layout = _windowed([(1, 12, 20)])  # 6 x 10 merge blocks: windows of 4 x 4, 4 x 4, 4 x 2, then 2 x 4 ...
+    assert layout.window_seq_lens == tuple(4 * blocks for blocks in (16, 16, 8, 8, 8, 4))
+    assert layout.max_window_seqlen == 64
+    # Merge blocks 4..9 of the first row belong to later windows: the permutation is not the identity.
+    assert layout.window_index[:6].tolist() == [0, 1, 2, 3, 10, 11]
+
+
+@pytest.mark.parametrize("name", list(WINDOW_LAYOUTS))
+def test_each_window_is_one_square_of_one_frame(name: str) -> None:
+    layout = _windowed(WINDOW_LAYOUTS[name])
+    frame_of_patch = torch.repeat_interleave(torch.arange(len(layout.seq_lens)), torch.tensor(layout.seq_lens))
+    frames = layout.to_window_order(frame_of_patch)
+    positions = layout.to_window_order(layout.rotary_position_ids())
+    for start, end in itertools.pairwise(layout.cu_window_seqlens):
+        assert frames[start:end].unique().numel() == 1
+        window_cell = positions[start:end] // (2 * WINDOW_MERGE_BLOCKS)  # which 8 x 8 patch square
+        assert window_cell.unique(dim=0).shape[0] == 1
+
+
+@pytest.mark.parametrize("name", list(WINDOW_LAYOUTS))
+def test_window_permutation_and_inverse_round_trip(name: str) -> None:
+    layout = _windowed(WINDOW_LAYOUTS[name])
+    num_blocks = layout.num_merged_tokens
+    assert torch.equal(layout.window_index[layout.window_inverse], torch.arange(num_blocks))
+    assert torch.equal(layout.window_inverse[layout.window_index], torch.arange(num_blocks))
+    tokens = torch.arange(layout.num_patches)
+    in_windows = layout.to_window_order(tokens[:, None])
+    # Whole merge blocks move: merging four tokens per row and restoring gives the blocks in order.
+    restored = layout.from_window_order(in_windows.view(num_blocks, 4))
+    assert torch.equal(restored, tokens.view(num_blocks, 4))
+
+
+def test_windowed_segmentations_and_their_cu_seqlens_tensors() -> None:
+    layout = _windowed([(1, 12, 20)])
+    assert list(layout.segmentations) == ["full", "window"]
+    assert layout.segmentations["window"].cu_seqlens == layout.cu_window_seqlens
+    window_cu = layout.cu_seqlens_tensor("cpu", "window")
+    assert window_cu.dtype == torch.int32
+    assert window_cu.tolist() == list(layout.cu_window_seqlens)
+    assert layout.cu_seqlens_tensor(torch.device("cpu"), "window") is window_cu
+    assert layout.cu_seqlens_tensors("cpu") == {"full": layout.cu_seqlens_tensor("cpu"), "window": window_cu}
+    with pytest.raises(ValueError, match=r"segmentation = 'windows' is not one of this layout's \['full', 'window'\]"):
+        layout.cu_seqlens_tensor("cpu", "windows")
+
+
+def test_layout_without_windows_is_unchanged() -> None:
+    layout = VisionLayout.from_grid_thw(MIXED)
+    assert list(layout.segmentations) == ["full"]
+    assert layout.graph_key == ("full", (0, 24, 40, 56, 60), 24)
+    assert layout.cu_window_seqlens is None and layout.window_index is None
+    with pytest.raises(ValueError, match=r"segmentation = 'window' is not one of this layout's \['full'\]"):
+        layout.cu_seqlens_tensor("cpu", "window")
+    with pytest.raises(ValueError, match="window_index: this layout has no windows"):
+        layout.to_window_order(torch.zeros(60, 1))
+
+
+def test_windowed_graph_key_covers_both_segmentations() -> None:
+    layout = _windowed([(1, 8, 24)])
+    assert layout.graph_key == ("full", (0, 192), 192, "window", (0, 64, 128, 192), 64)
+    assert layout.graph_key != VisionLayout.from_grid_thw([(1, 8, 24)]).graph_key
+
+
+def test_equal_token_counts_with_other_window_boundaries_get_other_graph_keys() -> None:
+    # One frame of 192 patches each, so the full segmentation is the same; the windows differ.
+    wide, squarer = _windowed([(1, 8, 24)]), _windowed([(1, 12, 16)])
+    assert (wide.cu_seqlens, wide.max_seqlen) == (squarer.cu_seqlens, squarer.max_seqlen)
+    assert wide.cu_window_seqlens != squarer.cu_window_seqlens
+    assert wide.graph_key != squarer.graph_key
+    # Transposed grids cut into the same windows: the blocks compute the same thing, one graph serves both.
+    assert _windowed([(1, 16, 8)]).graph_key == _windowed([(1, 8, 16)]).graph_key
+
+
+@pytest.mark.parametrize("window", [0, -4, 4.0, "4"])
+def test_bad_window_merge_blocks_is_refused(window: object) -> None:
+    with pytest.raises(ValueError, match=rf"window_merge_blocks = {window!r} must be a positive int or None"):
+        VisionLayout.from_grid_thw(MIXED, window_merge_blocks=window)
+
+
+def test_windowed_layout_still_validates_the_grid() -> None:
+    with pytest.raises(ValueError, match=r"grid_thw\[0\]\.h = 7 is not divisible by spatial_merge_size 2"):
+        _windowed([(1, 7, 4)])
+    with pytest.raises(ValueError, match=r"pixel_values has 5 rows .* describes 16 patches"):
+        VisionLayout.from_grid_thw([(1, 4, 4)], num_patches=5, window_merge_blocks=4)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import logging
 import subprocess
@@ -12,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rocm_vit.cli.workload import NAMED_SWEEPS, Workload, build_tower, median_ms, parse_layouts, random_pixels
-from rocm_vit.models import Qwen3VLVisionTower, preset_names
+from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
 
 logger = logging.getLogger(__name__)
@@ -33,9 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per cell (default: 20 GPU, 3 CPU)")
     parser.add_argument("--capacity", type=int, default=32, help="graph cache capacity (default 32)")
     parser.add_argument("--no-graphs", action="store_true", help="eager column only")
-    parser.add_argument(
-        "--baseline", choices=["transformers"], help="add transformers' Qwen3VLVisionModel, same weights"
-    )
+    parser.add_argument("--baseline", choices=["transformers"], help="add transformers' own vision model, same weights")
     parser.add_argument("--plot", type=Path, help="write latency against patches to this PNG")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(
-    tower: Qwen3VLVisionTower,
+    tower: VisionTower,
     baseline: object | None,
     workload: Workload,
     pixels: torch.Tensor,
@@ -112,26 +112,32 @@ def _measure(
     return row
 
 
-def _transformers_baseline(tower: Qwen3VLVisionTower):
+# transformers' module, config class and model class for each tower family (by model_type).
+_TRANSFORMERS_TOWERS = {
+    "qwen3_vl": ("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLVisionConfig", "Qwen3VLVisionModel"),
+    "qwen2_5_vl": (
+        "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
+        "Qwen2_5_VLVisionConfig",
+        "Qwen2_5_VisionTransformerPretrainedModel",
+    ),
+}
+
+
+def _transformers_baseline(tower: VisionTower):
     """transformers' own tower with the same weights (sdpa attention), or an error saying what is missing."""
+    module_name, config_name, model_name = _TRANSFORMERS_TOWERS[tower.config.model_type]
     try:
-        from transformers import Qwen3VLVisionConfig
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
-    except ImportError as error:
+        module = importlib.import_module(module_name)
+        config_cls, model_cls = getattr(module, config_name), getattr(module, model_name)
+    except (ImportError, AttributeError) as error:
         raise SystemExit(f"--baseline transformers needs transformers >= 4.57 installed ({error})") from None
-    config = tower.config
-    hf_config = Qwen3VLVisionConfig(
-        depth=config.depth,
-        hidden_size=config.hidden_size,
-        num_heads=config.num_heads,
-        intermediate_size=config.intermediate_size,
-        out_hidden_size=config.out_hidden_size,
-        deepstack_visual_indexes=list(config.deepstack_visual_indexes),
-        num_position_embeddings=config.num_position_embeddings,
-        hidden_act=config.hidden_act,
-    )
+    # Our config fields carry transformers' names; only the rotary base moved into rope_parameters.
+    fields = dataclasses.asdict(tower.config)
+    rope_theta = fields.pop("rope_theta")
+    hf_config = config_cls(**fields)
+    hf_config.rope_parameters = {**hf_config.rope_parameters, "rope_theta": rope_theta}
     hf_config._attn_implementation = "sdpa"
-    model = Qwen3VLVisionModel(hf_config)
+    model = model_cls(hf_config)
     model.load_state_dict(tower.state_dict())
     return model.to(device=tower.device, dtype=tower.dtype).eval()
 

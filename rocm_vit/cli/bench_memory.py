@@ -17,7 +17,7 @@ import torch
 
 from rocm_vit.cli.workload import Workload, build_tower, random_pixels, random_workloads
 from rocm_vit.graphs import CudaGraphs
-from rocm_vit.models import Qwen3VLVisionTower, preset_names
+from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
 
 BOUND_FACTOR = 1.25
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if rows[0]["within_bound"] else 1
 
 
-def _measure(tower: Qwen3VLVisionTower, workloads: list[Workload], mode: str, seed: int) -> dict:
+def _measure(tower: VisionTower, workloads: list[Workload], mode: str, seed: int) -> dict:
     mechanism = CudaGraphs() if mode == "shared" else PrivatePoolGraphs()
     runner = tower.enable_graphs(capacity=len(workloads), mechanism=mechanism)
     baseline = _settled_reserved()

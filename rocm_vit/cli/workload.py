@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rocm_vit.models import Qwen3VLVisionTower, VisionConfig, preset
+from rocm_vit.models import TowerConfig, VisionTower, preset, tower_class
 
 GridTHW = tuple[int, int, int]
 
@@ -35,7 +35,7 @@ class Workload:
         return sum(t * h * w for t, h, w in self.grid_thw)
 
 
-def parse_layouts(text: str, config: VisionConfig) -> list[Workload]:
+def parse_layouts(text: str, config: TowerConfig) -> list[Workload]:
     """Parse a named sweep or comma-separated specs.
 
     A spec is items joined by ``+``; an item is ``COUNTxSIZE`` (square images), ``COUNTxHxW``
@@ -57,7 +57,7 @@ def parse_layouts(text: str, config: VisionConfig) -> list[Workload]:
     return workloads
 
 
-def _parse_item(item: str, spec: str, config: VisionConfig) -> tuple[int, GridTHW]:
+def _parse_item(item: str, spec: str, config: TowerConfig) -> tuple[int, GridTHW]:
     body, _, frames_text = item.partition("f")
     try:
         numbers = [int(part) for part in body.split("x")]
@@ -75,8 +75,11 @@ def _parse_item(item: str, spec: str, config: VisionConfig) -> tuple[int, GridTH
     return count, pixels_to_grid(height, width, frames, config)
 
 
-def pixels_to_grid(height: int, width: int, frames: int, config: VisionConfig) -> GridTHW:
-    """Patch grid of an image or video, rounded to whole merge blocks (at least one)."""
+def pixels_to_grid(height: int, width: int, frames: int, config: TowerConfig) -> GridTHW:
+    """Patch grid of an image or video, rounded to whole merge blocks (at least one).
+
+    A merge block is ``patch_size x spatial_merge_size`` pixels: 32 for Qwen3-VL, 28 for Qwen2.5-VL.
+    """
     unit = config.patch_size * config.spatial_merge_size
     blocks_h = max(1, round(height / unit))
     blocks_w = max(1, round(width / unit))
@@ -85,7 +88,7 @@ def pixels_to_grid(height: int, width: int, frames: int, config: VisionConfig) -
     return (t, blocks_h * merge, blocks_w * merge)
 
 
-def random_workloads(count: int, seed: int, config: VisionConfig, max_side_px: int = 2048) -> list[Workload]:
+def random_workloads(count: int, seed: int, config: TowerConfig, max_side_px: int = 2048) -> list[Workload]:
     """Random requests: 1-8 items, images and videos, sides from 64 px to ``max_side_px``."""
     rng = random.Random(seed)
     workloads = []
@@ -102,14 +105,15 @@ def random_workloads(count: int, seed: int, config: VisionConfig, max_side_px: i
 
 def build_tower(
     preset_name: str, device: torch.device, dtype: torch.dtype, attention_backend: str | None, seed: int
-) -> Qwen3VLVisionTower:
-    """A preset tower with random weights (seeded), in eval mode on ``device``."""
+) -> VisionTower:
+    """A preset tower (its ``model_type`` picks the class) with random weights (seeded), in eval mode on ``device``."""
     torch.manual_seed(seed)
-    tower = Qwen3VLVisionTower(preset(preset_name), attention_backend=attention_backend)
+    config = preset(preset_name)
+    tower = tower_class(config)(config, attention_backend=attention_backend)
     return tower.to(device=device, dtype=dtype).eval()
 
 
-def random_pixels(workload: Workload, config: VisionConfig, device: torch.device, seed: int) -> torch.Tensor:
+def random_pixels(workload: Workload, config: TowerConfig, device: torch.device, seed: int) -> torch.Tensor:
     """Fresh random patches for ``workload`` (never zeros: they hide unwritten outputs)."""
     generator = torch.Generator().manual_seed(seed)
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2

@@ -1,10 +1,11 @@
 """ViTGraphRunner: one graph per exact attention layout, one shared pool, a bounded cache, owned outputs.
 
 Why each rule exists (DESIGN.md, Known hazards):
-- keys come from host data and carry ``cu_seqlens``: equal token counts with other image boundaries
-  would otherwise replay stale attention metadata;
-- every graph keeps its own static input, cos/sin and ``cu_seqlens`` buffers alive and in place: a
-  shared workspace regrown under a captured graph silently corrupts replies;
+- keys come from host data and carry every segmentation's ``cu_seqlens`` (the full one, and the
+  window one of a windowed tower): equal token counts with other image or window boundaries would
+  otherwise replay stale attention metadata;
+- every graph keeps its own static input, cos/sin and ``cu_seqlens`` buffers (one per segmentation)
+  alive and in place: a shared workspace regrown under a captured graph silently corrupts replies;
 - replay returns a clone: graphs share one pool, and a caller holding a static output would see it
   overwritten by the next replay;
 - warm-up runs on the capture stream before the first capture: kernel JIT and per-stream library
@@ -25,13 +26,13 @@ from typing import Any
 
 import torch
 
-from rocm_vit.attention import AttentionBackend
+from rocm_vit.attention import AttentionBackend, AttnArgs
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
 from rocm_vit.layout import VisionLayout
 
 logger = logging.getLogger(__name__)
 
-ForwardBlocks = Callable[[torch.Tensor, list, torch.Tensor, torch.Tensor], torch.Tensor]
+ForwardBlocks = Callable[[torch.Tensor, AttnArgs, torch.Tensor, torch.Tensor], torch.Tensor]
 
 EAGER_REASONS = ("over_capacity", "below_min_hits", "over_max_tokens", "capture_failed", "no_gpu")
 
@@ -47,16 +48,21 @@ class _Graph:
     x: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
-    cu_seqlens: torch.Tensor
+    cu_seqlens: dict[str, torch.Tensor]  # int32, one per segmentation of the layout
     output: torch.Tensor
-    addresses: tuple[int, ...]
+    addresses: tuple[int, ...] = ()
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
-        return (self.x, self.cos, self.sin, self.cu_seqlens, self.output)
+        return (self.x, self.cos, self.sin, *self.cu_seqlens.values(), self.output)
 
 
 class ViTGraphRunner:
     """Runs ``forward_blocks(x, attn_args, cos, sin)`` under graphs keyed by the exact layout.
+
+    ``attn_args`` is ``attention.layout_args(layout, cu_seqlens)``: one backend argument list per
+    segmentation of the layout, by name, built on this runner's static ``cu_seqlens`` buffers in a
+    graph and on the layout's own tensors in an eager run. ``forward_blocks`` hands each block the
+    list of the segmentation it attends within; the runner knows nothing of which block takes which.
 
     ``run`` returns a tensor owned by the caller. Calls are serialised by a lock; capture is
     thread-local, so other threads may use the GPU meanwhile. Failures never escape ``run`` as long
@@ -120,7 +126,7 @@ class ViTGraphRunner:
                     return self._replay(entry, x, cos, sin)
                 reason = "capture_failed"
             self._eager_runs[reason] += 1
-            attn_args = self.attention.runner_args(layout, layout.cu_seqlens_tensor(x.device))
+            attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(x.device))
             return self.forward_blocks(x, attn_args, cos, sin)
 
     def stats(self) -> dict[str, Any]:
@@ -168,8 +174,8 @@ class ViTGraphRunner:
                 self._pools.append(self._pool)
                 self._stream = self._mechanism.new_stream(x.device)
             static_x, static_cos, static_sin = x.clone(), cos.clone(), sin.clone()
-            static_cu = layout.cu_seqlens_tensor(x.device).clone()
-            attn_args = self.attention.runner_args(layout, static_cu)
+            static_cu = {name: cu.clone() for name, cu in layout.cu_seqlens_tensors(x.device).items()}
+            attn_args = self.attention.layout_args(layout, static_cu)
 
             def forward() -> torch.Tensor:
                 return self.forward_blocks(static_x, attn_args, static_cos, static_sin)
@@ -190,8 +196,8 @@ class ViTGraphRunner:
                 error,
             )
             return None
-        buffers = (static_x, static_cos, static_sin, static_cu, output)
-        entry = _Graph(graph, *buffers, addresses=tuple(t.data_ptr() for t in buffers))
+        entry = _Graph(graph, static_x, static_cos, static_sin, static_cu, output)
+        entry.addresses = tuple(t.data_ptr() for t in entry.buffers())
         self._graphs[key] = entry
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started

@@ -9,19 +9,24 @@ import torch
 
 from rocm_vit.cli.workload import Workload, random_workloads
 from rocm_vit.layout import VisionLayout
-from rocm_vit.models import Qwen3VLVisionTower, preset
+from rocm_vit.models import VisionTower, preset, tower_class
 
 pytestmark = pytest.mark.gpu
 
 DEVICE = torch.device("cuda")
 
+# Qwen2.5-VL at its real widths (head dim 80, the one the attention kernels find hardest), trimmed
+# to four blocks: two attend within windows, two within whole frames.
+QWEN25_TRIMMED = ("qwen2.5-vl-7b", {"depth": 4, "fullatt_block_indexes": [1, 3]})
 
-def _tower(name: str = "tiny", **overrides) -> Qwen3VLVisionTower:
+
+def _tower(name: str = "tiny", **overrides) -> VisionTower:
     torch.manual_seed(0)
-    return Qwen3VLVisionTower(preset(name, **overrides)).to(DEVICE, torch.bfloat16).eval()
+    config = preset(name, **overrides)
+    return tower_class(config)(config).to(DEVICE, torch.bfloat16).eval()
 
 
-def _pixels(tower: Qwen3VLVisionTower, grid, seed: int) -> torch.Tensor:
+def _pixels(tower: VisionTower, grid, seed: int) -> torch.Tensor:
     generator = torch.Generator(device=DEVICE).manual_seed(seed)
     config = tower.config
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
@@ -29,13 +34,14 @@ def _pixels(tower: Qwen3VLVisionTower, grid, seed: int) -> torch.Tensor:
     return torch.randn(patches, width, generator=generator, device=DEVICE, dtype=tower.dtype)
 
 
-def _workloads(tower: Qwen3VLVisionTower, count: int, seed: int, max_side: int = 512) -> list[Workload]:
+def _workloads(tower: VisionTower, count: int, seed: int, max_side: int = 512) -> list[Workload]:
     return random_workloads(count, seed, tower.config, max_side_px=max_side)
 
 
 @torch.inference_mode()
-def test_graph_equals_eager_bitwise_over_random_layouts_with_small_capacity() -> None:
-    tower = _tower()
+@pytest.mark.parametrize(("name", "overrides"), [("tiny", {}), ("qwen2.5-vl-tiny", {}), QWEN25_TRIMMED])
+def test_graph_equals_eager_bitwise_over_random_layouts_with_small_capacity(name: str, overrides: dict) -> None:
+    tower = _tower(name, **overrides)
     runner = tower.enable_graphs(capacity=40)
     workloads = _workloads(tower, 120, seed=1)
     mismatched = []
@@ -156,10 +162,11 @@ def test_capture_failure_is_served_eagerly_and_runner_keeps_working() -> None:
 
 
 @torch.inference_mode()
-def test_no_host_sync_per_forward_once_layout_is_known() -> None:
-    tower = _tower()
+@pytest.mark.parametrize("name", ["tiny", "qwen2.5-vl-tiny"])
+def test_no_host_sync_per_forward_once_layout_is_known(name: str) -> None:
+    tower = _tower(name)
     tower.enable_graphs()
-    grids = [[(1, 8, 8)], [(1, 4, 4), (2, 4, 6)]]
+    grids = [[(1, 8, 8)], [(1, 4, 4), (2, 4, 6)], [(1, 12, 20)]]  # the last has six windows, four partial
     pixels = [_pixels(tower, grid, i) for i, grid in enumerate(grids)]
     for p, grid in zip(pixels, grids, strict=True):  # first sight: capture may synchronise
         tower(p, grid)
@@ -190,3 +197,20 @@ def test_reserved_memory_stays_bounded_after_200_layouts_with_capacity_32() -> N
         reserved.append(torch.cuda.memory_reserved())
     after_capacity, final = reserved[64], reserved[-1]
     assert final <= after_capacity * 1.10 + (64 << 20), (after_capacity, final)
+
+
+@torch.inference_mode()
+def test_qwen25_graphs_hold_static_full_and_window_cu_seqlens() -> None:
+    name, overrides = QWEN25_TRIMMED
+    tower = _tower(name, **overrides)
+    runner = tower.enable_graphs()
+    # Equal token counts, equal frames, other windows: two graphs, each exact.
+    grids = [[(1, 8, 24)], [(1, 12, 16)], [(1, 8, 24)], [(1, 12, 16)]]
+    for index, grid in enumerate(grids):
+        pixels = _pixels(tower, grid, index)
+        assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    assert (runner.stats()["graphs"], runner.stats()["replays"]) == (2, 4)
+    for key, entry in runner._graphs.items():
+        assert list(entry.cu_seqlens) == ["full", "window"]
+        assert all(cu.dtype == torch.int32 and cu.device.type == "cuda" for cu in entry.cu_seqlens.values())
+        assert tuple(entry.cu_seqlens["window"].tolist()) == key[4]

@@ -1,0 +1,265 @@
+"""What every reference tower shares: the forward path, graphs, the prepared-layout cache and the layers
+that Qwen3-VL and Qwen2.5-VL have in common.
+
+A tower turns ``(pixel_values, grid_thw)`` into merged tokens in four steps, the same in eager and
+graph mode: prepare the layout on the host (cached), ``embed`` (patches, positions, rotary
+``cos``/``sin``, in the order the blocks see tokens), ``forward_blocks`` (eagerly or through the
+graph runner) and ``_restore_token_order``. Only ``forward_blocks`` is captured.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rocm_vit.attention import AttentionBackend, AttnArgs, get_backend
+from rocm_vit.graphs import ViTGraphRunner
+from rocm_vit.layout import VisionLayout
+from rocm_vit.models.config import TowerConfig
+from rocm_vit.rotary import apply_rotary
+
+logger = logging.getLogger(__name__)
+
+ACTIVATIONS = {
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "silu": F.silu,
+}
+
+# Prepared layouts kept per tower: the host work and host-to-device copies of a repeated image
+# size are done once. Small, since each entry holds a few int/float tensors per patch.
+_LAYOUT_CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class PreparedLayout:
+    """A layout with the device tensors a tower needs for it, copied once from pinned host memory.
+
+    The layout itself caches its ``cu_seqlens`` and window-permutation tensors per device.
+    """
+
+    layout: VisionLayout
+    rotary_positions: torch.Tensor  # [N, 2] (row, column), in the order the blocks see tokens
+
+
+class VisionTower(nn.Module, ABC):
+    """Base of the reference towers; subclasses set ``config_class`` and build their layers.
+
+    Subclasses build a ``patch_embed`` (whose weight gives the tower's dtype and device) and
+    implement ``embed``, ``forward_blocks`` and ``_prepare_layout``; a tower that reorders tokens
+    before the blocks (Qwen2.5-VL's windows) also overrides ``_restore_token_order``.
+    """
+
+    config_class: ClassVar[type[TowerConfig]]
+
+    def __init__(self, config: TowerConfig, attention_backend: str | None = None) -> None:
+        super().__init__()
+        config.validate()
+        if config.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act = {config.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+        self.config = config
+        self.attention: AttentionBackend = get_backend(attention_backend)
+        self._layouts: OrderedDict[tuple, PreparedLayout] = OrderedDict()
+        self._graph_runner: ViTGraphRunner | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, attention_backend: str | None = None) -> VisionTower:
+        """Build from the matching transformers vision config, a dict of its fields, or a ``config_class``."""
+        return cls(cls.config_class.from_config(config), attention_backend=attention_backend)
+
+    @property
+    def graph_runner(self) -> ViTGraphRunner | None:
+        """The runner ``enable_graphs`` installed, or ``None`` while the tower runs eagerly."""
+        return self._graph_runner
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.patch_embed.proj.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.patch_embed.proj.weight.device
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        grid_thw: Sequence[Sequence[int]] | torch.Tensor,
+        *,
+        use_graphs: bool = True,
+    ) -> torch.Tensor:
+        """Encode packed patches ``[N, C * T * P * P]`` described by host-side ``grid_thw``.
+
+        With graphs enabled the block stack runs through the graph runner; ``use_graphs=False``
+        runs this call eagerly anyway (what ``rocm-vit verify`` compares against). Nothing here
+        reads the device: every index and offset was computed on the host and copied once.
+        """
+        prepared = self._prepare(grid_thw, pixel_values.shape[0])
+        x, cos, sin = self.embed(pixel_values, prepared)
+        if use_graphs and self._graph_runner is not None:
+            out = self._graph_runner.run(x, prepared.layout, cos, sin)
+        else:
+            attn_args = self.attention.layout_args(prepared.layout, prepared.layout.cu_seqlens_tensors(x.device))
+            out = self.forward_blocks(x, attn_args, cos, sin)
+        return self._restore_token_order(out, prepared.layout)
+
+    @abstractmethod
+    def embed(self, pixel_values: torch.Tensor, prepared: PreparedLayout) -> tuple[torch.Tensor, ...]:
+        """``x`` ``[N, hidden]`` and the rotary ``cos``, ``sin`` ``[N, head_dim]``, in the blocks' token order."""
+
+    @abstractmethod
+    def forward_blocks(
+        self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """All blocks and the merger(s): what eager mode runs and graphs capture.
+
+        ``attn_args`` holds one attention-backend argument list per segmentation of the layout
+        (``attn_args["full"]``, and ``attn_args["window"]`` for a windowed tower); each block takes
+        the list of the segmentation it attends within. Must not read the device.
+        """
+
+    def enable_graphs(
+        self,
+        capacity: int | None = None,
+        min_hits: int = 1,
+        max_tokens: int | None = None,
+        **runner_options: Any,
+    ) -> ViTGraphRunner:
+        """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
+
+        ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a CPU tower the
+        runner serves every call eagerly and logs that once.
+        """
+        self._graph_runner = ViTGraphRunner(
+            self.forward_blocks,
+            self.attention,
+            capacity=capacity,
+            min_hits=min_hits,
+            max_tokens=max_tokens,
+            **runner_options,
+        )
+        return self._graph_runner
+
+    def disable_graphs(self) -> None:
+        """Back to eager; the runner's graphs and pool are released when nothing else holds it."""
+        self._graph_runner = None
+
+    @abstractmethod
+    def _prepare_layout(self, layout: VisionLayout) -> PreparedLayout:
+        """The device tensors this tower needs for ``layout`` (on ``self.device``, non-blocking)."""
+
+    def _restore_token_order(self, merged: torch.Tensor, layout: VisionLayout) -> torch.Tensor:
+        """Merged tokens back in ``grid_thw`` order; identity for towers that never reorder them."""
+        return merged
+
+    def _prepare(self, grid_thw: Sequence[Sequence[int]] | torch.Tensor, num_patches: int) -> PreparedLayout:
+        layout = VisionLayout.from_grid_thw(
+            grid_thw,
+            self.config.spatial_merge_size,
+            num_patches=num_patches,
+            window_merge_blocks=self.config.window_merge_blocks,
+        )
+        key = (layout.grid_thw, self.device)
+        prepared = self._layouts.get(key)
+        if prepared is None:
+            prepared = self._prepare_layout(layout)
+            self._layouts[key] = prepared
+            if len(self._layouts) > _LAYOUT_CACHE_SIZE:
+                self._layouts.popitem(last=False)
+        else:
+            self._layouts.move_to_end(key)
+        return prepared
+
+
+class PatchEmbed(nn.Module):
+    """Conv3d patchify with kernel == stride, computed as one matmul (same weights as transformers)."""
+
+    def __init__(self, config: TowerConfig, bias: bool) -> None:
+        super().__init__()
+        kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
+        self.proj = nn.Conv3d(config.in_channels, config.hidden_size, kernel_size=kernel, stride=kernel, bias=bias)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        weight = self.proj.weight.view(self.proj.out_channels, -1)
+        return F.linear(pixel_values.to(weight.dtype), weight, self.proj.bias)
+
+
+class VisionRotaryEmbedding(nn.Module):
+    """Axial 2-D rotary angles: the first half of each head rotates by row, the second by column.
+
+    Qwen3-VL and Qwen2.5-VL compute the same angles (transformers' ``head_dim // 2`` axial
+    frequencies, ``rope_theta`` 10000).
+    """
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        axis_dim = head_dim // 2
+        inv_freq = 1.0 / (theta ** (torch.arange(0, axis_dim, 2, dtype=torch.float) / axis_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions`` ``[N, 2]`` -> fp32 ``cos``, ``sin`` ``[N, head_dim]`` in NEOX layout."""
+        angles = (positions[..., None].float() * self.inv_freq).flatten(1)
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos(), angles.sin()
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, config: TowerConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=True)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
+        apply_rotary(q, k, cos, sin)
+        out = self.backend(q, k, v, attn_args, self.scale)
+        return self.proj(out.reshape(x.shape[0], -1))
+
+
+class VisionBlock(nn.Module):
+    """Pre-norm attention and MLP; the tower picks the norm (LayerNorm, RMSNorm) and the MLP."""
+
+    def __init__(
+        self, config: TowerConfig, backend: AttentionBackend, norm: Callable[[int], nn.Module], mlp: nn.Module
+    ) -> None:
+        super().__init__()
+        self.norm1 = norm(config.hidden_size)
+        self.norm2 = norm(config.hidden_size)
+        self.attn = VisionAttention(config, backend)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), attn_args, cos, sin)
+        return x + self.mlp(self.norm2(x))
+
+
+class RMSNorm(nn.Module):
+    """transformers' ``Qwen2_5_VLRMSNorm``: normalise in fp32, round to the input dtype, then scale."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+layer_norm = functools.partial(nn.LayerNorm, eps=1e-6)
+rms_norm = functools.partial(RMSNorm, eps=1e-6)
