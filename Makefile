@@ -36,7 +36,7 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml ci/venv.sh
+$(STAMP): pyproject.toml ci/venv.sh ci/requirements-sglang.txt
 	PYTHON="$(PYTHON)" VENV="$(VENV)" TORCH_SPEC="$(TORCH_SPEC)" EXTRAS="$(EXTRAS)" ci/venv.sh
 	@touch $@
 

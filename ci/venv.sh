@@ -5,6 +5,8 @@
 # so the venv is created with --system-site-packages and torch is never installed over it. On ROCm
 # the PyPI `triton` wheel is never installed either: it would replace ROCm's Triton (DESIGN.md).
 # Only a python without torch gets $TORCH_SPEC (the CPU build where pip has a local wheel dir).
+# Over a CPU torch, SGLang and what its import needs come from ci/requirements-sglang.txt, each
+# with --no-deps, for the plugin tests (tests/test_sglang_plugin.py).
 #
 #   PYTHON      interpreter that creates the venv            (default: python3)
 #   VENV        where                                         (default: .venv)
@@ -116,5 +118,13 @@ PY
 if [ -n "$numpy_spec" ]; then
   echo "venv: installing '$numpy_spec' for Triton's interpreter"
   "${pip_install[@]}" "$numpy_spec"
+fi
+
+# SGLang for the plugin tests, over a CPU torch only: SGLang's own requirements pull CUDA wheels and
+# another torch, so it and what its import needs go in one by one with --no-deps from a pinned list.
+torch_cuda=$("$py" -c 'import torch; print(torch.version.cuda or "")')
+if [ -z "$torch_hip" ] && [ -z "$torch_cuda" ]; then
+  echo "venv: installing SGLang for the plugin tests (ci/requirements-sglang.txt, --no-deps)"
+  "${pip_install[@]}" --no-deps -r ci/requirements-sglang.txt
 fi
 echo "venv: ready: $("$py" -c 'import sys, torch; print(sys.executable, "torch", torch.__version__)')"

@@ -110,6 +110,13 @@ def test_wheel_ships_every_source_package(wheel: Path) -> None:
     assert not missing, f"missing from the wheel (list the package in pyproject's [tool.setuptools]): {missing}"
 
 
+def test_wheel_registers_the_sglang_plugin_entry_point(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        (entry_points,) = (name for name in archive.namelist() if name.endswith(".dist-info/entry_points.txt"))
+        text = archive.read(entry_points).decode()
+    assert "[sglang.srt.plugins]\nrocm_vit = rocm_vit.integrations.sglang:load" in text
+
+
 def test_installed_wheel_imports_backends_from_the_new_venv(installed: Path, tmp_path: Path) -> None:
     done = _run([installed / "bin" / "python", "-c", _PROBE], cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -1,7 +1,8 @@
 """``rocm-vit doctor``: what this machine would run, and why, before anyone files a bug.
 
 Reports the platform, the versions of the packages that matter, the attention backend and rotary
-implementation that would be selected, and the settings in effect. Package versions come from
+implementation that would be selected, the settings in effect, and whether SGLang would load the
+rocm-vit plugin, with the verdict on its version and the hooks that apply. Package versions come from
 installed metadata, never from importing the package: importing aiter runs rocminfo. Every section
 is computed on its own, so one failure (a bad environment variable, a missing module) is reported
 in place and the rest still prints; the exit status is 1 when anything failed.
@@ -53,6 +54,7 @@ def collect() -> dict[str, Any]:
         "attention": _section("attention", _attention, problems),
         "rotary": _section("rotary", _rotary, problems),
         "settings": _section("settings", _settings, problems),
+        "sglang": _section("sglang", _sglang, problems),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
     }
     report["problems"] = problems
@@ -62,17 +64,29 @@ def collect() -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> str:
     """The report as aligned text sections."""
     lines = [f"rocm-vit {report['rocm_vit']}", f"python   {report['python']}"]
-    for section in ("platform", "versions", "attention", "rotary", "settings", "environment"):
+    for section in ("platform", "versions", "attention", "rotary", "settings", "sglang", "environment"):
         values = report[section]
         lines.append(f"\n{section}:")
         if not values:
             lines.append("  (none set)")
-        width = max((len(key) for key in values), default=0)
-        lines.extend(f"  {key:<{width}}  {_text(value)}" for key, value in values.items())
+        lines.extend(_aligned(values, indent="  "))
     if report["problems"]:
         lines.append("\nproblems:")
         lines.extend(f"  - {problem}" for problem in report["problems"])
     return "\n".join(lines)
+
+
+def _aligned(values: dict[str, Any], indent: str) -> list[str]:
+    """``key  value`` lines with the values aligned; a nested mapping is listed below its key."""
+    width = max((len(key) for key in values), default=0)
+    lines = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            lines.append(f"{indent}{key}:")
+            lines.extend(_aligned(value, indent + "  "))
+        else:
+            lines.append(f"{indent}{key:<{width}}  {_text(value)}")
+    return lines
 
 
 def _section(name: str, build: Callable[[], dict[str, Any]], problems: list[str]) -> dict[str, Any]:
@@ -155,6 +169,12 @@ def _settings() -> dict[str, Any]:
     values = load_settings().as_dict()
     values["config_file"] = os.environ.get(CONFIG_ENV) or None
     return values
+
+
+def _sglang() -> dict[str, Any]:
+    from rocm_vit.integrations.sglang.status import plugin_status
+
+    return plugin_status()
 
 
 def _rocm_vit_version() -> str:

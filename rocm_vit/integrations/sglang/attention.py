@@ -1,0 +1,80 @@
+"""SGLang's vision attention on rocm-vit: the ``aiter_attn`` backend and the rotary policy.
+
+``AiterVisionAttention`` takes SGLang's constructor and forward signature and runs rocm-vit's
+``aiter_attn``. SGLang's own ``VisionAiterAttention`` computes ``max_seqlen`` with ``.item()`` (a
+host sync in every layer, fatal inside a graph capture) and does not accept the ``[cu_seqlens,
+max_seqlen]`` list a graph runner passes; this one takes that list, SGLang's precomputed metadata,
+or a bare ``cu_seqlens`` tensor, and reads nothing back from the device when host data is given.
+
+``rotary_pos_emb`` replaces both rotary helpers ``VisionAttention.forward`` chooses between, so the
+same rocm-vit implementation (``rocm_vit.rotary.apply_rotary``) runs in eager and in graph mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sglang.srt.layers.attention.vision import VisionAttentionMetadata, resolve_seqlens
+from sglang.srt.layers.rotary_embedding.utils import apply_rotary_pos_emb_native_eager
+from torch import nn
+
+from rocm_vit.attention import AiterAttention, get_backend
+from rocm_vit.rotary import apply_rotary
+
+
+class AiterVisionAttention(nn.Module):
+    """SGLang's ``aiter_attn`` slot, backed by rocm-vit's aiter varlen attention.
+
+    Construction fails, naming what is missing, where aiter cannot run (as SGLang's does). Window
+    sizes and attention sinks are ignored, as SGLang's aiter backend ignores them.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self.attention = get_backend(AiterAttention.name)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens: torch.Tensor | list | Any | None,
+        bsz: int,
+        seq_len: int,
+        softmax_scale: float | None = None,
+        forward_metadata: VisionAttentionMetadata | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Attention over packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``; returns ``[N, H, D]``.
+
+        ``cu_seqlens`` is a graph runner's ``[cu_seqlens, max_seqlen]`` list, or (eager) a tensor,
+        SGLang's ``SingletonCache`` or ``None`` (one segment per batch row), in which case
+        ``forward_metadata.max_seqlen`` or a host ``max_seqlen`` keyword spares the device read.
+        """
+        if isinstance(cu_seqlens, list):
+            attn_args = cu_seqlens
+        elif forward_metadata is not None:
+            attn_args = self.attention.attn_args_from_tensor(forward_metadata.cu_seqlens, forward_metadata.max_seqlen)
+        else:
+            offsets = resolve_seqlens(cu_seqlens, bsz, seq_len, device=q.device)
+            max_seqlen = kwargs.get("max_seqlen")
+            host_max = max_seqlen if isinstance(max_seqlen, int) else None
+            attn_args = self.attention.attn_args_from_tensor(offsets, host_max)
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        return self.attention(q, k, v, attn_args, scale)
+
+
+def rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's ``apply_rotary_pos_emb`` contract on rocm-vit's rotary: returns the rotated ``(q, k)``.
+
+    ``VisionAttention`` passes q ``[N, H, D]``, k ``[N, KH, D]`` and cos/sin ``[N, D]``: those are
+    rotated in place by ``apply_rotary`` (the compiled helper on ROCm, the Triton kernel on CUDA,
+    the same function with and without graphs). Other shapes keep SGLang's eager native helper.
+    """
+    if unsqueeze_dim != 1 or q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
+        return apply_rotary_pos_emb_native_eager(q, k, cos, sin, unsqueeze_dim)
+    apply_rotary(q, k, cos, sin)
+    return q, k

@@ -1,0 +1,201 @@
+"""What the plugin changes in SGLang, and the version gate that decides whether each change is safe.
+
+Each ``Hook`` names the SGLang module it patches, the dotted targets it replaces (for logs, the
+doctor and docs/sglang.md), the signatures rocm-vit was written against, and how to install it.
+On a tested SGLang release the hooks are installed as they are; on any other release each hook's
+targets are checked first (they exist, their parameters are the expected ones) and a hook that
+does not match is left out with one warning naming it, while the others still apply.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
+from rocm_vit.integrations.sglang.imports import replace_attribute
+
+# SGLang releases whose source the hooks were written against and tested with (tests/test_sglang_plugin.py).
+TESTED_SGLANG_VERSIONS = ("0.5.23",)
+
+_VISION = "sglang.srt.layers.attention.vision"
+_RUNNER = "sglang.srt.multimodal.vit_cuda_graph_runner"
+_QWEN3_VL = "sglang.srt.models.qwen3_vl"
+_ENCODER_SERVER = "sglang.srt.disaggregation.encoder.server"
+_ENCODER_RUNTIME = "sglang.srt.disaggregation.encoder.runtime"
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One change to one SGLang module.
+
+    ``signatures`` maps an attribute path inside ``module`` to the parameter names rocm-vit
+    expects (``None``: it only has to exist). ``install(module)`` makes the change.
+    """
+
+    name: str
+    module: str
+    targets: tuple[str, ...]
+    signatures: Mapping[str, tuple[str, ...] | None]
+    install: Callable[[ModuleType], None]
+
+    def mismatch(self, module: ModuleType) -> str | None:
+        """Why this hook does not fit ``module`` (a missing target, other parameters), or ``None``."""
+        for path, expected in self.signatures.items():
+            target: object = module
+            for part in path.split("."):
+                if not hasattr(target, part):
+                    return f"{self.module}.{path} does not exist"
+                target = getattr(target, part)
+            if expected is None:
+                continue
+            try:
+                found = tuple(inspect.signature(target).parameters)
+            except (TypeError, ValueError):
+                return f"{self.module}.{path} has no inspectable signature"
+            if found != expected:
+                return f"{self.module}.{path} takes ({', '.join(found)}), rocm-vit expects ({', '.join(expected)})"
+        return None
+
+
+def sglang_version() -> str | None:
+    """The installed SGLang release, from its metadata (no import); ``None`` when unknown."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def is_tested(version: str | None) -> bool:
+    """Whether the hooks were tested on ``version``; any other release gets each target checked."""
+    return version in TESTED_SGLANG_VERSIONS
+
+
+def _install_aiter_attention(vision: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.attention import AiterVisionAttention
+
+    # VisionAttention instantiates backends through QKV_BACKEND_IMPL, a table of class references
+    # filled at import: replace_attribute rebinds its "aiter_attn" entry too.
+    replace_attribute(vision, "VisionAiterAttention", AiterVisionAttention)
+
+
+def _install_rotary(vision: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.attention import rotary_pos_emb
+
+    # VisionAttention.forward picks one of these two per call (the eager native one whenever
+    # SGLANG_VIT_ENABLE_CUDA_GRAPH is set): both become rocm-vit's, so eager and graph mode agree.
+    # In vision.py only: the same functions serve the language models' rotary elsewhere in SGLang.
+    replace_attribute(vision, "apply_rotary_pos_emb", rotary_pos_emb, rebind=False)
+    replace_attribute(vision, "apply_rotary_pos_emb_native_eager", rotary_pos_emb, rebind=False)
+
+
+def _install_graph_runner(runner_module: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+
+    replace_attribute(runner_module, "ViTCudaGraphRunner", ViTGraphRunnerAdapter)
+
+
+def _install_qwen3_vl_interpolation(qwen3_vl: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.qwen3_vl import fast_pos_embed_interpolate
+
+    replace_attribute(qwen3_vl.Qwen3VLMoeVisionModel, "fast_pos_embed_interpolate", fast_pos_embed_interpolate)
+
+
+def _install_tp_worker(server: ModuleType) -> None:
+    from rocm_vit.integrations.sglang import workers
+
+    replace_attribute(server, "launch_encoder", workers.launch_encoder)
+
+
+def _install_dp_worker(runtime: ModuleType) -> None:
+    from rocm_vit.integrations.sglang import workers
+
+    replace_attribute(runtime, "launch_dp_worker", workers.launch_dp_worker)
+
+
+_BACKEND_FORWARD = (
+    "self",
+    "q",
+    "k",
+    "v",
+    "cu_seqlens",
+    "bsz",
+    "seq_len",
+    "softmax_scale",
+    "forward_metadata",
+    "kwargs",
+)
+_ROTARY = ("q", "k", "cos", "sin", "unsqueeze_dim")
+_RUNNER_RUN = (
+    "self",
+    "x",
+    "cu_seqlens",
+    "cu_window_seqlens",
+    "position_embeddings",
+    "rotary_pos_emb_cos",
+    "rotary_pos_emb_sin",
+    "output_indices",
+    "attention_layout_key",
+)
+
+HOOKS: tuple[Hook, ...] = (
+    Hook(
+        name="aiter_attn",
+        module=_VISION,
+        targets=(f"{_VISION}.VisionAiterAttention", f"{_VISION}.QKV_BACKEND_IMPL['aiter_attn']"),
+        signatures={
+            "VisionAiterAttention.__init__": ("self", "kwargs"),
+            "VisionAiterAttention.forward": _BACKEND_FORWARD,
+            "QKV_BACKEND_IMPL": None,
+        },
+        install=_install_aiter_attention,
+    ),
+    Hook(
+        name="rotary",
+        module=_VISION,
+        targets=(f"{_VISION}.apply_rotary_pos_emb", f"{_VISION}.apply_rotary_pos_emb_native_eager"),
+        signatures={"apply_rotary_pos_emb": _ROTARY, "apply_rotary_pos_emb_native_eager": _ROTARY},
+        install=_install_rotary,
+    ),
+    Hook(
+        name="graph_runner",
+        module=_RUNNER,
+        targets=(f"{_RUNNER}.ViTCudaGraphRunner", f"{_QWEN3_VL}.ViTCudaGraphRunner"),
+        signatures={
+            "ViTCudaGraphRunner.__init__": ("self", "vit"),
+            "ViTCudaGraphRunner.run": _RUNNER_RUN,
+            "ViTCudaGraphRunner._capture_context": ("self",),
+        },
+        install=_install_graph_runner,
+    ),
+    Hook(
+        name="qwen3_vl_graph_interpolation",
+        module=_QWEN3_VL,
+        targets=(f"{_QWEN3_VL}.Qwen3VLMoeVisionModel.fast_pos_embed_interpolate",),
+        signatures={
+            "Qwen3VLMoeVisionModel.fast_pos_embed_interpolate": ("self", "grid_thw"),
+            "Qwen3VLMoeVisionModel.fast_pos_embed_interpolate_from_list": ("self", "grid_thw"),
+            "Qwen3VLMoeVisionModel.fast_pos_embed_interpolate_vectorized": ("self", "grid_thw"),
+            "Qwen3VLMoeVisionModel._use_vectorized_pos_embed": ("self", "num_images"),
+        },
+        install=_install_qwen3_vl_interpolation,
+    ),
+    Hook(
+        name="encoder_tp_worker",
+        module=_ENCODER_SERVER,
+        targets=(f"{_ENCODER_SERVER}.launch_encoder", f"{_ENCODER_RUNTIME}.launch_encoder"),
+        signatures={"launch_encoder": ("server_args", "schedule_path", "dist_init_method", "rank")},
+        install=_install_tp_worker,
+    ),
+    Hook(
+        name="encoder_dp_worker",
+        module=_ENCODER_RUNTIME,
+        targets=(f"{_ENCODER_RUNTIME}.launch_dp_worker",),
+        signatures={
+            "launch_dp_worker": ("server_args", "dp_rank", "gpu_id", "dispatch_path", "release_path", "result_path")
+        },
+        install=_install_dp_worker,
+    ),
+)

@@ -1,0 +1,69 @@
+"""The SGLang plugin on a GPU: SGLang's own Qwen3-VL tower, graph output == eager output, bit for bit.
+
+Runs tests/sglang_support/scenario.py with ``--device cuda`` in a process of its own (the plugin
+patches SGLang for the life of a process): SGLang's ``Qwen3VLMoeVisionModel`` in bf16, eager
+(``forward``) against graphs (``forward_with_cuda_graph`` -> the adapter -> rocm-vit's runner under
+real CUDA/HIP graphs), twice over six images in four attention layouts; with SGLang's
+``triton_attn`` everywhere, and with rocm-vit's ``aiter_attn`` on ROCm. Skips, saying why, where
+SGLang is not installed or its import fails (an image without SGLang's kernels).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+SCENARIO = Path(__file__).resolve().parents[1] / "sglang_support" / "scenario.py"
+
+
+def _scenario(tmp_path: Path, attention: str, **extra_env: str) -> dict:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed in this environment (pip install 'rocm-vit[sglang]')")
+    path = tmp_path / "report.json"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
+    env.update(extra_env)
+    done = subprocess.run(
+        [sys.executable, str(SCENARIO), str(path), "--device", "cuda", "--attention", attention],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0 and path.exists(), f"scenario failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    result = json.loads(path.read_text())
+    if "import_error" in result:
+        pytest.skip(f"SGLang cannot be imported here: {result['import_error']}")
+    return result
+
+
+def _assert_graph_equals_eager(report: dict, attention: str) -> None:
+    assert report["runner_class"] == "rocm_vit.integrations.sglang.graph_runner.ViTGraphRunnerAdapter"
+    assert report["backend"] == attention
+    applied = {line.split()[3] for line in report["applied"]}
+    assert {"aiter_attn", "rotary", "graph_runner", "qwen3_vl_graph_interpolation"} <= applied
+    graphs = report["graph_vs_eager"]
+    assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12, graphs
+    assert graphs["first_output_survives_replays"]
+    # 6 images in 4 attention layouts, twice: 4 captures, every call a replay.
+    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 12), graphs
+    assert sum(graphs["eager_runs"].values()) == 0, graphs["eager_runs"]
+
+
+def test_sglang_tower_with_triton_attn_graph_equals_eager_bitwise(tmp_path: Path) -> None:
+    _assert_graph_equals_eager(_scenario(tmp_path, "triton_attn"), "triton_attn")
+
+
+@pytest.mark.rocm
+def test_sglang_tower_with_rocm_vits_aiter_attn_graph_equals_eager_bitwise(tmp_path: Path) -> None:
+    if not torch.version.hip:
+        pytest.skip("aiter_attn needs ROCm")
+    _assert_graph_equals_eager(_scenario(tmp_path, "aiter_attn", SGLANG_USE_AITER="1"), "aiter_attn")

@@ -1,0 +1,369 @@
+"""The SGLang plugin against the real SGLang package, in a process of its own; prints a JSON report.
+
+Run by tests/test_sglang_plugin.py (CPU) and tests/gpu/test_sglang_gpu.py (``--device cuda``) as
+``python scenario.py REPORT.json [--device cuda]``. A separate process because the plugin patches
+SGLang's modules for the life of the process, and importing SGLang patches transformers.
+
+CPU steps, in order (each can only happen once per process):
+1. SGLang's distributed state at world size 1 (gloo), as SGLang's own CPU layer tests set it up;
+   a tiny ``Qwen3VLMoeVisionModel`` and its eager outputs before any plugin is loaded.
+2. ``load_plugins()`` with ``SGLANG_PLUGINS`` naming another plugin: SGLang must be untouched.
+3. ``rocm-vit doctor``'s SGLang section, and then ``load_plugins()`` for real, both with the SGLang
+   version simulated as an untested release and one target (``launch_dp_worker``) changed: only
+   that hook may be left out, with one warning.
+4. An encode-server TP worker started the way SGLang starts it (``spawn``, the patched target), with
+   a probe plugin that reports which hooks the child has.
+5. The model again, under the plugin: eager output unchanged; with ``aiter_attn`` (rocm-vit's
+   backend, its kernel replaced by a CPU stand-in) through SGLang's own ``forward_with_cuda_graph``
+   and the adapter with stand-in graphs: graph output == eager output, bit for bit.
+
+GPU (``--device cuda``): SGLang's tower with ``--attention`` (``triton_attn``; ``aiter_attn`` on
+ROCm) under real CUDA/HIP graphs, graph == eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+# Appended, not prepended: a working torchvision (GPU images) wins over the CPU stand-in.
+sys.path.append(str(HERE))
+sys.path.append(str(HERE.parent))  # tests/, for the stand-in graph mechanism
+
+import torch  # noqa: E402
+
+# Grids (t, h, w) in patches. 4 attention layouts: (1, 4, 8) and (1, 8, 4) share one (a single
+# segment of 32 patches); the third and fourth have 32 patches in segments with other boundaries.
+GRIDS = [[(1, 4, 8)], [(1, 8, 4)], [(1, 4, 4), (2, 4, 2)], [(2, 4, 2), (1, 4, 4)], [(1, 6, 4)], [(1, 4, 8)]]
+GRAPHED_LAYOUTS = 4
+PATCH_DIM = 3 * 2 * 4 * 4  # in_channels * temporal_patch_size * patch_size²
+SGLANG_TARGETS = {
+    "aiter_class": ("sglang.srt.layers.attention.vision", "VisionAiterAttention"),
+    "rotary": ("sglang.srt.layers.attention.vision", "apply_rotary_pos_emb"),
+    "rotary_eager": ("sglang.srt.layers.attention.vision", "apply_rotary_pos_emb_native_eager"),
+    "runner": ("sglang.srt.multimodal.vit_cuda_graph_runner", "ViTCudaGraphRunner"),
+    "runner_in_qwen3_vl": ("sglang.srt.models.qwen3_vl", "ViTCudaGraphRunner"),
+    "tp_worker": ("sglang.srt.disaggregation.encoder.server", "launch_encoder"),
+    "tp_worker_in_runtime": ("sglang.srt.disaggregation.encoder.runtime", "launch_encoder"),
+    "dp_worker": ("sglang.srt.disaggregation.encoder.runtime", "launch_dp_worker"),
+    # The same function objects serve the language models' rotary: they must stay SGLang's.
+    "llm_rotary": ("sglang.srt.layers.rotary_embedding.utils", "apply_rotary_pos_emb_native"),
+    "llm_rotary_eager": ("sglang.srt.layers.rotary_embedding.utils", "apply_rotary_pos_emb_native_eager"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("report", type=Path)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--attention", default="triton_attn", help="SGLang's ViT backend on a GPU")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    records = _capture_rocm_vit_logs()
+    started = time.perf_counter()
+    report: dict[str, Any] = {}
+    try:
+        import sglang.srt.models.qwen3_vl  # noqa: F401
+    except ImportError as error:  # a GPU image without SGLang's kernels: the test skips, saying why
+        args.report.write_text(json.dumps({"import_error": f"{type(error).__name__}: {error}"}))
+        return
+    _init_sglang(args.device)
+    if args.device == "cpu":
+        _cpu_scenario(report, records)
+    else:
+        _gpu_scenario(report, records, args.attention)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    args.report.write_text(json.dumps(report, indent=1))
+
+
+def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> None:
+    import sglang.srt.plugins
+    from sglang.srt.disaggregation.encoder import runtime  # imports encoder.server too
+    from sglang.srt.layers.attention import vision
+    from sglang.srt.models import qwen3_vl
+
+    import rocm_vit.integrations.sglang as plugin
+    from rocm_vit.cli import doctor
+    from rocm_vit.integrations.sglang import hooks, imports
+    from rocm_vit.integrations.sglang.attention import AiterVisionAttention, rotary_pos_emb
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+
+    generator = torch.Generator().manual_seed(0)
+    reference = _tiny_model("cpu")
+    _randomise(reference, generator)
+    state = reference.state_dict()
+    inputs = [(torch.randn(_patches(grid), PATCH_DIM, generator=generator), grid) for grid in GRIDS]
+    eager_before = _run(reference, inputs, graphs=False)
+
+    # 2. SGLANG_PLUGINS names another plugin: rocm-vit is skipped and SGLang is untouched.
+    before = _targets()
+    os.environ["SGLANG_PLUGINS"] = "another_plugin"
+    sglang.srt.plugins.load_plugins()
+    report["excluded"] = {
+        "untouched": _targets() == before,
+        "aiter_in_table": vision.QKV_BACKEND_IMPL["aiter_attn"] is vision.VisionAiterAttention,
+        "rocm_vit_loaded": plugin._loaded,
+        "pending_imports": list(imports.pending()),
+    }
+    del os.environ["SGLANG_PLUGINS"]
+    sglang.srt.plugins._plugins_loaded = False  # load_plugins() runs once per process otherwise
+
+    # 3. An untested SGLang release in which launch_dp_worker changed: only that hook is left out.
+    def launch_dp_worker(server_args: Any, dp_rank: int) -> None:
+        """Stands for a changed entry point in a later SGLang release."""
+
+    runtime.launch_dp_worker = launch_dp_worker
+    hooks.sglang_version = lambda: "0.5.99"
+    report["doctor"] = doctor.collect()["sglang"]
+    records.clear()
+    sglang.srt.plugins.load_plugins()
+    report["load"] = {
+        "warnings": [r.getMessage() for r in records if r.levelno >= logging.WARNING],
+        "applied": [r.getMessage() for r in records if r.getMessage().startswith("rocm-vit: applied hook")],
+        "pending_imports": list(imports.pending()),
+    }
+    report["targets"] = _targets()
+    report["aiter_in_table"] = _qualname(vision.QKV_BACKEND_IMPL["aiter_attn"])
+    report["interpolation"] = _qualname(qwen3_vl.Qwen3VLMoeVisionModel.fast_pos_embed_interpolate)
+    report["known_versions"] = list(hooks.TESTED_SGLANG_VERSIONS)
+    report["same_parameters"] = {
+        f"{module}.{name}": _parameters(imports.original(module, name), path) == _parameters(ours, path)
+        for module, name, path, ours in (
+            ("sglang.srt.multimodal.vit_cuda_graph_runner", "ViTCudaGraphRunner", "run", ViTGraphRunnerAdapter),
+            ("sglang.srt.layers.attention.vision", "VisionAiterAttention", "forward", AiterVisionAttention),
+            ("sglang.srt.layers.attention.vision", "apply_rotary_pos_emb", "", rotary_pos_emb),
+        )
+    }
+
+    # 4. A TP worker of the encode server, spawned by the patched target.
+    worker, worker_report = _spawn_tp_worker(runtime.launch_encoder)
+
+    # 5. Under the plugin: eager unchanged (SDPA), and aiter_attn graph == eager.
+    model = _tiny_model("cpu")
+    model.load_state_dict(state)
+    report["runner_class"] = _qualname(type(model.graph_runners))
+    report["eager_unchanged"] = _max_difference(_run(model, inputs, graphs=False), eager_before)
+    _stand_in_aiter_kernel()
+    model = _tiny_model("cpu", attention="aiter_attn")
+    model.load_state_dict(state)
+    report["backend_class"] = _qualname(type(model.blocks[0].attn.qkv_backend))
+    eager = _run(model, inputs, graphs=False)
+    report["aiter_vs_sdpa"] = _max_difference(eager, eager_before)
+    report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
+
+    worker.join(timeout=180)
+    report["worker"] = {
+        "exitcode": worker.exitcode,
+        "facts": json.loads(worker_report.read_text()) if worker_report.exists() else None,
+    }
+
+
+def _gpu_scenario(report: dict[str, Any], records: list[logging.LogRecord], attention: str) -> None:
+    import sglang.srt.plugins
+
+    import rocm_vit.integrations.sglang as plugin
+
+    sglang.srt.plugins.load_plugins()
+    # GPU tiers run the checkout from PYTHONPATH, where rocm-vit's entry point may not be installed.
+    report["loaded_by"] = "entry point" if plugin._loaded else "rocm_vit.integrations.sglang.load()"
+    plugin.load()
+    report["applied"] = [r.getMessage() for r in records if r.getMessage().startswith("rocm-vit: applied hook")]
+    generator = torch.Generator().manual_seed(0)
+    model = _tiny_model("cuda", torch.bfloat16, attention=attention)
+    _randomise(model, generator)
+    inputs = [(torch.randn(_patches(grid), PATCH_DIM, generator=generator).cuda(), grid) for grid in GRIDS]
+    report["runner_class"] = _qualname(type(model.graph_runners))
+    report["backend"] = model.blocks[0].attn.qkv_backend_name
+    eager = _run(model, inputs, graphs=False)
+    report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, None)
+
+
+def _init_sglang(device: str) -> None:
+    """World size 1 over gloo (NCCL on a GPU), as ``sglang.test.layer_ut_utils`` sets it up."""
+    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+
+    with tempfile.NamedTemporaryFile(delete=False) as rendezvous:
+        init_method = f"file://{rendezvous.name}"
+    backend = "gloo" if device == "cpu" else "nccl"
+    init_distributed_environment(
+        world_size=1, rank=0, local_rank=0, distributed_init_method=init_method, backend=backend
+    )
+    _publish()
+    initialize_model_parallel(backend=backend)  # by keyword: the first positional is a size
+    if device == "cpu":
+        # Neither CUDA nor SGLang's CPU engine: the rotary base class would import vllm for its
+        # fallback kernel unless it believes it runs on a CPU.
+        import sglang.srt.layers.rotary_embedding.base as rotary_base
+
+        rotary_base._is_cpu = True
+
+
+def _publish() -> None:
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    reset_context()
+    publish(ServerArgs(model_path="dummy"), role="test", ranks=SpawnRanks(world_rank=0))
+    get_parallel().override_permanently(world_group=parallel_state._WORLD)
+
+
+def _tiny_model(device: str, dtype: torch.dtype = torch.float32, attention: str | None = None) -> torch.nn.Module:
+    """SGLang's Qwen3-VL tower at toy sizes; ``attention`` is ``--mm-attention-backend`` (default: SGLang's).
+
+    Head dim 16 on a CPU; 64 on a GPU, where SGLang's rotary class would otherwise load its own
+    kernel for other head sizes.
+    """
+    from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
+    from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
+    from sglang.srt.runtime_context import get_mm
+
+    config = Qwen3VLVisionConfig(
+        depth=3,
+        hidden_size=64 if device == "cpu" else 256,
+        intermediate_size=96,
+        num_heads=4,
+        out_hidden_size=48,
+        patch_size=4,
+        temporal_patch_size=2,
+        in_channels=3,
+        spatial_merge_size=2,
+        num_position_embeddings=36,  # a 6 x 6 table: most grids interpolate it
+        deepstack_visual_indexes=[1],
+    )
+    # SGLang's model loader builds under the checkpoint's default dtype; rotary caches stay fp32 on GPUs.
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device), get_mm().override(mm_attention_backend=attention):
+            return Qwen3VLMoeVisionModel(config).eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
+
+
+def _randomise(model: torch.nn.Module, generator: torch.Generator) -> None:
+    # SGLang allocates parameters with torch.empty: fill them, reproducibly (norm weights near 1).
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            values = torch.randn(parameter.shape, generator=generator) * 0.1
+            parameter.copy_(values + 1.0 if "norm" in name and name.endswith("weight") else values)
+
+
+def _patches(grid: list[tuple[int, int, int]]) -> int:
+    return sum(t * h * w for t, h, w in grid)
+
+
+@torch.no_grad()
+def _run(model: torch.nn.Module, inputs: list, graphs: bool) -> list[torch.Tensor]:
+    os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"] = "1" if graphs else "0"
+    try:
+        return [model(pixels, torch.tensor(grid, dtype=torch.int32)) for pixels, grid in inputs]
+    finally:
+        del os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"]
+
+
+def _graph_vs_eager(model: torch.nn.Module, inputs: list, eager: list[torch.Tensor], mechanism: Any) -> dict:
+    """Graph path (SGLang's forward_with_cuda_graph -> the adapter) against ``eager``, bit for bit."""
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+
+    if mechanism is not None:
+        model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism)
+    graphed = _run(model, inputs, graphs=True)
+    kept = graphed[0].clone()
+    again = _run(model, inputs, graphs=True)  # every layout replays now
+    stats = model.graph_runners.stats()
+    return {
+        "bitwise_equal": [torch.equal(a, b) for a, b in zip(graphed + again, eager + eager, strict=True)],
+        "first_output_survives_replays": torch.equal(graphed[0], kept),
+        "captures": stats["captures"],
+        "replays": stats["replays"],
+        "eager_runs": stats["eager_runs"],
+        "graphs": stats["graphs"],
+        "buffer_bytes": stats["buffer_bytes"],
+    }
+
+
+def _parameters(obj: Any, path: str) -> list[str]:
+    return list(inspect.signature(getattr(obj, path) if path else obj).parameters)
+
+
+def _max_difference(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
+    return max(float((a.float() - b.float()).abs().max()) for a, b in zip(left, right, strict=True))
+
+
+def _stand_in_aiter_kernel() -> None:
+    """rocm-vit's aiter_attn on a CPU: aiter's kernel replaced by per-segment SDPA, nothing else."""
+    from rocm_vit.backends import aiter_attn
+    from rocm_vit.backends.sdpa import sdpa_varlen
+
+    from rocm_vit.attention import AiterAttention
+
+    def attend(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, scale: float) -> torch.Tensor:
+        assert isinstance(max_seqlen, int), f"max_seqlen must be a host int, got {type(max_seqlen).__name__}"
+        offsets = cu_seqlens.tolist()
+        return sdpa_varlen(q, k, v, [end - start for start, end in itertools.pairwise(offsets)], scale)
+
+    aiter_attn.aiter_varlen_attention = attend
+    AiterAttention.unavailable_reason = classmethod(lambda cls, platform: None)
+
+
+def _stand_in_mechanism() -> Any:
+    from test_graph_runner import StandInGraphs
+
+    return StandInGraphs()
+
+
+def _spawn_tp_worker(target: Callable) -> tuple[multiprocessing.process.BaseProcess, Path]:
+    """Start ``target`` as SGLang's encode server starts TP ranks >= 1, with a probe plugin on the path."""
+    from sglang.srt.server_args import ServerArgs
+
+    worker_report = Path(tempfile.mkdtemp()) / "worker.json"
+    sys.path.append(str(HERE / "probe"))  # only the child loads plugins after this point
+    context = multiprocessing.get_context("spawn")
+    # SGLang's launch_local_runtime: target=launch_encoder, args=(server_args, schedule_path,
+    # dist_init_method, rank); the probe's run_encoder writes its report to schedule_path.
+    process = context.Process(
+        target=target, args=(ServerArgs(model_path="dummy"), str(worker_report), "tcp://127.0.0.1:1", 1), daemon=True
+    )
+    process.start()
+    return process, worker_report
+
+
+def _targets() -> dict[str, str]:
+    return {
+        key: _qualname(getattr(importlib.import_module(module), name)) for key, (module, name) in SGLANG_TARGETS.items()
+    }
+
+
+def _qualname(obj: Any) -> str:
+    return f"{obj.__module__}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def _capture_rocm_vit_logs() -> list[logging.LogRecord]:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("rocm_vit")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""The SGLang plugin against the real SGLang 0.5.23 package (installed by ci/requirements-sglang.txt).
+
+Everything that needs SGLang itself runs once, in a process of its own (tests/sglang_support/
+scenario.py: the plugin patches SGLang for the life of a process), and the tests here read its
+report. What needs no SGLang import (the doctor on a tested release, ``load`` switched off, the
+import hooks) runs here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rocm_vit.cli.doctor import collect
+from rocm_vit.integrations.sglang import hooks, imports
+from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "tests" / "sglang_support" / "scenario.py"
+OURS = "rocm_vit.integrations.sglang"
+HOOK_NAMES = {hook.name for hook in hooks.HOOKS}
+
+needs_sglang = pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None,
+    reason="sglang is not installed (make venv installs ci/requirements-sglang.txt)",
+)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    path = tmp_path_factory.mktemp("sglang") / "report.json"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
+    # SGLang's eager rotary is torch.compile'd: Inductor would spend a minute building C++ on a CPU.
+    env.update(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [sys.executable, str(SCENARIO), str(path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and path.exists(), f"scenario failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    return json.loads(path.read_text())
+
+
+@needs_sglang
+def test_load_plugins_finds_rocm_vit_and_hooks_land_on_sglangs_objects(report: dict[str, Any]) -> None:
+    targets = report["targets"]
+    for key in ("aiter_class", "rotary", "rotary_eager", "runner", "runner_in_qwen3_vl", "tp_worker"):
+        assert targets[key].startswith(OURS), (key, targets[key])
+    assert targets["tp_worker_in_runtime"] == targets["tp_worker"]  # rebound where it was imported
+    assert report["aiter_in_table"] == f"{OURS}.attention.AiterVisionAttention"
+    assert report["interpolation"] == f"{OURS}.qwen3_vl.fast_pos_embed_interpolate"
+    assert report["runner_class"] == f"{OURS}.graph_runner.ViTGraphRunnerAdapter"
+    assert report["backend_class"] == f"{OURS}.attention.AiterVisionAttention"
+    assert report["load"]["pending_imports"] == []
+
+
+@needs_sglang
+def test_replacements_take_sglangs_parameters(report: dict[str, Any]) -> None:
+    assert report["same_parameters"] and all(report["same_parameters"].values()), report["same_parameters"]
+
+
+@needs_sglang
+def test_language_model_rotary_stays_sglangs(report: dict[str, Any]) -> None:
+    utils = "sglang.srt.layers.rotary_embedding.utils"
+    assert report["targets"]["llm_rotary"] == f"{utils}.apply_rotary_pos_emb_native"
+    assert report["targets"]["llm_rotary_eager"] == f"{utils}.apply_rotary_pos_emb_native_eager"
+
+
+@needs_sglang
+def test_sglang_plugins_without_rocm_vit_leaves_sglang_untouched(report: dict[str, Any]) -> None:
+    excluded = report["excluded"]
+    assert excluded == {"untouched": True, "aiter_in_table": True, "rocm_vit_loaded": False, "pending_imports": []}
+
+
+@needs_sglang
+def test_untested_release_leaves_out_only_the_mismatching_hook(report: dict[str, Any]) -> None:
+    warnings = report["load"]["warnings"]
+    assert len(warnings) == 2, warnings
+    assert "SGLang 0.5.99 is not a release rocm-vit was tested with (0.5.23)" in warnings[0]
+    assert warnings[1].startswith("rocm-vit: not applying hook encoder_dp_worker: ")
+    assert "launch_dp_worker takes (server_args, dp_rank), rocm-vit expects (server_args, dp_rank, " in warnings[1]
+    applied = {line.split()[3] for line in report["load"]["applied"]}
+    assert applied == HOOK_NAMES - {"encoder_dp_worker"}
+    assert report["targets"]["dp_worker"].endswith("<locals>.launch_dp_worker")  # the stand-in, left alone
+
+
+@needs_sglang
+def test_doctor_checks_each_target_on_an_untested_release(report: dict[str, Any]) -> None:
+    doctor = report["doctor"]
+    assert doctor["installed"] == "0.5.99"
+    assert doctor["verdict"].startswith("untested release (tested: 0.5.23)")
+    assert doctor["loads"] == "yes"
+    assert {name for name, verdict in doctor["hooks"].items() if verdict.startswith("applies: ")} == HOOK_NAMES - {
+        "encoder_dp_worker"
+    }
+    assert doctor["hooks"]["encoder_dp_worker"].startswith("left out: ")
+
+
+@needs_sglang
+def test_spawned_encoder_worker_loads_the_plugin_before_sglangs_entry(report: dict[str, Any]) -> None:
+    worker = report["worker"]
+    assert worker["exitcode"] == 0
+    facts = worker["facts"]
+    assert facts is not None, "the spawned worker wrote no report: its probe plugin did not run"
+    assert facts.pop("rank") == 1
+    assert all(value.startswith(OURS) for value in facts.values()), facts
+
+
+@needs_sglang
+def test_eager_output_is_unchanged_by_the_plugin(report: dict[str, Any]) -> None:
+    assert report["eager_unchanged"] == 0.0
+
+
+@needs_sglang
+def test_aiter_attn_replacement_matches_sglangs_sdpa(report: dict[str, Any]) -> None:
+    assert report["aiter_vs_sdpa"] < 1e-5
+
+
+@needs_sglang
+def test_graph_path_through_the_adapter_equals_eager_bitwise(report: dict[str, Any]) -> None:
+    graphs = report["graph_vs_eager"]
+    assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
+    assert graphs["first_output_survives_replays"]
+    # Equal token counts with other boundaries get their own graph; every call replays.
+    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 12)
+    assert sum(graphs["eager_runs"].values()) == 0
+
+
+@needs_sglang
+def test_graph_buffers_follow_the_sizing_formula_of_the_docs(report: dict[str, Any]) -> None:
+    # docs/sglang.md, Capacity, for the scenario's fp32 tower: hidden 64, head dim 16, output 48,
+    # one deepstack merger; captured layouts of 32, 32, 32 and 24 patches with 2, 4, 4, 2 offsets.
+    hidden, head_dim, out, deepstack, dtype_bytes = 64, 16, 48, 1, 4
+    per_patch = dtype_bytes * hidden + 2 * 4 * head_dim // 2 + dtype_bytes * out * (1 + deepstack) // 4
+    assert report["graph_vs_eager"]["buffer_bytes"] == per_patch * (32 + 32 + 32 + 24) + 4 * (2 + 4 + 4 + 2)
+
+
+def test_adapter_run_takes_the_parameters_the_gate_expects_of_sglang() -> None:
+    (graph_runner,) = (hook for hook in hooks.HOOKS if hook.name == "graph_runner")
+    expected = graph_runner.signatures["ViTCudaGraphRunner.run"]
+    assert tuple(inspect.signature(ViTGraphRunnerAdapter.run).parameters) == expected
+
+
+@needs_sglang
+def test_doctor_on_the_tested_release_reports_every_hook_without_importing_sglang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    monkeypatch.delenv("ROCM_VIT_DISABLE", raising=False)
+    section = collect()["sglang"]
+    assert (section["installed"], section["verdict"], section["loads"]) == ("0.5.23", "tested release", "yes")
+    assert section["entry_point"] == "rocm_vit.integrations.sglang:load"
+    assert set(section["hooks"]) == HOOK_NAMES
+    assert all(verdict.startswith("applies: sglang.srt.") for verdict in section["hooks"].values())
+    assert "sglang" not in sys.modules
+
+
+@needs_sglang
+@pytest.mark.parametrize(
+    ("variable", "value", "loads"),
+    [
+        ("SGLANG_PLUGINS", "another, third", "no: SGLANG_PLUGINS='another, third' does not name rocm_vit"),
+        ("SGLANG_PLUGINS", "another, rocm_vit", "yes"),
+        ("ROCM_VIT_DISABLE", "1", "no: ROCM_VIT_DISABLE=1"),
+    ],
+)
+def test_doctor_says_whether_sglang_would_load_the_plugin(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, loads: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert collect()["sglang"]["loads"] == loads
+
+
+@pytest.mark.parametrize(("variable", "value"), [("ROCM_VIT_DISABLE", "1"), ("SGLANG_USE_AITER", "maybe")])
+def test_load_registers_nothing_when_off_or_misconfigured(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, variable: str, value: str
+) -> None:
+    import rocm_vit.integrations.sglang as plugin
+
+    monkeypatch.setattr(plugin, "_loaded", False)
+    monkeypatch.setattr(imports, "_finder", None)
+    monkeypatch.setenv(variable, value)
+    with caplog.at_level(logging.INFO, logger="rocm_vit"):
+        plugin.load()  # never raises
+    assert imports.pending() == ()
+    assert "the SGLang plugin is off" in caplog.text
+
+
+@pytest.fixture
+def fresh_imports(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """``imports`` with no finder and no originals; ``tmp_path`` importable; sys.meta_path restored."""
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(imports, "_finder", None)
+    monkeypatch.setattr(imports, "_originals", {})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_hook_waits_for_its_module_and_runs_before_importers_bind_names(fresh_imports: Path) -> None:
+    (fresh_imports / "rocm_vit_test_target.py").write_text("def entry():\n    return 'sglang'\n")
+    (fresh_imports / "rocm_vit_test_importer.py").write_text("from rocm_vit_test_target import entry\n")
+    seen = []
+
+    def install(module: types.ModuleType) -> None:
+        seen.append(module.__name__)
+        imports.replace_attribute(module, "entry", lambda: "rocm-vit")
+
+    imports.when_imported("rocm_vit_test_target", install)
+    assert seen == [] and imports.pending() == ("rocm_vit_test_target",)
+    import rocm_vit_test_importer  # imports the target, whose hook runs before the name is bound
+
+    assert seen == ["rocm_vit_test_target"] and imports.pending() == ()
+    assert rocm_vit_test_importer.entry() == "rocm-vit"
+    assert imports.original("rocm_vit_test_target", "entry")() == "sglang"
+    # The wrapped loader still serves the source (tracebacks, inspect).
+    assert "return 'sglang'" in sys.modules["rocm_vit_test_target"].__loader__.get_source("rocm_vit_test_target")
+
+
+def test_hook_on_an_imported_module_runs_at_once_and_rebinds_sglang_references(
+    fresh_imports: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def original() -> str:
+        return "sglang"
+
+    def replacement() -> str:
+        return "rocm-vit"
+
+    owner = types.ModuleType("sglang.rocm_vit_test_owner")
+    owner.entry = original
+    importer = types.ModuleType("sglang.rocm_vit_test_importer")
+    importer.entry = original
+    importer.table = {"slot": original, "other": len}
+    outsider = types.ModuleType("rocm_vit_test_outsider")
+    outsider.entry = original
+    for module in (owner, importer, outsider):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    imports.when_imported(owner.__name__, lambda module: imports.replace_attribute(module, "entry", replacement))
+    assert owner.entry is replacement and importer.entry is replacement
+    assert importer.table == {"slot": replacement, "other": len}
+    assert outsider.entry is original  # only SGLang's modules are rebound
+    imports.replace_attribute(importer, "table", {}, rebind=False)
+    assert imports.original(importer.__name__, "table") == {"slot": replacement, "other": len}
