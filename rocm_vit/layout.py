@@ -13,6 +13,7 @@ tokens permuted so that each window is contiguous (``window_index``) and back (`
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,23 @@ class Segmentation:
         for length in seq_lens:
             cu_seqlens.append(cu_seqlens[-1] + length)
         return cls(tuple(seq_lens), tuple(cu_seqlens), max(seq_lens))
+
+    @classmethod
+    def from_offsets(cls, cu_seqlens: Sequence[int]) -> Segmentation:
+        """The segmentation with these host offsets, as given (empty segments are kept).
+
+        For callers that hold offsets rather than ``grid_thw`` (SGLang's models hand its runner
+        ``cu_seqlens``). Raises ``ValueError`` unless there are at least two offsets, starting at 0
+        and never decreasing.
+        """
+        offsets = tuple(operator.index(offset) for offset in cu_seqlens)
+        if len(offsets) < 2 or offsets[0] != 0:
+            raise ValueError(f"cu_seqlens = {offsets} must start at 0 and end after at least one segment")
+        seq_lens = tuple(end - start for start, end in itertools.pairwise(offsets))
+        for index, length in enumerate(seq_lens):
+            if length < 0:
+                raise ValueError(f"cu_seqlens[{index + 1}] = {offsets[index + 1]} is below cu_seqlens[{index}]")
+        return cls(seq_lens, offsets, max(seq_lens))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from rocm_vit.layout import VisionLayout
+from rocm_vit.layout import Segmentation, VisionLayout
 
 transformers = pytest.importorskip("transformers")
 from transformers.vision_utils import (  # noqa: E402
@@ -309,3 +309,22 @@ def test_windowed_layout_still_validates_the_grid() -> None:
         _windowed([(1, 7, 4)])
     with pytest.raises(ValueError, match=r"pixel_values has 5 rows .* describes 16 patches"):
         VisionLayout.from_grid_thw([(1, 4, 4)], num_patches=5, window_merge_blocks=4)
+
+
+def test_segmentation_from_offsets_keeps_the_offsets_as_given() -> None:
+    assert Segmentation.from_offsets([0, 16, 48]) == Segmentation.from_lengths([16, 32])
+    # SGLang's Qwen2.5-VL offsets start with an empty segment: kept, so kernels see the same list.
+    assert Segmentation.from_offsets(torch.tensor([0, 0, 32, 56])) == Segmentation((0, 32, 24), (0, 0, 32, 56), 32)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        ([0], r"cu_seqlens = \(0,\) must start at 0"),
+        ([4, 8], r"cu_seqlens = \(4, 8\) must start at 0"),
+        ([0, 8, 4], r"cu_seqlens\[2\] = 4 is below cu_seqlens\[1\]"),
+    ],
+)
+def test_segmentation_from_offsets_refuses_bad_offsets(offsets: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Segmentation.from_offsets(offsets)

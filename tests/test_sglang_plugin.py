@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from rocm_vit.cli.doctor import collect
 from rocm_vit.integrations.sglang import hooks, imports
@@ -52,7 +53,16 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @needs_sglang
 def test_load_plugins_finds_rocm_vit_and_hooks_land_on_sglangs_objects(report: dict[str, Any]) -> None:
     targets = report["targets"]
-    for key in ("aiter_class", "rotary", "rotary_eager", "runner", "runner_in_qwen3_vl", "tp_worker"):
+    for key in (
+        "aiter_class",
+        "rotary",
+        "rotary_eager",
+        "runner",
+        "runner_in_qwen3_vl",
+        "runner_in_qwen2_5_vl",
+        "qwen2_5_vl_init",
+        "tp_worker",
+    ):
         assert targets[key].startswith(OURS), (key, targets[key])
     assert targets["tp_worker_in_runtime"] == targets["tp_worker"]  # rebound where it was imported
     assert report["aiter_in_table"] == f"{OURS}.attention.AiterVisionAttention"
@@ -77,7 +87,9 @@ def test_language_model_rotary_stays_sglangs(report: dict[str, Any]) -> None:
 @needs_sglang
 def test_sglang_plugins_without_rocm_vit_leaves_sglang_untouched(report: dict[str, Any]) -> None:
     excluded = report["excluded"]
+    gate = excluded.pop("qwen2_5_vl_gate")
     assert excluded == {"untouched": True, "aiter_in_table": True, "rocm_vit_loaded": False, "pending_imports": []}
+    assert gate == {"enable_cg": False, "runner": None}  # SGLang's _is_cuda gate, as SGLang left it
 
 
 @needs_sglang
@@ -141,6 +153,30 @@ def test_graph_buffers_follow_the_sizing_formula_of_the_docs(report: dict[str, A
     hidden, head_dim, out, deepstack, dtype_bytes = 64, 16, 48, 1, 4
     per_patch = dtype_bytes * hidden + 2 * 4 * head_dim // 2 + dtype_bytes * out * (1 + deepstack) // 4
     assert report["graph_vs_eager"]["buffer_bytes"] == per_patch * (32 + 32 + 32 + 24) + 4 * (2 + 4 + 4 + 2)
+
+
+@needs_sglang
+def test_qwen2_5_vl_eager_output_is_unchanged_by_the_plugin(report: dict[str, Any]) -> None:
+    assert report["qwen2_5_vl"]["eager_unchanged"] == 0.0
+    assert report["qwen2_5_vl"]["aiter_vs_sdpa"] < 1e-5
+
+
+@needs_sglang
+def test_qwen2_5_vl_windowed_graph_path_through_the_adapter_equals_eager_bitwise(report: dict[str, Any]) -> None:
+    graphs = report["qwen2_5_vl"]["graph_vs_eager"]
+    assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 14
+    # 7 grids, 6 attention layouts: (1, 4, 8) and (1, 8, 4) share one graph, each its own window order.
+    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (6, 6, 14)
+    assert sum(graphs["eager_runs"].values()) == 0
+
+
+@needs_sglang
+def test_qwen2_5_vl_graph_gate_is_lifted_on_rocm_only_under_rocm_vits_runner(report: dict[str, Any]) -> None:
+    gate = report["qwen2_5_vl"]["gate"]
+    assert gate["aiter_attn"] == {"enable_cg": True, "runner": f"{OURS}.graph_runner.ViTGraphRunnerAdapter"}
+    off = {"enable_cg": False, "runner": None}
+    # Not capturable (SGLang's sdpa), not ROCm, or graphs not asked for: SGLang's decision stands.
+    assert gate["sglang_default"] == gate["aiter_attn_on_cpu"] == gate["aiter_attn_graphs_off"] == off
 
 
 def test_adapter_run_takes_the_parameters_the_gate_expects_of_sglang() -> None:
@@ -249,3 +285,20 @@ def test_hook_on_an_imported_module_runs_at_once_and_rebinds_sglang_references(
     assert outsider.entry is original  # only SGLang's modules are rebound
     imports.replace_attribute(importer, "table", {}, rebind=False)
     assert imports.original(importer.__name__, "table") == {"slot": replacement, "other": len}
+
+
+def test_windowed_offsets_come_from_sglangs_layout_key_without_reading_the_tensors() -> None:
+    from rocm_vit.integrations.sglang.graph_runner import _host_offsets
+
+    unreadable = torch.empty(3, dtype=torch.int32, device="meta")  # .tolist() would raise
+    key = ((0, 0, 32), (0, 16, 32))
+    assert _host_offsets(unreadable, unreadable, key) == key
+    assert _host_offsets(unreadable, None, ((0, 0, 32), None)) == ((0, 0, 32), None)
+
+
+def test_windowed_offsets_without_a_key_are_read_from_the_tensors_in_one_go() -> None:
+    from rocm_vit.integrations.sglang.graph_runner import _host_offsets
+
+    full, window = torch.tensor([0, 0, 16, 48], dtype=torch.int32), torch.tensor([0, 16, 32, 48], dtype=torch.int32)
+    assert _host_offsets(full, window, None) == ((0, 0, 16, 48), (0, 16, 32, 48))
+    assert _host_offsets(full, window, ((0, 0, 16, 48), None)) == ((0, 0, 16, 48), (0, 16, 32, 48))

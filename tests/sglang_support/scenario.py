@@ -16,6 +16,10 @@ CPU steps, in order (each can only happen once per process):
 5. The model again, under the plugin: eager output unchanged; with ``aiter_attn`` (rocm-vit's
    backend, its kernel replaced by a CPU stand-in) through SGLang's own ``forward_with_cuda_graph``
    and the adapter with stand-in graphs: graph output == eager output, bit for bit.
+6. The same for SGLang's windowed ``Qwen2_5_VisionTransformer`` (partial windows, two images, a
+   video, two layouts that share a graph but not a window permutation), and its ``_is_cuda`` graph
+   gate with ROCm simulated: lifted under the plugin with a capturable backend, kept otherwise
+   (step 2 checks it with the plugin excluded).
 
 GPU (``--device cuda``): SGLang's tower with ``--attention`` (``triton_attn``; ``aiter_attn`` on
 ROCm) under real CUDA/HIP graphs, graph == eager.
@@ -24,6 +28,7 @@ ROCm) under real CUDA/HIP graphs, graph == eager.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import itertools
@@ -49,6 +54,10 @@ import torch  # noqa: E402
 # segment of 32 patches); the third and fourth have 32 patches in segments with other boundaries.
 GRIDS = [[(1, 4, 8)], [(1, 8, 4)], [(1, 4, 4), (2, 4, 2)], [(2, 4, 2), (1, 4, 4)], [(1, 6, 4)], [(1, 4, 8)]]
 GRAPHED_LAYOUTS = 4
+# Qwen2.5-VL grids with windows of 2 x 2 merge blocks (4 x 4 patches): full windows, partial ones
+# ((1, 6, 10), the video), two images; (1, 4, 8) and (1, 8, 4) cut into the same segments (one graph)
+# in other window orders. 6 attention layouts.
+QWEN2_5_GRIDS = [[(1, 8, 8)], [(1, 4, 12)], [(1, 6, 10)], [(1, 6, 6), (1, 4, 8)], [(2, 4, 6)], [(1, 4, 8)], [(1, 8, 4)]]
 PATCH_DIM = 3 * 2 * 4 * 4  # in_channels * temporal_patch_size * patch_size²
 SGLANG_TARGETS = {
     "aiter_class": ("sglang.srt.layers.attention.vision", "VisionAiterAttention"),
@@ -56,6 +65,8 @@ SGLANG_TARGETS = {
     "rotary_eager": ("sglang.srt.layers.attention.vision", "apply_rotary_pos_emb_native_eager"),
     "runner": ("sglang.srt.multimodal.vit_cuda_graph_runner", "ViTCudaGraphRunner"),
     "runner_in_qwen3_vl": ("sglang.srt.models.qwen3_vl", "ViTCudaGraphRunner"),
+    "runner_in_qwen2_5_vl": ("sglang.srt.models.qwen2_5_vl", "ViTCudaGraphRunner"),
+    "qwen2_5_vl_init": ("sglang.srt.models.qwen2_5_vl", "Qwen2_5_VisionTransformer.__init__"),
     "tp_worker": ("sglang.srt.disaggregation.encoder.server", "launch_encoder"),
     "tp_worker_in_runtime": ("sglang.srt.disaggregation.encoder.runtime", "launch_encoder"),
     "dp_worker": ("sglang.srt.disaggregation.encoder.runtime", "launch_dp_worker"),
@@ -93,9 +104,10 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     import sglang.srt.plugins
     from sglang.srt.disaggregation.encoder import runtime  # imports encoder.server too
     from sglang.srt.layers.attention import vision
-    from sglang.srt.models import qwen3_vl
+    from sglang.srt.models import qwen2_5_vl, qwen3_vl
 
     import rocm_vit.integrations.sglang as plugin
+    import rocm_vit.integrations.sglang.qwen2_5_vl as plugin_qwen2_5_vl
     from rocm_vit.cli import doctor
     from rocm_vit.integrations.sglang import hooks, imports
     from rocm_vit.integrations.sglang.attention import AiterVisionAttention, rotary_pos_emb
@@ -107,6 +119,13 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     state = reference.state_dict()
     inputs = [(torch.randn(_patches(grid), PATCH_DIM, generator=generator), grid) for grid in GRIDS]
     eager_before = _run(reference, inputs, graphs=False)
+    reference_2_5 = _tiny_qwen2_5_vl("cpu")
+    _randomise(reference_2_5, generator)
+    state_2_5 = reference_2_5.state_dict()
+    inputs_2_5 = [(torch.randn(_patches(grid), PATCH_DIM, generator=generator), grid) for grid in QWEN2_5_GRIDS]
+    eager_before_2_5 = _run_2_5(reference_2_5, inputs_2_5, graphs=False)
+    # From here on the plugin's gate believes it runs on ROCm (SGLang's own _is_cuda stays False).
+    plugin_qwen2_5_vl.current_platform = lambda: "rocm"
 
     # 2. SGLANG_PLUGINS names another plugin: rocm-vit is skipped and SGLang is untouched.
     before = _targets()
@@ -117,6 +136,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
         "aiter_in_table": vision.QKV_BACKEND_IMPL["aiter_attn"] is vision.VisionAiterAttention,
         "rocm_vit_loaded": plugin._loaded,
         "pending_imports": list(imports.pending()),
+        "qwen2_5_vl_gate": _graph_gate(None),  # SGLang's aiter_attn refuses a CPU
     }
     del os.environ["SGLANG_PLUGINS"]
     sglang.srt.plugins._plugins_loaded = False  # load_plugins() runs once per process otherwise
@@ -163,6 +183,34 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     eager = _run(model, inputs, graphs=False)
     report["aiter_vs_sdpa"] = _max_difference(eager, eager_before)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
+
+    # 6. Qwen2.5-VL: eager unchanged, the gate, and windowed graph == eager.
+    model = _tiny_qwen2_5_vl("cpu")
+    model.load_state_dict(state_2_5)
+    report["qwen2_5_vl"] = {"eager_unchanged": _max_difference(_run_2_5(model, inputs_2_5, False), eager_before_2_5)}
+    report["qwen2_5_vl"]["gate"] = {
+        "aiter_attn": _graph_gate("aiter_attn"),
+        "sglang_default": _graph_gate(None),  # SGLang's sdpa on a CPU: not capturable
+        "aiter_attn_on_cpu": _graph_gate("aiter_attn", platform="cpu"),
+        "aiter_attn_graphs_off": _graph_gate("aiter_attn", graphs=False),
+    }
+    model = _tiny_qwen2_5_vl("cpu", attention="aiter_attn")
+    model.load_state_dict(state_2_5)
+    eager = _run_2_5(model, inputs_2_5, graphs=False)
+    report["qwen2_5_vl"]["aiter_vs_sdpa"] = _max_difference(eager, eager_before_2_5)
+    model.cuda_graph_runner = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
+    graphed = _run_2_5(model, inputs_2_5, graphs=True)
+    again = _run_2_5(model, inputs_2_5, graphs=True)
+    stats = model.cuda_graph_runner.stats()
+    report["qwen2_5_vl"]["graph_vs_eager"] = {
+        "bitwise_equal": [torch.equal(a, b) for a, b in zip(graphed + again, eager + eager, strict=True)],
+        "captures": stats["captures"],
+        "replays": stats["replays"],
+        "eager_runs": stats["eager_runs"],
+        "graphs": stats["graphs"],
+    }
+    plugin_qwen2_5_vl.current_platform = lambda: "cpu"
+    del qwen2_5_vl  # imported above so that its hook lands during load_plugins()
 
     worker.join(timeout=180)
     report["worker"] = {
@@ -254,6 +302,46 @@ def _tiny_model(device: str, dtype: torch.dtype = torch.float32, attention: str 
         torch.set_default_dtype(default_dtype)
 
 
+def _tiny_qwen2_5_vl(device: str, attention: str | None = None) -> torch.nn.Module:
+    """SGLang's Qwen2.5-VL tower at toy sizes: 4 blocks, full attention in 1 and 3, 2 x 2 merge-block windows."""
+    from sglang.srt.models.qwen2_5_vl import Qwen2_5_VisionTransformer
+    from sglang.srt.runtime_context import get_mm
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+
+    config = Qwen2_5_VLVisionConfig(
+        depth=4,
+        hidden_size=64,
+        intermediate_size=96,
+        num_heads=4,
+        out_hidden_size=48,
+        patch_size=4,
+        temporal_patch_size=2,
+        in_channels=3,
+        spatial_merge_size=2,
+        window_size=16,  # 16 // 2 // 4 = 2 merge blocks per window side
+        fullatt_block_indexes=[1, 3],
+        hidden_act="silu",
+    )
+    with torch.device(device), get_mm().override(mm_attention_backend=attention):
+        return Qwen2_5_VisionTransformer(config).eval()
+
+
+def _graph_gate(attention: str | None, platform: str = "rocm", graphs: bool = True) -> dict[str, Any]:
+    """What Qwen2.5-VL's tower decides about graphs when built on ``platform`` (as the plugin's gate sees it)."""
+    import rocm_vit.integrations.sglang.qwen2_5_vl as plugin_qwen2_5_vl
+
+    simulated = plugin_qwen2_5_vl.current_platform
+    plugin_qwen2_5_vl.current_platform = lambda: platform
+    os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"] = "1" if graphs else "0"
+    try:
+        model = _tiny_qwen2_5_vl("cpu", attention=attention)
+    finally:
+        del os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"]
+        plugin_qwen2_5_vl.current_platform = simulated
+    runner = model.cuda_graph_runner
+    return {"enable_cg": model.enable_cg, "runner": None if runner is None else _qualname(type(runner))}
+
+
 def _randomise(model: torch.nn.Module, generator: torch.Generator) -> None:
     # SGLang allocates parameters with torch.empty: fill them, reproducibly (norm weights near 1).
     with torch.no_grad():
@@ -273,6 +361,13 @@ def _run(model: torch.nn.Module, inputs: list, graphs: bool) -> list[torch.Tenso
         return [model(pixels, torch.tensor(grid, dtype=torch.int32)) for pixels, grid in inputs]
     finally:
         del os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"]
+
+
+@torch.no_grad()
+def _run_2_5(model: torch.nn.Module, inputs: list, graphs: bool) -> list[torch.Tensor]:
+    # Qwen2.5-VL decides at construction (enable_cg); SGLang's forward then takes one path or the other.
+    model.enable_cg = graphs
+    return [model(pixels, torch.tensor(grid, dtype=torch.int32)) for pixels, grid in inputs]
 
 
 def _graph_vs_eager(model: torch.nn.Module, inputs: list, eager: list[torch.Tensor], mechanism: Any) -> dict:
@@ -344,7 +439,8 @@ def _spawn_tp_worker(target: Callable) -> tuple[multiprocessing.process.BaseProc
 
 def _targets() -> dict[str, str]:
     return {
-        key: _qualname(getattr(importlib.import_module(module), name)) for key, (module, name) in SGLANG_TARGETS.items()
+        key: _qualname(functools.reduce(getattr, name.split("."), importlib.import_module(module)))
+        for key, (module, name) in SGLANG_TARGETS.items()
     }
 
 

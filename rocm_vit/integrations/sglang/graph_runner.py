@@ -11,13 +11,18 @@ eagerly), thread-local capture inside SGLang's tensor-parallel capture context, 
 cos/sin in the dtype the model passed.
 
 Qwen2.5-VL's windowed calls (``cu_window_seqlens``, ``output_indices``, ``position_embeddings``)
-and attention backends without a graph-safe argument list still go to SGLang's own runner.
+take the same path: the layout carries SGLang's full and window offsets as given (its full offsets
+start with an empty segment, one segment per item), each block attends within the windows or,
+in ``fullatt_block_indexes``, the whole items, as SGLang's eager ``forward`` does, and the merged
+tokens are put back in order with ``output_indices`` outside the graph (the permutation is not part
+of the graph key). Attention backends without a graph-safe argument list still go to SGLang's own
+runner.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
+import inspect
 import logging
 import operator
 from collections import OrderedDict
@@ -86,9 +91,19 @@ class ViTGraphRunnerAdapter:
         self.vit = vit
         # SGLang's runner: windowed layouts, unsupported backends, and SGLang's TP capture context.
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
-        self._layouts: OrderedDict[tuple[int, ...], VisionLayout] = OrderedDict()
+        self._layouts: OrderedDict[tuple, VisionLayout] = OrderedDict()
         deepstack_indexes = getattr(vit, "deepstack_visual_indexes", None) or ()
         self._deepstack_slots = {block: slot for slot, block in enumerate(deepstack_indexes)}
+        # Qwen2.5-VL: blocks in fullatt_block_indexes attend within whole items, the others within
+        # windows; its blocks take rotary as ``position_embeddings=(cos, sin)``.
+        full_attention = getattr(vit, "fullatt_block_indexes", None)
+        self._windowed = full_attention is not None
+        self._full_attention_blocks = frozenset(int(index) for index in full_attention or ())
+        self._takes_position_embeddings = "position_embeddings" in inspect.signature(vit.blocks[0].forward).parameters
+        # Marks the layout as windowed (the runner keeps a "window" cu buffer); the windows themselves
+        # come from SGLang's offsets.
+        window_size, patch_size = getattr(vit, "window_size", 0), getattr(vit, "patch_size", 1)
+        self._window_merge_blocks = max(1, window_size // vit.spatial_merge_size // patch_size)
         backend = getattr(vit.blocks[0].attn, "qkv_backend_name", None)
         spec = SGLANG_GRAPH_ARGS.get(backend)
         settings = _settings()
@@ -130,12 +145,21 @@ class ViTGraphRunnerAdapter:
     ) -> torch.Tensor:
         """SGLang's ``ViTCudaGraphRunner.run``: blocks, merger and deepstack mergers over ``x`` ``[N, hidden]``.
 
-        ``attention_layout_key`` (SGLang passes ``(tuple(cu_seqlens), None)``) supplies the
-        segment offsets from the host; without it a CPU ``cu_seqlens`` does, and a device one is
-        read back once per call, as SGLang's runner does. Returns a tensor the caller owns.
+        Qwen3-VL passes ``rotary_pos_emb_cos``/``_sin``; Qwen2.5-VL passes ``position_embeddings``,
+        ``cu_window_seqlens`` and ``output_indices`` (the inverse window permutation, applied to the
+        merged tokens). ``attention_layout_key`` (SGLang passes ``(full offsets, window offsets or
+        None)`` as host tuples) supplies the segment offsets from the host; without it CPU tensors
+        do, and device ones are read back once per call, as SGLang's runner does. Returns a tensor
+        the caller owns.
         """
-        windowed = cu_window_seqlens is not None or output_indices is not None or position_embeddings is not None
-        if self._runner is None or windowed or rotary_pos_emb_cos is None or rotary_pos_emb_sin is None:
+        rotary = self._rotary(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
+        windows_match = (cu_window_seqlens is not None) == self._windowed
+        if (
+            self._runner is None
+            or rotary is None
+            or not windows_match
+            or (output_indices is not None and not self._windowed)
+        ):
             return self._upstream.run(
                 x,
                 cu_seqlens,
@@ -146,29 +170,46 @@ class ViTGraphRunnerAdapter:
                 output_indices,
                 attention_layout_key,
             )
-        layout = self._layout(_host_offsets(cu_seqlens, attention_layout_key))
-        return self._runner.run(x, layout, rotary_pos_emb_cos, rotary_pos_emb_sin)
+        layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
+        merged = self._runner.run(x, layout, *rotary)
+        return merged if output_indices is None else merged.index_select(0, output_indices)
 
     def stats(self) -> dict[str, Any]:
         """The rocm-vit runner's counters (captures, replays, eager runs by reason, memory)."""
         return {} if self._runner is None else self._runner.stats()
+
+    def _rotary(
+        self,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The call's ``(cos, sin)`` when it comes in the form this tower's blocks take, else ``None``."""
+        if self._takes_position_embeddings:
+            return position_embeddings if position_embeddings is not None and cos is None else None
+        return (cos, sin) if cos is not None and sin is not None and position_embeddings is None else None
 
     def _forward_blocks(
         self, spec: _GraphArgs, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         """What eager runs and graphs capture: SGLang's blocks, merger and deepstack mergers."""
         vit = self.vit
-        cu_seqlens = spec.build(*attn_args["full"])
+        cu_seqlens = {name: spec.build(*args) for name, args in attn_args.items()}
         output_ws = None
         if spec.output_workspace:
             attn = vit.blocks[0].attn
             shape = (x.shape[0], attn.num_attention_heads_per_partition, attn.head_size)
             output_ws = torch.empty(shape, dtype=x.dtype, device=x.device)
+        if self._takes_position_embeddings:
+            rotary = {"position_embeddings": (cos, sin)}
+        else:
+            rotary = {"rotary_pos_emb_cos": cos, "rotary_pos_emb_sin": sin}
         hidden = x.unsqueeze(1)  # SGLang's blocks take [S, B=1, hidden]
         deepstack = []
         for index, block in enumerate(vit.blocks):
+            windowed = "window" in cu_seqlens and index not in self._full_attention_blocks
             hidden = block(
-                hidden, cu_seqlens=cu_seqlens, rotary_pos_emb_cos=cos, rotary_pos_emb_sin=sin, output_ws=output_ws
+                hidden, cu_seqlens=cu_seqlens["window" if windowed else "full"], output_ws=output_ws, **rotary
             )
             slot = self._deepstack_slots.get(index)
             if slot is not None:
@@ -176,17 +217,38 @@ class ViTGraphRunnerAdapter:
         merged = vit.merger(hidden)
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
 
-    def _layout(self, offsets: tuple[int, ...]) -> VisionLayout:
-        layout = self._layouts.get(offsets)
+    def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> VisionLayout:
+        layout = self._layouts.get((offsets, window_offsets))
         if layout is None:
-            # SGLang hands the runner segment offsets, not grid_thw: the layout carries the one
-            # segmentation, which is all the runner reads (graph key, cu_seqlens, max_seqlen).
-            seq_lens = tuple(end - start for start, end in itertools.pairwise(offsets))
-            layout = VisionLayout((), self.vit.spatial_merge_size, seq_lens, offsets, max(seq_lens))
-            self._layouts[offsets] = layout
+            layout = self._build_layout(offsets, window_offsets)
+            self._layouts[(offsets, window_offsets)] = layout
             if len(self._layouts) > _LAYOUT_CACHE_SIZE:
                 self._layouts.popitem(last=False)
         return layout
+
+    def _build_layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> VisionLayout:
+        # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
+        # (Qwen2.5-VL's leading empty segment included, so the kernels see what eager passes them),
+        # which is all the runner reads (graph key, cu_seqlens, max_seqlen per segmentation). The
+        # window permutation stays SGLang's (output_indices), so the layout has none.
+        vit = self.vit
+        full = Segmentation.from_offsets(offsets)
+        if window_offsets is None:
+            return VisionLayout((), vit.spatial_merge_size, full.seq_lens, full.cu_seqlens, full.max_seqlen)
+        if window_offsets[-1] != offsets[-1]:
+            raise ValueError(f"cu_window_seqlens ends at {window_offsets[-1]} but cu_seqlens at {offsets[-1]}")
+        window = Segmentation.from_offsets(window_offsets)
+        return VisionLayout(
+            (),
+            vit.spatial_merge_size,
+            full.seq_lens,
+            full.cu_seqlens,
+            full.max_seqlen,
+            window_merge_blocks=self._window_merge_blocks,
+            window_seq_lens=window.seq_lens,
+            cu_window_seqlens=window.cu_seqlens,
+            max_window_seqlen=window.max_seqlen,
+        )
 
 
 class _SegmentOffsets(AttentionBackend):
@@ -212,13 +274,28 @@ class _SegmentOffsets(AttentionBackend):
         raise NotImplementedError("SGLang towers attend in SGLang's VisionAttention")
 
 
-def _host_offsets(cu_seqlens: torch.Tensor, attention_layout_key: Hashable | None) -> tuple[int, ...]:
-    """Segment offsets as host ints, from SGLang's layout key when it carries them."""
-    if isinstance(attention_layout_key, tuple) and attention_layout_key and isinstance(attention_layout_key[0], tuple):
-        return tuple(operator.index(offset) for offset in attention_layout_key[0])
-    if cu_seqlens.device.type != "cpu":
-        _warn_device_read()
-    return tuple(cu_seqlens.tolist())
+def _host_offsets(
+    cu_seqlens: torch.Tensor, cu_window_seqlens: torch.Tensor | None, attention_layout_key: Hashable | None
+) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Full and window segment offsets as host ints, from SGLang's layout key when it carries them.
+
+    What the key lacks is read from the tensors: at most one read back from the device per call.
+    """
+    key = attention_layout_key if isinstance(attention_layout_key, tuple) else ()
+    full = key[0] if len(key) > 0 and isinstance(key[0], tuple) else None
+    window = key[1] if len(key) > 1 and isinstance(key[1], tuple) else None
+    missing = [t for t, known in ((cu_seqlens, full), (cu_window_seqlens, window)) if t is not None and known is None]
+    if missing:
+        if any(t.device.type != "cpu" for t in missing):
+            _warn_device_read()
+        values = torch.cat([t.reshape(-1).to(torch.int64) for t in missing]).tolist()  # one sync
+        if full is None:
+            full, values = tuple(values[: cu_seqlens.numel()]), values[cu_seqlens.numel() :]
+        if cu_window_seqlens is not None and window is None:
+            window = tuple(values)
+    if cu_window_seqlens is None:
+        window = None
+    return tuple(operator.index(v) for v in full), None if window is None else tuple(operator.index(v) for v in window)
 
 
 @functools.cache

@@ -23,6 +23,7 @@ TESTED_SGLANG_VERSIONS = ("0.5.23",)
 _VISION = "sglang.srt.layers.attention.vision"
 _RUNNER = "sglang.srt.multimodal.vit_cuda_graph_runner"
 _QWEN3_VL = "sglang.srt.models.qwen3_vl"
+_QWEN2_5_VL = "sglang.srt.models.qwen2_5_vl"
 _ENCODER_SERVER = "sglang.srt.disaggregation.encoder.server"
 _ENCODER_RUNTIME = "sglang.srt.disaggregation.encoder.runtime"
 
@@ -103,6 +104,13 @@ def _install_qwen3_vl_interpolation(qwen3_vl: ModuleType) -> None:
     replace_attribute(qwen3_vl.Qwen3VLMoeVisionModel, "fast_pos_embed_interpolate", fast_pos_embed_interpolate)
 
 
+def _install_qwen2_5_vl_graph_gate(qwen2_5_vl: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.qwen2_5_vl import lift_graph_gate
+
+    tower = qwen2_5_vl.Qwen2_5_VisionTransformer
+    replace_attribute(tower, "__init__", lift_graph_gate(tower.__init__))
+
+
 def _install_tp_worker(server: ModuleType) -> None:
     from rocm_vit.integrations.sglang import workers
 
@@ -162,7 +170,11 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         name="graph_runner",
         module=_RUNNER,
-        targets=(f"{_RUNNER}.ViTCudaGraphRunner", f"{_QWEN3_VL}.ViTCudaGraphRunner"),
+        targets=(
+            f"{_RUNNER}.ViTCudaGraphRunner",
+            f"{_QWEN3_VL}.ViTCudaGraphRunner",
+            f"{_QWEN2_5_VL}.ViTCudaGraphRunner",
+        ),
         signatures={
             "ViTCudaGraphRunner.__init__": ("self", "vit"),
             "ViTCudaGraphRunner.run": _RUNNER_RUN,
@@ -181,6 +193,26 @@ HOOKS: tuple[Hook, ...] = (
             "Qwen3VLMoeVisionModel._use_vectorized_pos_embed": ("self", "num_images"),
         },
         install=_install_qwen3_vl_interpolation,
+    ),
+    Hook(
+        name="qwen2_5_vl_graph_gate",
+        module=_QWEN2_5_VL,
+        targets=(f"{_QWEN2_5_VL}.Qwen2_5_VisionTransformer.__init__",),
+        signatures={
+            "Qwen2_5_VisionTransformer.__init__": (
+                "self",
+                "vision_config",
+                "norm_eps",
+                "quant_config",
+                "prefix",
+                "use_data_parallel",
+                "max_context_len",
+            ),
+            "Qwen2_5_VisionTransformer.forward_with_cuda_graph": ("self", "x", "grid_thw"),
+            "ViTCudaGraphRunner": None,
+            "envs.SGLANG_VIT_ENABLE_CUDA_GRAPH": None,
+        },
+        install=_install_qwen2_5_vl_graph_gate,
     ),
     Hook(
         name="encoder_tp_worker",

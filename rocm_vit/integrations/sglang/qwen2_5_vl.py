@@ -1,0 +1,50 @@
+"""Qwen2.5-VL's ViT graph path on ROCm, where rocm-vit's runner serves it.
+
+In SGLang 0.5.23 ``Qwen2_5_VisionTransformer.__init__`` sets ``enable_cg = _is_cuda and
+SGLANG_VIT_ENABLE_CUDA_GRAPH``: SGLang's own runner captures with ``torch.cuda.CUDAGraph`` and knows
+only CUDA's attention layouts, so on ROCm the tower always ran eagerly. Once the ``graph_runner``
+hook has put ``ViTGraphRunnerAdapter`` in the model module and the tower's attention backend has a
+graph-safe argument list (``aiter_attn``, ``triton_attn``), rocm-vit's runner serves the windowed
+calls on HIP as well, and the gate is lifted for that tower only. Anywhere else SGLang's decision
+stands: CUDA already has it, and CPU, NPU or XPU keep their eager path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rocm_vit.integrations.sglang.graph_runner import SGLANG_GRAPH_ARGS, ViTGraphRunnerAdapter
+from rocm_vit.platform import current_platform
+
+logger = logging.getLogger(__name__)
+
+
+def lift_graph_gate(original_init: Callable[..., None]) -> Callable[..., None]:
+    """``Qwen2_5_VisionTransformer.__init__`` that also enables graphs on ROCm under rocm-vit's runner.
+
+    Same parameters as ``original_init`` (the version gate checks them through ``__wrapped__``).
+    """
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        model_module = sys.modules[original_init.__module__]
+        if self.enable_cg or not model_module.envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get():
+            return
+        if current_platform() != "rocm" or model_module.ViTCudaGraphRunner is not ViTGraphRunnerAdapter:
+            return
+        backend = getattr(self.blocks[0].attn, "qkv_backend_name", None)
+        if backend not in SGLANG_GRAPH_ARGS:
+            # SGLang's runner would be the one to capture, and it cannot on ROCm: stay eager.
+            logger.warning("rocm-vit: Qwen2.5-VL's ViT stays eager on ROCm: %s attention cannot be captured", backend)
+            return
+        self.cuda_graph_runner = ViTGraphRunnerAdapter(self)
+        self.enable_cg = True
+
+    # __wrapped__ (inspect.signature follows it) but rocm-vit's own name, so logs and the doctor
+    # can tell the two apart.
+    functools.update_wrapper(__init__, original_init, assigned=("__doc__",))
+    return __init__
