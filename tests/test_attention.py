@@ -7,15 +7,13 @@ import argparse
 import importlib.abc
 import importlib.util
 import itertools
-import os
-import subprocess
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from triton_interpreter import run_interpreted
 
 import rocm_vit.attention as attention
 from rocm_vit.attention import (
@@ -30,8 +28,6 @@ from rocm_vit.attention import (
 )
 from rocm_vit.cli import bench_attention
 from rocm_vit.layout import VisionLayout
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Ragged, with a single-token segment (grid (1, 1, 1) has one patch only with merge size 1).
 RAGGED_GRID = [(1, 2, 3), (1, 1, 1), (2, 2, 2), (1, 3, 5)]
@@ -505,10 +501,9 @@ def test_auto_gives_one_layout_the_same_kernel_every_time():
 # ---------------------------------------------------------------------------------------------
 # triton_attn through the Triton interpreter
 #
-# Why a subprocess: triton.jit picks interpreter or compiler from TRITON_INTERPRET when the kernel
-# module is imported; setting it in this process could be too late and would leak into GPU tests of
-# the same session. One child runs every case and saves the outputs; the tests compare them here.
-# The interpreter's bf16 matmul is unreliable, so the cases use fp16 and fp32.
+# One child process runs every case under TRITON_INTERPRET=1 (tests/triton_interpreter.py says
+# why a child) and saves the outputs; the tests compare them here. The interpreter's bf16 matmul is
+# unreliable, so the cases use fp16 and fp32.
 
 _INTERPRETER_SCRIPT = """
 import sys
@@ -579,21 +574,9 @@ def interpreted(tmp_path_factory) -> dict[str, tuple[dict, torch.Tensor]]:
     pytest.importorskip("triton")
     cases = _interpreter_cases()
     workdir = tmp_path_factory.mktemp("attention_interpreter")
-    torch.save(cases, workdir / "in.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.pop("ROCM_VIT_ATTENTION_BACKEND", None)
-    completed = subprocess.run(
-        [sys.executable, "-c", _INTERPRETER_SCRIPT, str(workdir / "in.pt"), str(workdir / "out.pt")],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    outputs = run_interpreted(
+        _INTERPRETER_SCRIPT, cases, workdir, {"TRITON_DEFAULT_FP_FUSION": "1", "ROCM_VIT_ATTENTION_BACKEND": None}
     )
-    if completed.returncode != 0:
-        pytest.fail(f"interpreter run failed:\n{completed.stderr[-4000:]}")
-    outputs = torch.load(workdir / "out.pt")
     return {name: (cases[name], outputs[name]) for name in cases}
 
 

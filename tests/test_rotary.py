@@ -4,21 +4,17 @@ interpreter against a float64 reference, and the dispatch (per platform, overrid
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from rocm_vit.backends.rope_torch import rotary_native_
+from triton_interpreter import run_interpreted
 
 import rocm_vit.rotary as rotary
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 HEAD_DIMS = (64, 72, 80, 128)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -107,12 +103,9 @@ def test_native_handles_4d_and_non_contiguous_views(generator):
 # ---------------------------------------------------------------------------------------------
 # The Triton kernel through the interpreter.
 #
-# Why a subprocess: triton.jit decides between interpreter and compiler when the kernel module is
-# imported, from TRITON_INTERPRET. Setting the variable in this process would be too late if any
-# test imported the kernel module first, and would leak into every other module of the session
-# (GPU tests collected in the same run would silently interpret). So one child process with
-# TRITON_INTERPRET=1 runs every kernel case (one interpreter start, a few seconds on 2 cores), saves
-# the tensors it rotated in place, and the tests below compare them here.
+# One child process runs every kernel case under TRITON_INTERPRET=1 (tests/triton_interpreter.py
+# says why a child; one interpreter start, a few seconds on 2 cores), saves the tensors it rotated
+# in place, and the tests below compare them here.
 
 _INTERPRETER_SCRIPT = """
 import sys
@@ -188,20 +181,7 @@ def interpreted(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     pytest.importorskip("triton")
     cases = _kernel_cases()
     workdir = tmp_path_factory.mktemp("rotary_interpreter")
-    torch.save(cases, workdir / "in.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    completed = subprocess.run(
-        [sys.executable, "-c", _INTERPRETER_SCRIPT, str(workdir / "in.pt"), str(workdir / "out.pt")],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if completed.returncode != 0:
-        pytest.fail(f"interpreter run failed:\n{completed.stderr[-4000:]}")
-    outputs = torch.load(workdir / "out.pt")
+    outputs = run_interpreted(_INTERPRETER_SCRIPT, cases, workdir, {})
     return {name: (cases[name], outputs[name]) for name in cases}
 
 
