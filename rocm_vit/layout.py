@@ -110,7 +110,7 @@ class VisionLayout:
             raise ValueError(f"spatial_merge_size = {spatial_merge_size!r} must be a positive int")
         if window_merge_blocks is not None and (not isinstance(window_merge_blocks, int) or window_merge_blocks < 1):
             raise ValueError(f"window_merge_blocks = {window_merge_blocks!r} must be a positive int or None")
-        items = _host_grid(grid_thw)
+        items = host_grid_thw(grid_thw)
         for index, (t, h, w) in enumerate(items):
             for name, value in (("t", t), ("h", h), ("w", w)):
                 if value <= 0:
@@ -303,7 +303,11 @@ def _merge_block_order(grid: torch.Tensor, h: int, w: int, merge: int) -> torch.
     return blocks.reshape(h * w, channels)
 
 
-def _host_grid(grid_thw: Sequence[Sequence[int]] | torch.Tensor) -> tuple[GridTHW, ...]:
+def host_grid_thw(grid_thw: Sequence[Sequence[int]] | torch.Tensor) -> tuple[GridTHW, ...]:
+    """``grid_thw`` as a tuple of int triples, from a list or a CPU tensor; a device tensor is refused.
+
+    Checks the form only (triples of integers); ``VisionLayout.from_grid_thw`` checks the values.
+    """
     if isinstance(grid_thw, torch.Tensor):
         if grid_thw.device.type != "cpu":
             raise ValueError(

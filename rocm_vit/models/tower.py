@@ -23,7 +23,7 @@ from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs, get_backend
 from rocm_vit.graphs import ViTGraphRunner
-from rocm_vit.layout import VisionLayout
+from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.models.config import TowerConfig
 from rocm_vit.rotary import apply_rotary
 
@@ -162,15 +162,18 @@ class VisionTower(nn.Module, ABC):
         return merged
 
     def _prepare(self, grid_thw: Sequence[Sequence[int]] | torch.Tensor, num_patches: int) -> PreparedLayout:
-        layout = VisionLayout.from_grid_thw(
-            grid_thw,
-            self.config.spatial_merge_size,
-            num_patches=num_patches,
-            window_merge_blocks=self.config.window_merge_blocks,
-        )
-        key = (layout.grid_thw, self.device)
+        # Keyed on the host grid and row count, so a repeated request skips the layout's host work
+        # (segment offsets, and for windowed towers a partition over every merge block). Only valid
+        # grids are ever cached: a miss builds the layout, which validates and raises.
+        key = (host_grid_thw(grid_thw), num_patches, self.device)
         prepared = self._layouts.get(key)
         if prepared is None:
+            layout = VisionLayout.from_grid_thw(
+                key[0],
+                self.config.spatial_merge_size,
+                num_patches=num_patches,
+                window_merge_blocks=self.config.window_merge_blocks,
+            )
             prepared = self._prepare_layout(layout)
             self._layouts[key] = prepared
             if len(self._layouts) > _LAYOUT_CACHE_SIZE:
