@@ -34,15 +34,16 @@ from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
 
-# The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` on an H200 (bf16, 16 heads,
-# head dim 72, torch 2.11; docs/benchmarks.md). SDPA's default kernel there is cuDNN's fused
-# attention (the profiler shows cudnn_generated_fort_native_sdpa_sm90_flash_fprop): fastest or
-# within 2% on every equal-length layout (0.024 ms at 1x1024, 2.12 ms at 1x12800; triton_attn
-# 2.40, torch_varlen 3.39) and on a few long ragged segments (4 segments >= 1024 tokens: 0.35 ms
-# vs 0.38 triton_attn), while many or short ragged segments pay one SDPA launch each (16 segments:
-# 1.0 ms) where one triton_attn launch takes 0.20 ms (torch_varlen 0.28). Its cost: cuDNN builds a
-# plan on the first call of each new shape (50-250 ms, 660 ms for 16 ragged lengths); under graphs
-# the warm-up before capture pays it once per layout.
+# The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` and graph-timed sweeps on an H200
+# (bf16, 16 heads, head dim 72, torch 2.11; docs/benchmarks.md). SDPA's default kernel there is
+# cuDNN's fused attention (the profiler shows cudnn_generated_fort_native_sdpa_sm90_flash_fprop):
+# fastest on long segments (1x1024: 19.7 us vs 23.4 triton_attn; 1x4096: 216 vs 236; 1x12800: 2.0-2.1
+# ms vs 2.14-2.18) and on a few long ragged segments (4 segments >= 1024 tokens: 0.35 ms vs 0.38).
+# Below 1024 tokens triton_attn is as fast or faster (1x196: 8.7 us vs 9.4 plus a memset; 4x196: 8.5
+# vs 11.1; 16x256: 25.0 vs 25.5), and many or short ragged segments pay one SDPA launch each
+# (16 segments: 1.0 ms) where one triton_attn launch takes 0.20 ms (torch_varlen 0.28). SDPA's other
+# cost: cuDNN builds a plan on the first call of each new shape (50-250 ms, 660 ms for 16 ragged
+# lengths); under graphs the warm-up before capture pays it once per layout.
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
 # The varlen kernel for the other layouts, in order of preference where available.
@@ -289,15 +290,17 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 def pick_cuda_backend(seq_lens: Sequence[int], varlen_name: str = "triton_attn") -> tuple[str, str]:
     """The CUDA rule: ``("sdpa" or varlen_name, why)`` for a layout's host-side segment lengths.
 
-    SDPA when it runs as one batched call (all segments equally long) or as a few
-    calls on long segments; the one-launch varlen kernel otherwise. Thresholds are module constants.
+    SDPA when every segment has at least ``CUDA_SDPA_MIN_SEGMENT_TOKENS`` tokens and it runs as one
+    batched call (all equally long) or as a few calls; the one-launch varlen kernel otherwise.
     """
     lengths = [operator.index(length) for length in seq_lens]
+    if min(lengths) < CUDA_SDPA_MIN_SEGMENT_TOKENS:
+        return varlen_name, f"shortest of {len(lengths)} segments has {min(lengths)} tokens: one varlen launch"
     if len(set(lengths)) == 1:
         return SdpaAttention.name, f"{len(lengths)} equal segments: one batched SDPA call"
-    if len(lengths) <= CUDA_SDPA_MAX_SEGMENTS and min(lengths) >= CUDA_SDPA_MIN_SEGMENT_TOKENS:
+    if len(lengths) <= CUDA_SDPA_MAX_SEGMENTS:
         return SdpaAttention.name, f"{len(lengths)} segments of >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens"
-    return varlen_name, f"{len(lengths)} ragged segments, shortest {min(lengths)}: one varlen launch"
+    return varlen_name, f"{len(lengths)} segments of >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens: one varlen launch"
 
 
 def cuda_varlen_name() -> str:
@@ -324,8 +327,8 @@ def default_backend_name(platform: PlatformName, settings: Settings | None = Non
         return SdpaAttention.name, f"ROCm, {why} and triton is missing"
     if platform == "cuda":
         return CudaAutoAttention.name, (
-            f"CUDA: per layout, SDPA for equal segments or <= {CUDA_SDPA_MAX_SEGMENTS} segments of "
-            f">= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens, else {cuda_varlen_name()}"
+            f"CUDA: per layout, SDPA when every segment has >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens and they "
+            f"are equal or <= {CUDA_SDPA_MAX_SEGMENTS}, else {cuda_varlen_name()}"
         )
     return SdpaAttention.name, f"{platform}: per-sequence scaled_dot_product_attention"
 

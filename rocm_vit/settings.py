@@ -21,6 +21,7 @@ CONFIG_ENV = "ROCM_VIT_CONFIG"
 ENV_NAMES: dict[str, str] = {
     "attention_backend": "ROCM_VIT_ATTENTION_BACKEND",
     "rotary": "ROCM_VIT_ROTARY",
+    "fused_ops": "ROCM_VIT_FUSED_OPS",
     "disable": "ROCM_VIT_DISABLE",
     "use_aiter": "SGLANG_USE_AITER",
     "vit_cuda_graph": "SGLANG_VIT_ENABLE_CUDA_GRAPH",
@@ -37,6 +38,7 @@ class Settings:
 
     attention_backend: str | None = None
     rotary: str | None = None
+    fused_ops: bool = True
     disable: bool = False
     use_aiter: bool = False
     vit_cuda_graph: bool = False

@@ -480,8 +480,10 @@ def test_unknown_backend_lists_the_known_ones():
     ("seq_lens", "expected"),
     [
         ((12800,), "sdpa"),
-        ((256,) * 16, "sdpa"),
+        ((1024,) * 8, "sdpa"),
         ((1024, 4096, 2048), "sdpa"),
+        ((196,), "triton_attn"),
+        ((256,) * 16, "triton_attn"),
         ((4096, 64), "triton_attn"),
         ((1024, 1088, 1152, 1216, 1280), "triton_attn"),
         ((64, 100, 256), "triton_attn"),

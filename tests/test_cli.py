@@ -15,7 +15,17 @@ from rocm_vit.cli import main as cli_main
 from rocm_vit.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCTOR_SECTIONS = {"rocm_vit", "python", "platform", "versions", "attention", "rotary", "settings", "environment"}
+DOCTOR_SECTIONS = {
+    "rocm_vit",
+    "python",
+    "platform",
+    "versions",
+    "attention",
+    "rotary",
+    "fused_ops",
+    "settings",
+    "environment",
+}
 
 
 def _doctor_json(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict]:
@@ -38,6 +48,7 @@ def test_doctor_json_reports_every_section(capsys: pytest.CaptureFixture[str]) -
     assert {"backend", "why", "known"} <= set(report["attention"])
     assert report["attention"]["backend"] in report["attention"]["known"]
     assert report["rotary"]["implementation"] in {"triton", "compiled", "native"}
+    assert report["fused_ops"]["block_ops"] in {"fused", "plain"}
     assert report["settings"]["graph_cache_capacity"] == 32
 
 
@@ -87,7 +98,7 @@ def test_plain_doctor_prints_sections(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"rocm-vit {__version__}")
-    for heading in ("platform:", "versions:", "attention:", "rotary:", "settings:", "environment:"):
+    for heading in ("platform:", "versions:", "attention:", "rotary:", "fused_ops:", "settings:", "environment:"):
         assert f"\n{heading}\n" in out
     assert "torch" in out and "graph_cache_capacity" in out
 

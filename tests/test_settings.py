@@ -21,6 +21,7 @@ def test_defaults_without_environment() -> None:
     assert settings.as_dict() == {
         "attention_backend": None,
         "rotary": None,
+        "fused_ops": True,
         "disable": False,
         "use_aiter": False,
         "vit_cuda_graph": False,
@@ -53,6 +54,11 @@ def test_strings_are_lowercased_and_empty_means_choose_per_platform() -> None:
     assert (settings.attention_backend, settings.rotary) == ("sdpa", "native")
     settings = load_settings({"ROCM_VIT_ATTENTION_BACKEND": "", "ROCM_VIT_ROTARY": "  "})
     assert (settings.attention_backend, settings.rotary) == (None, None)
+
+
+def test_fused_ops_can_be_turned_off() -> None:
+    assert load_settings({"ROCM_VIT_FUSED_OPS": "0"}).fused_ops is False
+    assert load_settings({"ROCM_VIT_FUSED_OPS": "1"}).fused_ops is True
 
 
 def test_graph_cache_capacity_parses_an_integer() -> None:

@@ -1,7 +1,7 @@
 """``rocm-vit doctor``: what this machine would run, and why, before anyone files a bug.
 
-Reports the platform, the versions of the packages that matter, the attention backend and rotary
-implementation that would be selected, the settings in effect, and whether SGLang would load the
+Reports the platform, the versions of the packages that matter, the attention backend, rotary
+implementation and fused block ops that would be selected, the settings in effect, and whether SGLang would load the
 rocm-vit plugin, with the verdict on its version and the hooks that apply. Package versions come from
 installed metadata, never from importing the package: importing aiter runs rocminfo. Every section
 is computed on its own, so one failure (a bad environment variable, a missing module) is reported
@@ -53,6 +53,7 @@ def collect() -> dict[str, Any]:
         "versions": _versions(),
         "attention": _section("attention", _attention, problems),
         "rotary": _section("rotary", _rotary, problems),
+        "fused_ops": _section("fused_ops", _fused_ops, problems),
         "settings": _section("settings", _settings, problems),
         "sglang": _section("sglang", _sglang, problems),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
@@ -64,7 +65,7 @@ def collect() -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> str:
     """The report as aligned text sections."""
     lines = [f"rocm-vit {report['rocm_vit']}", f"python   {report['python']}"]
-    for section in ("platform", "versions", "attention", "rotary", "settings", "sglang", "environment"):
+    for section in ("platform", "versions", "attention", "rotary", "fused_ops", "settings", "sglang", "environment"):
         values = report[section]
         lines.append(f"\n{section}:")
         if not values:
@@ -156,11 +157,13 @@ def _attention() -> dict[str, Any]:
 def _rotary() -> dict[str, Any]:
     from rocm_vit.rotary import rotary_impl_name
 
-    selected = rotary_impl_name()
-    if isinstance(selected, tuple):
-        name, why = selected
-        return {"implementation": name, "why": why}
-    return {"implementation": selected}
+    return {"implementation": rotary_impl_name()}
+
+
+def _fused_ops() -> dict[str, Any]:
+    from rocm_vit.fusion import fused_ops_status
+
+    return fused_ops_status()
 
 
 def _settings() -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from rocm_vit.attention import AttnArgs
+from rocm_vit.fusion import add_norm
 from rocm_vit.layout import VisionLayout, to_device_async
 from rocm_vit.models.config import Qwen25VLVisionConfig
 from rocm_vit.models.tower import (
@@ -28,6 +29,7 @@ from rocm_vit.models.tower import (
     VisionRotaryEmbedding,
     VisionTower,
     rms_norm,
+    run_blocks,
 )
 
 
@@ -54,10 +56,8 @@ class Qwen25VLVisionTower(VisionTower):
         )
 
     def embed(self, pixel_values: torch.Tensor, prepared: PreparedLayout) -> tuple[torch.Tensor, ...]:
-        """Patch embedding in window order, and the fp32 rotary ``cos``/``sin`` of that order."""
-        x = prepared.layout.to_window_order(self.patch_embed(pixel_values))
-        cos, sin = self.rotary_pos_emb(prepared.rotary_positions)
-        return x, cos, sin
+        """Patch embedding in window order, and the layout's fp32 rotary ``cos``/``sin`` of that order."""
+        return prepared.layout.to_window_order(self.patch_embed(pixel_values)), prepared.cos, prepared.sin
 
     def forward_blocks(
         self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
@@ -66,13 +66,14 @@ class Qwen25VLVisionTower(VisionTower):
 
         Tokens arrive and leave in window order; ``attn_args`` has ``"full"`` and ``"window"``.
         """
-        for block, segmentation in zip(self.blocks, self._block_segmentations, strict=True):
-            x = block(x, attn_args[segmentation], cos, sin)
-        return self.merger(x)
+        block_attn_args = [attn_args[segmentation] for segmentation in self._block_segmentations]
+        normed, _ = run_blocks(self.blocks, x, block_attn_args, cos, sin, self.merger.ln_q)
+        return self.merger.project(normed)
 
     def _prepare_layout(self, layout: VisionLayout) -> PreparedLayout:
-        positions = layout.to_window_order(layout.rotary_position_ids())  # on the host: no device work
-        return PreparedLayout(layout=layout, rotary_positions=to_device_async(positions, self.device))
+        positions = layout.to_window_order(layout.rotary_position_ids())  # on the host
+        cos, sin = self.rotary_pos_emb(to_device_async(positions, self.device))
+        return PreparedLayout(layout=layout, cos=cos, sin=sin)
 
     def _restore_token_order(self, merged: torch.Tensor, layout: VisionLayout) -> torch.Tensor:
         return layout.from_window_order(merged)
@@ -106,4 +107,8 @@ class PatchMerger(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.ln_q(x).view(-1, self.merged_size))
+        return self.project(add_norm(x, None, self.ln_q)[1])
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """The merge and MLP, for tokens already through ``ln_q`` (the block stack fuses it)."""
+        return self.mlp(normed.view(-1, self.merged_size))

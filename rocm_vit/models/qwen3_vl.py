@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from rocm_vit.attention import AttnArgs
+from rocm_vit.fusion import add_norm, add_position_embedding, linear_gelu_tanh
 from rocm_vit.layout import VisionLayout, to_device_async
 from rocm_vit.models.config import VisionConfig
 from rocm_vit.models.tower import (
@@ -24,6 +25,7 @@ from rocm_vit.models.tower import (
     VisionRotaryEmbedding,
     VisionTower,
     layer_norm,
+    run_blocks,
 )
 
 
@@ -49,35 +51,31 @@ class Qwen3VLVisionTower(VisionTower):
         self.deepstack_merger_list = nn.ModuleList(
             [PatchMerger(config, postshuffle_norm=True) for _ in config.deepstack_visual_indexes]
         )
-        self._deepstack_slot = {block: slot for slot, block in enumerate(config.deepstack_visual_indexes)}
 
     def embed(self, pixel_values: torch.Tensor, prepared: _PreparedLayout) -> tuple[torch.Tensor, ...]:
-        """Patch embedding plus interpolated position embedding, and the fp32 rotary ``cos``/``sin``."""
+        """Patch embedding plus interpolated position embedding, and the layout's fp32 rotary ``cos``/``sin``."""
         x = self.patch_embed(pixel_values)
-        taps = self.pos_embed(prepared.pos_taps) * prepared.pos_weights[:, :, None]
-        x = x + taps.sum(1).to(x.dtype)
-        cos, sin = self.rotary_pos_emb(prepared.rotary_positions)
-        return x, cos, sin
+        x = add_position_embedding(x, self.pos_embed.weight, prepared.pos_taps, prepared.pos_weights)
+        return x, prepared.cos, prepared.sin
 
     def forward_blocks(
         self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         """All blocks (full attention), the merger and the deepstack mergers."""
-        full = attn_args["full"]
-        deepstack = []
-        for index, block in enumerate(self.blocks):
-            x = block(x, full, cos, sin)
-            slot = self._deepstack_slot.get(index)
-            if slot is not None:
-                deepstack.append(self.deepstack_merger_list[slot](x))
-        merged = self.merger(x)
+        block_attn_args = [attn_args["full"]] * len(self.blocks)
+        taps = self.config.deepstack_visual_indexes
+        normed, tapped = run_blocks(self.blocks, x, block_attn_args, cos, sin, self.merger.norm, taps)
+        merged = self.merger.project(normed)
+        deepstack = [merger(tapped[index]) for index, merger in zip(taps, self.deepstack_merger_list, strict=True)]
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
 
     def _prepare_layout(self, layout: VisionLayout) -> _PreparedLayout:
         taps, weights = layout.position_embedding_taps(self.config.num_grid_per_side)
+        cos, sin = self.rotary_pos_emb(to_device_async(layout.rotary_position_ids(), self.device))
         return _PreparedLayout(
             layout=layout,
-            rotary_positions=to_device_async(layout.rotary_position_ids(), self.device),
+            cos=cos,
+            sin=sin,
             pos_taps=to_device_async(taps, self.device),
             pos_weights=to_device_async(weights, self.device),
         )
@@ -94,9 +92,12 @@ class VisionMLP(nn.Module):
         super().__init__()
         self.linear_fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=True)
         self.linear_fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=True)
+        self.hidden_act = config.hidden_act
         self.act_fn = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.hidden_act == "gelu_pytorch_tanh":  # Qwen3-VL's: fused into fc1 where the GPU can
+            return self.linear_fc2(linear_gelu_tanh(x, self.linear_fc1))
         return self.linear_fc2(self.act_fn(self.linear_fc1(x)))
 
 
@@ -117,7 +118,9 @@ class PatchMerger(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.postshuffle_norm:
-            x = self.norm(x.view(-1, self.merged_size))
-        else:
-            x = self.norm(x).view(-1, self.merged_size)
-        return self.linear_fc2(self.act_fn(self.linear_fc1(x)))
+            return self.project(add_norm(x.view(-1, self.merged_size), None, self.norm)[1])
+        return self.project(add_norm(x, None, self.norm)[1])
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """The merge and MLP, for tokens already through ``norm`` (the block stack fuses the final one)."""
+        return self.linear_fc2(self.act_fn(self.linear_fc1(normed.view(-1, self.merged_size))))

@@ -13,7 +13,7 @@ import functools
 import logging
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs, get_backend
+from rocm_vit.fusion import add_norm
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.models.config import TowerConfig
@@ -45,11 +46,14 @@ _LAYOUT_CACHE_SIZE = 64
 class PreparedLayout:
     """A layout with the device tensors a tower needs for it, copied once from pinned host memory.
 
-    The layout itself caches its ``cu_seqlens`` and window-permutation tensors per device.
+    The layout itself caches its ``cu_seqlens`` and window-permutation tensors per device. The rotary
+    ``cos``/``sin`` depend on the layout alone (not on any weight), so they are computed once here
+    instead of on every call: four fewer launches per forward.
     """
 
     layout: VisionLayout
-    rotary_positions: torch.Tensor  # [N, 2] (row, column), in the order the blocks see tokens
+    cos: torch.Tensor  # [N, head_dim] fp32, in the order the blocks see tokens
+    sin: torch.Tensor
 
 
 class VisionTower(nn.Module, ABC):
@@ -149,6 +153,15 @@ class VisionTower(nn.Module, ABC):
         )
         return self._graph_runner
 
+    def _apply(self, fn: Callable, recurse: bool = True) -> VisionTower:
+        # .to() / .cuda() / .half() replace parameters and buffers: prepared layouts hold tensors
+        # of the old device and dtype, and captured graphs read the old weights' memory.
+        self._layouts.clear()
+        if self._graph_runner is not None:
+            logger.warning("the tower moved or changed dtype: its graphs are dropped; call enable_graphs() again")
+            self._graph_runner = None
+        return super()._apply(fn, recurse)
+
     def disable_graphs(self) -> None:
         """Back to eager; the runner's graphs and pool are released when nothing else holds it."""
         self._graph_runner = None
@@ -210,7 +223,7 @@ class VisionRotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions`` ``[N, 2]`` -> fp32 ``cos``, ``sin`` ``[N, head_dim]`` in NEOX layout."""
+        """``positions`` ``[N, 2]`` (row, column) -> fp32 ``cos``, ``sin`` ``[N, head_dim]`` in NEOX layout."""
         angles = (positions[..., None].float() * self.inv_freq).flatten(1)
         angles = torch.cat([angles, angles], dim=-1)
         return angles.cos(), angles.sin()
@@ -234,7 +247,12 @@ class VisionAttention(nn.Module):
 
 
 class VisionBlock(nn.Module):
-    """Pre-norm attention and MLP; the tower picks the norm (LayerNorm, RMSNorm) and the MLP."""
+    """Pre-norm attention and MLP; the tower picks the norm (LayerNorm, RMSNorm) and the MLP.
+
+    Each residual add is fused with the norm that follows it (``rocm_vit.fusion.add_norm``): the
+    block takes its input already normalised by ``norm1`` and returns its output normalised by the
+    next norm in the stack (the next block's ``norm1``, or the merger's).
+    """
 
     def __init__(
         self, config: TowerConfig, backend: AttentionBackend, norm: Callable[[int], nn.Module], mlp: nn.Module
@@ -245,13 +263,48 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(config, backend)
         self.mlp = mlp
 
-    def forward(self, x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), attn_args, cos, sin)
-        return x + self.mlp(self.norm2(x))
+    def forward(
+        self,
+        x: torch.Tensor,
+        normed: torch.Tensor,
+        attn_args: list,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        next_norm: nn.Module,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x', next_norm(x'))`` for the residual stream ``x`` and ``normed = norm1(x)``."""
+        x, normed = add_norm(x, self.attn(normed, attn_args, cos, sin), self.norm2)
+        return add_norm(x, self.mlp(normed), next_norm)
+
+
+def run_blocks(
+    blocks: Sequence[VisionBlock],
+    x: torch.Tensor,
+    block_attn_args: Sequence[list],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    final_norm: nn.Module,
+    taps: Collection[int] = (),
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """The block stack: ``(final_norm(x), {i: x after block i for i in taps})``.
+
+    ``block_attn_args[i]`` is block ``i``'s attention argument list. Every residual add runs fused
+    with the norm after it, the last one with ``final_norm`` (the merger's pre-shuffle norm).
+    """
+    x, normed = add_norm(x, None, blocks[0].norm1)
+    tapped = {}
+    for index, (block, attn_args) in enumerate(zip(blocks, block_attn_args, strict=True)):
+        next_norm = blocks[index + 1].norm1 if index + 1 < len(blocks) else final_norm
+        x, normed = block(x, normed, attn_args, cos, sin, next_norm)
+        if index in taps:
+            tapped[index] = x
+    return normed, tapped
 
 
 class RMSNorm(nn.Module):
     """transformers' ``Qwen2_5_VLRMSNorm``: normalise in fp32, round to the input dtype, then scale."""
+
+    norm_kind: ClassVar[str] = "rms_norm"  # what rocm_vit.fusion.add_norm fuses it as
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()

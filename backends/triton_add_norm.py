@@ -1,0 +1,141 @@
+"""Residual add fused with the next LayerNorm or RMSNorm, one Triton launch per norm, CUDA/HIP-graph safe.
+
+A pre-norm block computes ``x = x + update`` and then ``norm(x)``: two kernels and one extra round
+trip of ``x`` through memory in eager torch. Here one program owns whole rows: it adds, rounds the sum
+to ``x``'s dtype and stores it (the residual stream), then normalises that rounded row in fp32 and
+stores the normalised row. The roundings are eager torch's, so the only difference from
+``x + update`` followed by ``nn.LayerNorm`` / transformers' RMSNorm is the order of the fp32 row sums.
+
+Shapes: ``x`` and ``update`` ``[N, C]`` contiguous, the same dtype (fp16, bf16, fp32); weight (and bias
+for LayerNorm) ``[C]``; ``C`` up to 16384. ``update=None`` normalises ``x`` alone. The wrapper
+allocates the two outputs and nothing else, never synchronises, and compiles one binary per
+``(C, dtype, norm kind)``: the row count is not specialised, so a new image size never JIT-compiles.
+
+Cost: ``x`` and ``update`` read once, the sum and the norm written once (4 ``N·C`` elements), against
+6 for the unfused pair (add: 2 reads + 1 write, norm: 1 read + 1 write, plus a launch).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HIDDEN = 16384
+NORM_KINDS = ("layer_norm", "rms_norm")
+
+
+def add_norm(
+    x: torch.Tensor,
+    update: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+    kind: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, norm(s))`` with ``s = x + update`` (or ``x`` when ``update`` is None), both in ``x.dtype``.
+
+    ``kind`` is ``"layer_norm"`` (``nn.LayerNorm`` with weight and bias) or ``"rms_norm"``
+    (transformers' Qwen2 RMSNorm: normalise in fp32, round to ``x.dtype``, then multiply by weight in
+    the dtype torch promotes the two to). The caller checks ``supports``; nothing is checked here,
+    to keep the launch path free of host work.
+    """
+    rows, hidden = x.shape
+    summed = x if update is None else torch.empty_like(x)
+    out_dtype = torch.promote_types(weight.dtype, x.dtype) if kind == "rms_norm" else x.dtype
+    normed = torch.empty((rows, hidden), dtype=out_dtype, device=x.device)
+    if rows == 0:
+        return summed, normed
+    block = triton.next_power_of_2(hidden)
+    _add_norm_kernel[(rows,)](
+        x,
+        x if update is None else update,
+        weight,
+        weight if bias is None else bias,
+        summed,
+        normed,
+        float(eps),
+        HIDDEN=hidden,
+        BLOCK=block,
+        HAS_UPDATE=update is not None,
+        HAS_BIAS=bias is not None,
+        RMS=kind == "rms_norm",
+        num_warps=_num_warps(block),
+        # Separate roundings of products and sums, as eager torch.
+        enable_fp_fusion=False,
+    )
+    return summed, normed
+
+
+def supports(
+    x: torch.Tensor, update: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None, kind: str
+) -> bool:
+    """Whether ``add_norm`` covers these tensors (see the module docstring for the contract)."""
+    if kind not in NORM_KINDS or x.dim() != 2 or not x.is_contiguous() or x.dtype not in KERNEL_DTYPES:
+        return False
+    if not (x.is_cuda or _INTERPRETED) or not 0 < x.shape[1] <= MAX_HIDDEN:
+        return False
+    if update is not None and (update.shape != x.shape or update.dtype != x.dtype or not update.is_contiguous()):
+        return False
+    params = [weight] if bias is None else [weight, bias]
+    if kind == "layer_norm" and bias is None:
+        return False
+    return all(
+        p.shape == (x.shape[1],) and p.is_contiguous() and p.device == x.device and p.dtype in KERNEL_DTYPES
+        for p in params
+    ) and (update is None or update.device == x.device)
+
+
+def _num_warps(block: int) -> int:
+    """Enough threads that each holds at most 8 elements of the row (a 2048 block: 8 warps)."""
+    return max(1, min(16, block // 256))
+
+
+@triton.jit
+def _add_norm_kernel(
+    x_ptr,
+    update_ptr,
+    weight_ptr,
+    bias_ptr,
+    summed_ptr,
+    normed_ptr,
+    eps,
+    HIDDEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_UPDATE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RMS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < HIDDEN
+    offsets = row * HIDDEN + cols
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    dtype = x.dtype
+    if HAS_UPDATE:
+        # The residual stream is stored rounded, and the norm sees the rounded sum: eager torch's
+        # ``x + update`` followed by the norm.
+        x = (x.to(tl.float32) + tl.load(update_ptr + offsets, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+        tl.store(summed_ptr + offsets, x, mask=mask)
+    x = x.to(tl.float32)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    if RMS:
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HIDDEN + eps)
+        # transformers' Qwen2RMSNorm: ``weight * (x * rstd).to(input dtype)``, a product in the
+        # promoted dtype of the two.
+        normed = (x * rstd).to(dtype)
+        out_dtype = normed_ptr.dtype.element_ty
+        normed = (weight.to(tl.float32) * normed.to(tl.float32)).to(out_dtype)
+    else:
+        mean = tl.sum(x, axis=0) / HIDDEN
+        centered = tl.where(mask, x - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / HIDDEN + eps)
+        normed = centered * rstd * weight.to(tl.float32)
+        if HAS_BIAS:
+            normed += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        normed = normed.to(dtype)
+    tl.store(normed_ptr + offsets, normed, mask=mask)
+
+
+_INTERPRETED = not isinstance(_add_norm_kernel, triton.runtime.JITFunction)

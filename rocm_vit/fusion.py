@@ -1,0 +1,111 @@
+"""Fused steps of a vision tower: residual add + norm, fc1 + tanh-GELU, position-embedding interpolation.
+
+The tower is launch-bound at small images (a 224² image on qwen3-vl-8b ran 12 kernels per block for
+196 tokens) and bandwidth-bound around its GEMMs at large ones, so each kernel removed counts.
+Graph replay equals eager bit for bit only if both run the same code, so the choice never depends on
+whether a capture is running: fused on CUDA and ROCm (``ROCM_VIT_FUSED_OPS=0`` turns it off), the
+plain torch ops on CPU and for shapes a kernel does not cover.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rocm_vit.platform import current_platform
+from rocm_vit.settings import ENV_NAMES, load_settings
+
+logger = logging.getLogger(__name__)
+
+
+def add_norm(x: torch.Tensor, update: torch.Tensor | None, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, norm(s))`` with ``s = x + update``, or ``s = x`` when ``update`` is None.
+
+    ``norm`` is an ``nn.LayerNorm`` with weight and bias, or a module with ``weight`` and ``eps`` whose
+    class says ``norm_kind = "rms_norm"`` (``rocm_vit.models.tower.RMSNorm``). Fused: one Triton launch
+    that rounds the sum like eager torch and normalises the rounded sum; it differs from the plain
+    pair only in the order of the row sums. Both results are new tensors.
+    """
+    kind = norm_kind(norm)
+    if _fused_enabled() and kind is not None:
+        from rocm_vit.backends import triton_add_norm
+
+        bias = getattr(norm, "bias", None)
+        if triton_add_norm.supports(x, update, norm.weight, bias, kind):
+            return triton_add_norm.add_norm(x, update, norm.weight, bias, norm.eps, kind)
+    summed = x if update is None else x + update
+    return summed, norm(summed)
+
+
+def linear_gelu_tanh(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """``gelu(linear(x), approximate="tanh")``; on CUDA one cuBLASLt GEMM with the GELU in its epilogue.
+
+    cuBLASLt's GELU epilogue is the tanh approximation, applied to the fp32 accumulator before the one
+    rounding to the output dtype (the plain pair rounds twice: after the GEMM and after the GELU).
+    Only NVIDIA CUDA: on ROCm and CPU ``torch._addmm_activation`` is not documented to use the same
+    GELU, so those take the plain pair.
+    """
+    if _fused_enabled() and current_platform() == "cuda" and x.is_cuda and x.dim() == 2 and linear.bias is not None:
+        return torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)
+    return F.gelu(linear(x), approximate="tanh")
+
+
+def add_position_embedding(
+    x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """``x + (table[taps] * weights[..., None]).sum(1).to(x.dtype)``: Qwen3-VL's interpolated positions.
+
+    ``taps``/``weights`` ``[N, 4]`` (int indices into ``table``, fp32 bilinear weights). Fused: one
+    Triton launch adding into ``x`` in place (``x`` is returned), no ``[N, 4, C]`` intermediate.
+    """
+    if _fused_enabled():
+        from rocm_vit.backends import triton_pos_embed
+
+        if triton_pos_embed.supports(x, table, taps, weights):
+            return triton_pos_embed.add_position_embedding_(x, table, taps, weights)
+    return x + (F.embedding(taps, table) * weights[:, :, None]).sum(1).to(x.dtype)
+
+
+def norm_kind(norm: nn.Module) -> str | None:
+    """``"layer_norm"``, ``"rms_norm"``, or ``None`` for a norm the fused kernel does not know.
+
+    A module other than ``nn.LayerNorm`` declares itself with a ``norm_kind`` class attribute.
+    """
+    if isinstance(norm, nn.LayerNorm):
+        affine = norm.elementwise_affine and norm.bias is not None and len(norm.normalized_shape) == 1
+        return "layer_norm" if affine else None
+    return getattr(type(norm), "norm_kind", None)
+
+
+def fused_ops_name() -> str:
+    """``"fused"`` or ``"plain"``: what this process runs."""
+    return "fused" if _fused_enabled() else "plain"
+
+
+def fused_ops_status() -> dict[str, str]:
+    """What ``rocm-vit doctor`` prints: the choice and why."""
+    return {"block_ops": fused_ops_name(), "why": _choice()[1]}
+
+
+def _fused_enabled() -> bool:
+    return _choice()[0]
+
+
+@functools.cache
+def _choice() -> tuple[bool, str]:
+    platform = current_platform()
+    if platform == "cpu":
+        enabled, reason = False, "no GPU: plain torch ops"
+    elif not load_settings().fused_ops:
+        enabled, reason = False, f"{ENV_NAMES['fused_ops']}=0"
+    elif importlib.util.find_spec("triton") is None:
+        enabled, reason = False, "Triton is not importable"
+    else:
+        enabled, reason = True, f"default on {platform}"
+    logger.info("fused block ops: %s (%s)", "on" if enabled else "off", reason)
+    return enabled, reason
