@@ -370,3 +370,22 @@ def test_equal_token_counts_with_other_windows_get_their_own_graph(generator: to
         eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
     assert (runner.stats()["graphs"], runner.stats()["replays"]) == (2, 4)
+
+
+@torch.no_grad()
+def test_moving_or_casting_a_tower_drops_its_graphs_and_prepared_layouts(generator: torch.Generator) -> None:
+    config = preset("tiny")
+    tower = tower_class(config)(config, attention_backend="sdpa").eval()
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    grid = [(1, 4, 6)]
+    pixels = torch.randn(24, width, generator=generator)
+    tower.enable_graphs(mechanism=StandInGraphs())
+    tower(pixels, grid)
+    assert tower._layouts and tower.graph_runner is not None
+    tower.double()
+    # The cached fp32 cos/sin and the graphs (which read the old weights' memory) are gone; the
+    # next call prepares the layout again, in the new dtype.
+    assert not tower._layouts and tower.graph_runner is None
+    out = tower(pixels.double(), grid)
+    assert out.dtype == torch.float64
+    assert tower._layouts[next(iter(tower._layouts))].cos.dtype == torch.float64
