@@ -40,21 +40,34 @@ class TritonAttnConfig:
     num_stages: int
 
 
-def default_config(head_dim: int, dtype: torch.dtype) -> TritonAttnConfig:
+def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = None) -> TritonAttnConfig:
     """The fixed launch configuration for ``head_dim`` and ``dtype`` on this build's GPU vendor.
 
-    Chosen once, never autotuned (autotuning would benchmark inside a graph capture). Register and
-    spill counts quoted below come from compiling offline for the target (Triton 3.9); speed is
-    measured by ``rocm-vit bench-attn --sweep-triton``. fp32 (not a serving dtype) gets small tiles.
+    ``query_tiles`` is the number of 128-row query tiles the launch would have over all segments and
+    heads (``None``: many). Chosen from host values only, never autotuned (autotuning would benchmark
+    inside a graph capture). Register and spill counts quoted below come from compiling offline for
+    the target (Triton 3.9); speed is measured by ``rocm-vit bench-attn --sweep-triton`` and
+    graph-timed sweeps (docs/benchmarks.md). fp32 (not a serving dtype) gets small tiles.
     """
     if dtype == torch.float32:
         return TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if torch.version.hip is not None:
         # gfx942/gfx950: 202 VGPRs at head dim 72, no spills, occupancy 2 (compiled offline).
         return TritonAttnConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)
+    if query_tiles is not None and query_tiles <= _FEW_QUERY_TILES:
+        # One short segment (a 224² image: 196 tokens x 16 heads = 32 tiles of 128 rows) leaves
+        # most SMs idle; 64-row tiles on one warpgroup double the programs. H200, head dim 72:
+        # 7.4 us instead of 8.7 at 1x196, 6.8 instead of 8.3 at 1x256; at 4x196 (128 tiles) the
+        # 128-row tiles stay faster (8.5 vs 9.2).
+        return TritonAttnConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
     # sm_90: two warpgroups split the 128 query rows; 141 registers at head dim 72 and 176 at 128,
     # no spills, where 4 warps spill at 255. Three stages pipeline the K/V copies (80 KiB of smem).
     return TritonAttnConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+# At most this many 128-row query tiles (segments x heads x tiles per segment): half the SMs of an
+# H100/H200 or fewer, where 64-row tiles win.
+_FEW_QUERY_TILES = 64
 
 
 def triton_varlen_attention(
@@ -94,7 +107,7 @@ def triton_varlen_attention(
     bound = tokens if max_seqlen is None else min(operator.index(max_seqlen), tokens)
     if tokens == 0 or num_seqs <= 0 or bound <= 0:
         return out
-    config = config or default_config(head_dim, v.dtype)
+    config = config or default_config(head_dim, v.dtype, triton.cdiv(bound, 128) * num_seqs * heads)
     block_d0, block_d1 = _head_dim_split(head_dim)
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2])
     grid = (triton.cdiv(bound, config.block_m), num_seqs, heads)

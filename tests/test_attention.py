@@ -604,3 +604,13 @@ def test_bench_attn_parses_its_arguments_and_declines_without_a_gpu(monkeypatch,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench_attention.run(args) == 2
     assert "needs a CUDA or ROCm GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.version.hip is not None, reason="the NVIDIA configurations")
+def test_triton_config_uses_smaller_query_tiles_only_when_few_tiles_would_run():
+    triton_attn = pytest.importorskip("rocm_vit.backends.triton_attn")
+    one_small_image = triton_attn.default_config(72, torch.bfloat16, query_tiles=2 * 16)  # 196 tokens, 16 heads
+    four_small_images = triton_attn.default_config(72, torch.bfloat16, query_tiles=4 * 2 * 16)
+    assert one_small_image.block_m == 64
+    assert four_small_images == triton_attn.default_config(72, torch.bfloat16) and four_small_images.block_m == 128
+    assert triton_attn.default_config(72, torch.float32, query_tiles=1).block_m == 64
