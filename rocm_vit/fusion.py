@@ -45,12 +45,13 @@ def add_norm(x: torch.Tensor, update: torch.Tensor | None, norm: nn.Module) -> t
 def linear_gelu_tanh(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     """``gelu(linear(x), approximate="tanh")``; on CUDA one cuBLASLt GEMM with the GELU in its epilogue.
 
-    cuBLASLt's GELU epilogue is the tanh approximation, applied to the fp32 accumulator before the one
-    rounding to the output dtype (the plain pair rounds twice: after the GEMM and after the GELU).
-    Only NVIDIA CUDA: on ROCm and CPU ``torch._addmm_activation`` is not documented to use the same
-    GELU, so those take the plain pair.
+    cuBLASLt's GELU epilogue is the tanh approximation (PyTorch's own fallbacks for this op apply
+    ``gelu(approximate="tanh")``, aten/src/ATen/native/cuda/Blas.cpp), applied to the fp32
+    accumulator before the one rounding to the output dtype; the plain pair rounds twice. Only NVIDIA
+    CUDA: the CPU op computes the erf GELU, and on ROCm the hipBLASLt epilogue has not been run by
+    this project, so both take the plain pair, as does a torch without this private op.
     """
-    if _fused_enabled() and current_platform() == "cuda" and x.is_cuda and x.dim() == 2 and linear.bias is not None:
+    if _gelu_epilogue_available() and x.is_cuda and x.dim() == 2 and linear.bias is not None:
         return torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)
     return F.gelu(linear(x), approximate="tanh")
 
@@ -94,6 +95,11 @@ def fused_ops_status() -> dict[str, str]:
 
 def _fused_enabled() -> bool:
     return _choice()[0]
+
+
+def _gelu_epilogue_available() -> bool:
+    # torch._addmm_activation is private (torch >= 1.13): checked, never assumed.
+    return _fused_enabled() and current_platform() == "cuda" and hasattr(torch, "_addmm_activation")
 
 
 @functools.cache
