@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -33,11 +34,10 @@ def add_norm(x: torch.Tensor, update: torch.Tensor | None, norm: nn.Module) -> t
     """
     kind = norm_kind(norm)
     if _fused_enabled() and kind is not None:
-        from rocm_vit.backends import triton_add_norm
-
+        kernels = _add_norm_kernels()
         bias = getattr(norm, "bias", None)
-        if triton_add_norm.supports(x, update, norm.weight, bias, kind):
-            return triton_add_norm.add_norm(x, update, norm.weight, bias, norm.eps, kind)
+        if kernels.supports(x, update, norm.weight, bias, kind):
+            return kernels.add_norm(x, update, norm.weight, bias, norm.eps, kind)
     summed = x if update is None else x + update
     return summed, norm(summed)
 
@@ -65,10 +65,9 @@ def add_position_embedding(
     Triton launch adding into ``x`` in place (``x`` is returned), no ``[N, 4, C]`` intermediate.
     """
     if _fused_enabled():
-        from rocm_vit.backends import triton_pos_embed
-
-        if triton_pos_embed.supports(x, table, taps, weights):
-            return triton_pos_embed.add_position_embedding_(x, table, taps, weights)
+        kernels = _position_kernels()
+        if kernels.supports(x, table, taps, weights):
+            return kernels.add_position_embedding_(x, table, taps, weights)
     return x + (F.embedding(taps, table) * weights[:, :, None]).sum(1).to(x.dtype)
 
 
@@ -95,6 +94,22 @@ def fused_ops_status() -> dict[str, str]:
 
 def _fused_enabled() -> bool:
     return _choice()[0]
+
+
+# Imported once the fused path is chosen (never on CPU, where Triton may be missing), and looked up
+# once: add_norm runs twice per block in eager mode.
+@functools.cache
+def _add_norm_kernels() -> ModuleType:
+    from rocm_vit.backends import triton_add_norm
+
+    return triton_add_norm
+
+
+@functools.cache
+def _position_kernels() -> ModuleType:
+    from rocm_vit.backends import triton_pos_embed
+
+    return triton_pos_embed
 
 
 def _gelu_epilogue_available() -> bool:
