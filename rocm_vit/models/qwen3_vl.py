@@ -8,6 +8,7 @@ the device. ``forward_blocks`` is the one function that both eager mode and grap
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from rocm_vit.attention import AttnArgs
 from rocm_vit.fusion import add_norm, add_position_embedding, linear_gelu_tanh
 from rocm_vit.layout import VisionLayout, to_device_async
 from rocm_vit.models.config import VisionConfig
+from rocm_vit.models.side_stream import SideStream
 from rocm_vit.models.tower import (
     ACTIVATIONS,
     PatchEmbed,
@@ -51,6 +53,7 @@ class Qwen3VLVisionTower(VisionTower):
         self.deepstack_merger_list = nn.ModuleList(
             [PatchMerger(config, postshuffle_norm=True) for _ in config.deepstack_visual_indexes]
         )
+        self._side_stream = SideStream()
 
     def embed(self, pixel_values: torch.Tensor, prepared: _PreparedLayout) -> tuple[torch.Tensor, ...]:
         """Patch embedding plus interpolated position embedding, and the layout's fp32 rotary ``cos``/``sin``."""
@@ -63,10 +66,16 @@ class Qwen3VLVisionTower(VisionTower):
     ) -> torch.Tensor:
         """All blocks (full attention), the merger and the deepstack mergers."""
         block_attn_args = [attn_args["full"]] * len(self.blocks)
-        taps = self.config.deepstack_visual_indexes
+        indexes = self.config.deepstack_visual_indexes
+        # Each deepstack merger starts as soon as its block is done, beside the later blocks.
+        taps = {
+            index: functools.partial(self._side_stream.launch, merger)
+            for index, merger in zip(indexes, self.deepstack_merger_list, strict=True)
+        }
         normed, tapped = run_blocks(self.blocks, x, block_attn_args, cos, sin, self.merger.norm, taps)
         merged = self.merger.project(normed)
-        deepstack = [merger(tapped[index]) for index, merger in zip(taps, self.deepstack_merger_list, strict=True)]
+        deepstack = [tapped[index] for index in indexes]
+        self._side_stream.join(deepstack)
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
 
     def _prepare_layout(self, layout: VisionLayout) -> _PreparedLayout:

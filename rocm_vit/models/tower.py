@@ -13,8 +13,9 @@ import functools
 import logging
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -284,12 +285,13 @@ def run_blocks(
     cos: torch.Tensor,
     sin: torch.Tensor,
     final_norm: nn.Module,
-    taps: Collection[int] = (),
+    taps: Mapping[int, Callable[[torch.Tensor], torch.Tensor]] = MappingProxyType({}),
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """The block stack: ``(final_norm(x), {i: x after block i for i in taps})``.
+    """The block stack: ``(final_norm(x), {i: taps[i](x after block i)})``.
 
     ``block_attn_args[i]`` is block ``i``'s attention argument list. Every residual add runs fused
-    with the norm after it, the last one with ``final_norm`` (the merger's pre-shuffle norm).
+    with the norm after it, the last one with ``final_norm`` (the merger's pre-shuffle norm). A tap
+    is called as soon as its block is done (it may launch work on another stream).
     """
     x, normed = add_norm(x, None, blocks[0].norm1)
     tapped = {}
@@ -297,7 +299,7 @@ def run_blocks(
         next_norm = blocks[index + 1].norm1 if index + 1 < len(blocks) else final_norm
         x, normed = block(x, normed, attn_args, cos, sin, next_norm)
         if index in taps:
-            tapped[index] = x
+            tapped[index] = taps[index](x)
     return normed, tapped
 
 

@@ -214,3 +214,16 @@ def test_qwen25_graphs_hold_static_full_and_window_cu_seqlens() -> None:
         assert list(entry.cu_seqlens) == ["full", "window"]
         assert all(cu.dtype == torch.int32 and cu.device.type == "cuda" for cu in entry.cu_seqlens.values())
         assert tuple(entry.cu_seqlens["window"].tolist()) == key[4]
+
+
+@torch.inference_mode()
+def test_deepstack_mergers_on_a_side_stream_keep_graphs_exact() -> None:
+    tower = _tower("qwen3-vl-8b", depth=4, deepstack_visual_indexes=[0, 1, 2])
+    runner = tower.enable_graphs()
+    grids = [[(1, 14, 14)], [(1, 16, 16), (1, 8, 12)], [(1, 14, 14)]]
+    for index, grid in enumerate(grids):
+        pixels = _pixels(tower, grid, index)
+        assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    assert runner.stats()["replays"] == 3
+    # On NVIDIA the mergers ran on the tower's side stream (ROCm runs them inline).
+    assert bool(tower._side_stream._streams) == (torch.version.hip is None)
