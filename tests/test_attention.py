@@ -554,6 +554,9 @@ def _interpreter_cases() -> dict[str, dict]:
         "d64_fp32_default_tiles": case(64, torch.float32, heads=2, kv_heads=2, config=None),
         "d80_fp16_grid_bounded_by_tokens": case(80, torch.float16, max_seqlen=None),
         "d128_fp16_out": case(128, torch.float16, heads=2, kv_heads=1, out=True),
+        # Odd tails: 40 = 32 + a 16-wide tail half masked, 100 = 64 + a 64-wide tail with 28 masked.
+        "d40_fp16_overlapping_tail": case(40, torch.float16, out=True),
+        "d100_fp32_overlapping_tail": case(100, torch.float32, heads=2, kv_heads=1),
     }
     mixed = case(72, torch.float32, heads=2, kv_heads=2)
     mixed["q"] = mixed["q"].half()
