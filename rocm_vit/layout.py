@@ -168,7 +168,7 @@ class VisionLayout:
         """Identifies the attention layout exactly: every segmentation's boundaries are in it.
 
         Equal token counts with other image or window boundaries get other keys; layouts whose
-        segmentations all agree share one (the window permutation happens outside the blocks).
+        segmentations all agree share one (a graph takes the window permutation as a per-call input).
         """
         return tuple(
             part
@@ -193,15 +193,15 @@ class VisionLayout:
         Whole merge blocks move, so the merger still finds each block's tokens side by side. The
         index reaches the device once per layout and device, non-blocking; nothing is read back.
         """
-        unit = self.spatial_merge_size**2
-        index = self._window_tensor("window_index", rows.device)
-        return rows.reshape(rows.shape[0] // unit, unit, *rows.shape[1:]).index_select(0, index).reshape(rows.shape)
+        index = self.window_tensor("window_index", rows.device)
+        return permute_merge_blocks(rows, index, self.spatial_merge_size**2)
 
     def from_window_order(self, merged: torch.Tensor) -> torch.Tensor:
         """Put merged tokens ``[N / merge², ...]`` (one row per merge block) back in merge-block order."""
-        return merged.index_select(0, self._window_tensor("window_inverse", merged.device))
+        return merged.index_select(0, self.window_tensor("window_inverse", merged.device))
 
-    def _window_tensor(self, name: str, device: torch.device) -> torch.Tensor:
+    def window_tensor(self, name: str, device: torch.device | str) -> torch.Tensor:
+        """``window_index`` (merge blocks into window order) or ``window_inverse`` on ``device``, made once."""
         host = getattr(self, name)
         if host is None:
             raise ValueError(f"{name}: this layout has no windows (built without window_merge_blocks)")
@@ -265,6 +265,11 @@ def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return host
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def permute_merge_blocks(rows: torch.Tensor, index: torch.Tensor, unit: int) -> torch.Tensor:
+    """Rows ``[N, ...]`` with their merge blocks (``unit`` consecutive rows each) reordered by ``index``."""
+    return rows.reshape(rows.shape[0] // unit, unit, *rows.shape[1:]).index_select(0, index).reshape(rows.shape)
 
 
 def _fields(segmentation: Segmentation) -> tuple:

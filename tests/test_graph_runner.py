@@ -208,11 +208,16 @@ def test_failed_capture_is_remembered_served_eagerly_and_runner_keeps_working(
     assert "graph capture failed" in caplog.text
 
 
+def _only_graph(runner: ViTGraphRunner):
+    (entry,) = runner._graphs.values()
+    return entry
+
+
 def test_moved_static_buffer_drops_the_graph(generator: torch.Generator) -> None:
     runner, _ = _runner()
     layout = _layout((1, 2, 2))
     runner.run(*_with_layout(layout, generator))
-    entry = runner._graphs[layout.graph_key]
+    entry = _only_graph(runner)
     entry.cos = entry.cos.clone()  # what a regrown shared workspace would do under a live graph
     x, cos, sin = _inputs(layout, generator)
     assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
@@ -226,7 +231,7 @@ def test_rotary_workspace_keeps_the_dtype_the_model_passed(generator: torch.Gene
     x = torch.randn(4, HIDDEN, generator=generator, dtype=torch.float64).to(torch.bfloat16)
     cos = torch.randn(4, HIDDEN, generator=generator)
     runner.run(x, layout, cos, cos)
-    entry = runner._graphs[layout.graph_key]
+    entry = _only_graph(runner)
     assert (entry.x.dtype, entry.cos.dtype, entry.sin.dtype) == (torch.bfloat16, torch.float32, torch.float32)
     assert entry.cu_seqlens["full"].dtype == torch.int32
 
@@ -283,18 +288,25 @@ def test_real_mechanism_on_cpu_runs_eagerly_with_reason(generator: torch.Generat
     assert runner.stats()["pool_bytes"] == 0
 
 
-# Per tower: layouts in call order (a repeat replays), and the segmentations each graph holds.
+# Per tower: layouts in call order, the graphs they need and the segmentations each graph holds. A
+# repeat replays; so does a layout whose attention metadata equals an earlier one's but whose
+# positions (Qwen3-VL) or window order (Qwen2.5-VL) differ: those reach the graph as per-call inputs.
 TOWER_CASES = {
-    "tiny": ([[(1, 4, 6)], [(1, 2, 2), (2, 4, 4)], [(1, 4, 6)]], ["full"]),
-    # Partial windows, a video, a repeat, and the transposed grid (other windows, other graph).
-    "qwen2.5-vl-tiny": ([[(1, 12, 20)], [(1, 2, 2), (2, 10, 14)], [(1, 12, 20)], [(1, 20, 12)]], ["full", "window"]),
+    "tiny": ([[(1, 4, 6)], [(1, 2, 2), (2, 4, 4)], [(1, 4, 6)], [(1, 6, 4)]], 2, ["full"]),
+    # Partial windows, a video, a repeat, the transposed grid (other windows, other graph), then two
+    # grids with equal windows in another order (one graph).
+    "qwen2.5-vl-tiny": (
+        [[(1, 12, 20)], [(1, 2, 2), (2, 10, 14)], [(1, 12, 20)], [(1, 20, 12)], [(1, 8, 16)], [(1, 16, 8)]],
+        4,
+        ["full", "window"],
+    ),
 }
 
 
 @pytest.mark.parametrize("name", list(TOWER_CASES))
 @torch.no_grad()
 def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Generator) -> None:
-    grids, segmentations = TOWER_CASES[name]
+    grids, graphs, segmentations = TOWER_CASES[name]
     config = preset(name)
     tower = tower_class(config)(config, attention_backend="sdpa").eval()
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
@@ -304,8 +316,48 @@ def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Gene
     graphed = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
     tower.disable_graphs()
     assert all(torch.equal(a, b) for a, b in zip(eager, graphed, strict=True))
-    assert (runner.stats()["captures"], runner.stats()["replays"]) == (len(grids) - 1, len(grids))
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (graphs, len(grids))
     assert all(list(entry.cu_seqlens) == segmentations for entry in runner._graphs.values())
+
+
+def test_tower_layouts_sharing_a_graph_differ_in_their_embedding_inputs() -> None:
+    """The premise of TOWER_CASES' shared graphs: equal keys, other per-call embedding inputs."""
+    for name, (first, second) in {"tiny": ((1, 4, 6), (1, 6, 4)), "qwen2.5-vl-tiny": ((1, 8, 16), (1, 16, 8))}.items():
+        config = preset(name)
+        tower = tower_class(config)(config, attention_backend="sdpa")
+        a, b = (tower._prepare([grid], grid[1] * grid[2]) for grid in (first, second))
+        assert a.layout.graph_key == b.layout.graph_key, name
+        assert len(a.embed_inputs) == len(b.embed_inputs) > 0, name
+        assert any(not torch.equal(x, y) for x, y in zip(a.embed_inputs, b.embed_inputs, strict=True)), name
+
+
+def _toy_with_offsets(x, attn_args: dict, cos, sin, offsets: torch.Tensor) -> torch.Tensor:
+    return _toy_forward_blocks(x, attn_args, cos, sin) + offsets
+
+
+def test_further_inputs_get_static_buffers_copied_before_every_replay(generator: torch.Generator) -> None:
+    runner = ViTGraphRunner(_toy_with_offsets, get_backend("sdpa"), mechanism=StandInGraphs())
+    layout = _layout((1, 2, 4), (1, 2, 2))
+    for _ in range(3):
+        x, cos, sin = _inputs(layout, generator)
+        offsets = torch.randn(layout.num_patches, 1, generator=generator)
+        eager = _toy_with_offsets(x, {"full": [layout.seq_lens]}, cos, sin, offsets)
+        assert torch.equal(runner.run(x, layout, cos, sin, offsets), eager)
+    entry = _only_graph(runner)
+    assert len(entry.inputs) == 1 and entry.inputs[0] is not offsets and entry.inputs[0].shape == offsets.shape
+    assert len(entry.addresses) == len(entry.buffers()) == 6  # x, cos, sin, offsets, cu_seqlens, output
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 3)
+
+
+def test_other_input_dtypes_get_their_own_graph(generator: torch.Generator) -> None:
+    runner, _ = _runner()
+    layout = _layout((1, 2, 4))
+    x, cos, _ = _inputs(layout, generator)
+    for angles in (cos, cos.double(), cos):
+        eager = _eager(layout, x, angles, angles)
+        out = runner.run(x, layout, angles, angles)
+        assert out.dtype == eager.dtype and torch.equal(out, eager)
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (2, 3)
 
 
 class _RecordingSdpa(SdpaAttention):
@@ -339,7 +391,7 @@ def test_windowed_layout_gets_a_static_cu_seqlens_buffer_per_segmentation(genera
         x, cos, sin = _inputs(layout, generator)
         eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
-    entry = runner._graphs[layout.graph_key]
+    entry = _only_graph(runner)
     assert list(entry.cu_seqlens) == ["full", "window"]
     for name, buffer in entry.cu_seqlens.items():
         assert buffer.dtype == torch.int32
@@ -354,7 +406,7 @@ def test_moved_window_cu_seqlens_drops_the_graph(generator: torch.Generator) -> 
     runner = ViTGraphRunner(_windowed_toy_forward_blocks, get_backend("sdpa"), mechanism=StandInGraphs())
     layout = _windowed((1, 12, 20))
     runner.run(*_with_layout(layout, generator))
-    entry = runner._graphs[layout.graph_key]
+    entry = _only_graph(runner)
     entry.cu_seqlens["window"] = entry.cu_seqlens["window"].clone()
     runner.run(*_with_layout(layout, generator))
     assert runner.stats()["graphs"] == 0

@@ -4,8 +4,13 @@ Why each rule exists (DESIGN.md, Known hazards):
 - keys come from host data and carry every segmentation's ``cu_seqlens`` (the full one, and the
   window one of a windowed tower): equal token counts with other image or window boundaries would
   otherwise replay stale attention metadata;
-- every graph keeps its own static input, cos/sin and ``cu_seqlens`` buffers (one per segmentation)
-  alive and in place: a shared workspace regrown under a captured graph silently corrupts replies;
+- every graph keeps its own static input, cos/sin, further per-call inputs and ``cu_seqlens``
+  buffers (one per segmentation) alive and in place, and copies every per-call tensor in before
+  each replay: a shared workspace regrown under a captured graph silently corrupts replies, and
+  layouts that share a key may differ in what is not attention metadata (rotary angles, position
+  embeddings, a window order);
+- keys also carry the dtypes of the per-call tensors: a graph captured with fp32 cos/sin would
+  round bf16 ones up and no longer equal the eager result;
 - replay returns a clone: graphs share one pool, and a caller holding a static output would see it
   overwritten by the next replay;
 - warm-up runs on the capture stream before the first capture: kernel JIT and per-stream library
@@ -26,13 +31,14 @@ from typing import Any
 
 import torch
 
-from rocm_vit.attention import AttentionBackend, AttnArgs
+from rocm_vit.attention import AttentionBackend
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
 from rocm_vit.layout import VisionLayout
 
 logger = logging.getLogger(__name__)
 
-ForwardBlocks = Callable[[torch.Tensor, AttnArgs, torch.Tensor, torch.Tensor], torch.Tensor]
+# forward_blocks(x, attn_args, cos, sin, *inputs) -> output
+ForwardBlocks = Callable[..., torch.Tensor]
 
 EAGER_REASONS = ("over_capacity", "below_min_hits", "over_max_tokens", "capture_failed", "no_gpu")
 
@@ -48,16 +54,17 @@ class _Graph:
     x: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
+    inputs: tuple[torch.Tensor, ...]  # the further per-call tensors, in call order
     cu_seqlens: dict[str, torch.Tensor]  # int32, one per segmentation of the layout
     output: torch.Tensor
     addresses: tuple[int, ...] = ()
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
-        return (self.x, self.cos, self.sin, *self.cu_seqlens.values(), self.output)
+        return (self.x, self.cos, self.sin, *self.inputs, *self.cu_seqlens.values(), self.output)
 
 
 class ViTGraphRunner:
-    """Runs ``forward_blocks(x, attn_args, cos, sin)`` under graphs keyed by the exact layout.
+    """Runs ``forward_blocks(x, attn_args, cos, sin, *inputs)`` under graphs keyed by the exact layout.
 
     ``attn_args`` is ``attention.layout_args(layout, cu_seqlens)``: one backend argument list per
     segmentation of the layout, by name, built on this runner's static ``cu_seqlens`` buffers in a
@@ -107,27 +114,33 @@ class ViTGraphRunner:
         self._eager_runs: Counter[str] = Counter({reason: 0 for reason in EAGER_REASONS})
         self._logged: set[str] = set()
 
-    def run(self, x: torch.Tensor, layout: VisionLayout, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Forward ``x`` ``[N, hidden]`` laid out as ``layout``; ``cos``/``sin`` ``[N, head_dim]``, any dtype.
+    def run(
+        self, x: torch.Tensor, layout: VisionLayout, cos: torch.Tensor, sin: torch.Tensor, *inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """Forward ``x`` ``[N, ...]`` laid out as ``layout``; ``cos``/``sin`` ``[N, head_dim]``, any dtype.
 
-        Returns ``forward_blocks``' output, freshly allocated: no later call changes it.
+        ``inputs`` are further tensors ``forward_blocks`` reads (a tower's position-embedding
+        indices, say); like ``x``, ``cos`` and ``sin`` each gets a static buffer in a graph, copied
+        in before every replay. Returns ``forward_blocks``' output, freshly allocated: no later call
+        changes it.
         """
         if x.shape[0] != layout.num_patches:
             raise ValueError(f"x has {x.shape[0]} rows but the layout describes {layout.num_patches} patches")
+        tensors = (x, cos, sin, *inputs)
         with self._lock:
-            key = layout.graph_key
+            key = (*layout.graph_key, *(t.dtype for t in tensors))
             entry = self._graphs.get(key)
             if entry is not None and self._buffers_in_place(key, entry):
-                return self._replay(entry, x, cos, sin)
+                return self._replay(entry, tensors)
             reason = self._eager_reason(key, layout, x.device)
             if reason is None:
-                entry = self._capture(key, layout, x, cos, sin)
+                entry = self._capture(key, layout, tensors)
                 if entry is not None:
-                    return self._replay(entry, x, cos, sin)
+                    return self._replay(entry, tensors)
                 reason = "capture_failed"
             self._eager_runs[reason] += 1
             attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(x.device))
-            return self.forward_blocks(x, attn_args, cos, sin)
+            return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs and ``rocm-vit bench``: captures, replays, eager runs by reason, memory."""
@@ -163,22 +176,22 @@ class ViTGraphRunner:
             return "below_min_hits"
         return None
 
-    def _capture(
-        self, key: tuple, layout: VisionLayout, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> _Graph | None:
+    def _capture(self, key: tuple, layout: VisionLayout, tensors: tuple[torch.Tensor, ...]) -> _Graph | None:
         started = time.perf_counter()
+        device = tensors[0].device
         try:
             if self._pool is None:
-                self._device = x.device
-                self._pool = self._mechanism.new_pool(x.device)
+                self._device = device
+                self._pool = self._mechanism.new_pool(device)
                 self._pools.append(self._pool)
-                self._stream = self._mechanism.new_stream(x.device)
-            static_x, static_cos, static_sin = x.clone(), cos.clone(), sin.clone()
-            static_cu = {name: cu.clone() for name, cu in layout.cu_seqlens_tensors(x.device).items()}
+                self._stream = self._mechanism.new_stream(device)
+            static = tuple(t.clone() for t in tensors)  # x, cos, sin, *inputs
+            static_cu = {name: cu.clone() for name, cu in layout.cu_seqlens_tensors(device).items()}
             attn_args = self.attention.layout_args(layout, static_cu)
 
             def forward() -> torch.Tensor:
-                return self.forward_blocks(static_x, attn_args, static_cos, static_sin)
+                x, cos, sin, *inputs = static
+                return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
             with self._capture_context():
                 self._mechanism.warm_up(forward, self._stream)
@@ -196,7 +209,7 @@ class ViTGraphRunner:
                 error,
             )
             return None
-        entry = _Graph(graph, static_x, static_cos, static_sin, static_cu, output)
+        entry = _Graph(graph, *static[:3], static[3:], static_cu, output)
         entry.addresses = tuple(t.data_ptr() for t in entry.buffers())
         self._graphs[key] = entry
         self._captures += 1
@@ -204,10 +217,9 @@ class ViTGraphRunner:
         logger.debug("captured graph %d for %d patches", len(self._graphs), layout.num_patches)
         return entry
 
-    def _replay(self, entry: _Graph, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        entry.x.copy_(x)
-        entry.cos.copy_(cos)
-        entry.sin.copy_(sin)
+    def _replay(self, entry: _Graph, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        for static, given in zip((entry.x, entry.cos, entry.sin, *entry.inputs), tensors, strict=True):
+            static.copy_(given)
         self._mechanism.replay(entry.graph)
         self._replays += 1
         return entry.output.clone()

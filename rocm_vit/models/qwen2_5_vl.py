@@ -7,9 +7,10 @@ Window attention needs the tokens of each 112 x 112 px window (4 x 4 merge block
 As in transformers, ``embed`` permutes the patch embeddings and the rotary positions into window
 order (whole merge blocks move, so the merger still sees each block's four tokens together), every
 block attends within its segmentation of that order, and ``_restore_token_order`` puts the merged
-tokens back. Both permutations run outside ``forward_blocks``, the captured part, in eager and graph
-mode alike, on index tensors computed on the host (``VisionLayout``) and copied once per layout: a
-graph depends only on the two segmentations, so layouts that cut into the same windows share one.
+tokens back. Both permutations run in eager and graph mode alike, on index tensors computed on the
+host (``VisionLayout``) and copied once per layout. The first is part of ``encode``, the captured
+part, and takes its index as a per-call input; the second runs after it. So a graph depends only on
+the two segmentations, and layouts that cut into the same windows share one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 
 from rocm_vit.attention import AttnArgs
 from rocm_vit.fusion import add_norm
-from rocm_vit.layout import VisionLayout, to_device_async
+from rocm_vit.layout import VisionLayout, permute_merge_blocks, to_device_async
 from rocm_vit.models.config import Qwen25VLVisionConfig
 from rocm_vit.models.tower import (
     ACTIVATIONS,
@@ -55,9 +56,9 @@ class Qwen25VLVisionTower(VisionTower):
             "full" if index in full_attention else "window" for index in range(config.depth)
         )
 
-    def embed(self, pixel_values: torch.Tensor, prepared: PreparedLayout) -> tuple[torch.Tensor, ...]:
-        """Patch embedding in window order, and the layout's fp32 rotary ``cos``/``sin`` of that order."""
-        return prepared.layout.to_window_order(self.patch_embed(pixel_values)), prepared.cos, prepared.sin
+    def embed(self, pixel_values: torch.Tensor, window_index: torch.Tensor) -> torch.Tensor:
+        """Patch embedding, its merge blocks moved into window order by ``window_index``."""
+        return permute_merge_blocks(self.patch_embed(pixel_values), window_index, self.config.spatial_merge_size**2)
 
     def forward_blocks(
         self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
@@ -73,7 +74,8 @@ class Qwen25VLVisionTower(VisionTower):
     def _prepare_layout(self, layout: VisionLayout) -> PreparedLayout:
         positions = layout.to_window_order(layout.rotary_position_ids())  # on the host
         cos, sin = self.rotary_pos_emb(to_device_async(positions, self.device))
-        return PreparedLayout(layout=layout, cos=cos, sin=sin)
+        window_index = layout.window_tensor("window_index", self.device)
+        return PreparedLayout(layout=layout, cos=cos, sin=sin, embed_inputs=(window_index,))
 
     def _restore_token_order(self, merged: torch.Tensor, layout: VisionLayout) -> torch.Tensor:
         return layout.from_window_order(merged)

@@ -3,13 +3,13 @@
 Parameter names and shapes equal transformers' ``Qwen3VLVisionModel``, so the vision weights of an
 HF checkpoint load unchanged. Everything that depends on the image layout is computed on the host
 (``VisionLayout``) and reaches the device through non-blocking copies, so a forward never waits on
-the device. ``forward_blocks`` is the one function that both eager mode and graph capture run.
+the device. ``encode`` (``embed``, then ``forward_blocks``) is the one function that both eager mode and
+graph capture run.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -55,11 +55,10 @@ class Qwen3VLVisionTower(VisionTower):
         )
         self._side_stream = SideStream()
 
-    def embed(self, pixel_values: torch.Tensor, prepared: _PreparedLayout) -> tuple[torch.Tensor, ...]:
-        """Patch embedding plus interpolated position embedding, and the layout's fp32 rotary ``cos``/``sin``."""
+    def embed(self, pixel_values: torch.Tensor, pos_taps: torch.Tensor, pos_weights: torch.Tensor) -> torch.Tensor:
+        """Patch embedding plus the position table interpolated at ``pos_taps`` ``[N, 4]`` with ``pos_weights``."""
         x = self.patch_embed(pixel_values)
-        x = add_position_embedding(x, self.pos_embed.weight, prepared.pos_taps, prepared.pos_weights)
-        return x, prepared.cos, prepared.sin
+        return add_position_embedding(x, self.pos_embed.weight, pos_taps, pos_weights)
 
     def forward_blocks(
         self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
@@ -78,22 +77,12 @@ class Qwen3VLVisionTower(VisionTower):
         self._side_stream.join(deepstack)
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
 
-    def _prepare_layout(self, layout: VisionLayout) -> _PreparedLayout:
+    def _prepare_layout(self, layout: VisionLayout) -> PreparedLayout:
         taps, weights = layout.position_embedding_taps(self.config.num_grid_per_side)
         cos, sin = self.rotary_pos_emb(to_device_async(layout.rotary_position_ids(), self.device))
-        return _PreparedLayout(
-            layout=layout,
-            cos=cos,
-            sin=sin,
-            pos_taps=to_device_async(taps, self.device),
-            pos_weights=to_device_async(weights, self.device),
-        )
-
-
-@dataclass(frozen=True)
-class _PreparedLayout(PreparedLayout):
-    pos_taps: torch.Tensor  # [N, 4] indices into the learned position table
-    pos_weights: torch.Tensor  # [N, 4] their bilinear weights
+        # [N, 4] indices into the learned position table and their bilinear weights.
+        embed_inputs = (to_device_async(taps, self.device), to_device_async(weights, self.device))
+        return PreparedLayout(layout=layout, cos=cos, sin=sin, embed_inputs=embed_inputs)
 
 
 class VisionMLP(nn.Module):

@@ -1,10 +1,13 @@
 """What every reference tower shares: the forward path, graphs, the prepared-layout cache and the layers
 that Qwen3-VL and Qwen2.5-VL have in common.
 
-A tower turns ``(pixel_values, grid_thw)`` into merged tokens in four steps, the same in eager and
-graph mode: prepare the layout on the host (cached), ``embed`` (patches, positions, rotary
-``cos``/``sin``, in the order the blocks see tokens), ``forward_blocks`` (eagerly or through the
-graph runner) and ``_restore_token_order``. Only ``forward_blocks`` is captured.
+A tower turns ``(pixel_values, grid_thw)`` into merged tokens in three steps, the same in eager and
+graph mode: prepare the layout on the host (cached, with its device tensors), ``encode`` (``embed``:
+patches and positions in the order the blocks see tokens, then ``forward_blocks``: the blocks and
+mergers), eagerly or through the graph runner, and ``_restore_token_order``. ``encode`` is what a
+graph captures, so a replay costs the host one input copy per tensor and one launch: with the
+embedding outside the graph, its three launches and the copy of its output took ~0.11 ms of host
+time per call, 7 % of a 224² image on an H200 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -47,14 +50,17 @@ _LAYOUT_CACHE_SIZE = 64
 class PreparedLayout:
     """A layout with the device tensors a tower needs for it, copied once from pinned host memory.
 
-    The layout itself caches its ``cu_seqlens`` and window-permutation tensors per device. The rotary
-    ``cos``/``sin`` depend on the layout alone (not on any weight), so they are computed once here
-    instead of on every call: four fewer launches per forward.
+    The layout itself caches its ``cu_seqlens`` tensors per device. The rotary ``cos``/``sin``
+    depend on the layout alone (not on any weight), so they are computed once here instead of on
+    every call: four fewer launches per forward. ``embed_inputs`` are what ``embed`` reads besides
+    the pixels; they reach a graph as per-call inputs (copied in before each replay), since layouts
+    that share a graph may differ in them (a 16x32 and a 32x16 image have equal attention metadata).
     """
 
     layout: VisionLayout
     cos: torch.Tensor  # [N, head_dim] fp32, in the order the blocks see tokens
     sin: torch.Tensor
+    embed_inputs: tuple[torch.Tensor, ...] = ()
 
 
 class VisionTower(nn.Module, ABC):
@@ -104,22 +110,28 @@ class VisionTower(nn.Module, ABC):
     ) -> torch.Tensor:
         """Encode packed patches ``[N, C * T * P * P]`` described by host-side ``grid_thw``.
 
-        With graphs enabled the block stack runs through the graph runner; ``use_graphs=False``
-        runs this call eagerly anyway (what ``rocm-vit verify`` compares against). Nothing here
-        reads the device: every index and offset was computed on the host and copied once.
+        With graphs enabled ``encode`` runs through the graph runner; ``use_graphs=False`` runs this
+        call eagerly anyway (what ``rocm-vit verify`` compares against). Nothing here reads the
+        device: every index and offset was computed on the host and copied once.
         """
         prepared = self._prepare(grid_thw, pixel_values.shape[0])
-        x, cos, sin = self.embed(pixel_values, prepared)
+        layout, cos, sin, inputs = prepared.layout, prepared.cos, prepared.sin, prepared.embed_inputs
         if use_graphs and self._graph_runner is not None:
-            out = self._graph_runner.run(x, prepared.layout, cos, sin)
+            out = self._graph_runner.run(pixel_values, layout, cos, sin, *inputs)
         else:
-            attn_args = self.attention.layout_args(prepared.layout, prepared.layout.cu_seqlens_tensors(x.device))
-            out = self.forward_blocks(x, attn_args, cos, sin)
-        return self._restore_token_order(out, prepared.layout)
+            attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(pixel_values.device))
+            out = self.encode(pixel_values, attn_args, cos, sin, *inputs)
+        return self._restore_token_order(out, layout)
+
+    def encode(
+        self, pixel_values: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor, *embed_inputs
+    ) -> torch.Tensor:
+        """``embed`` then ``forward_blocks``: what eager mode runs and graphs capture. Must not read the device."""
+        return self.forward_blocks(self.embed(pixel_values, *embed_inputs), attn_args, cos, sin)
 
     @abstractmethod
-    def embed(self, pixel_values: torch.Tensor, prepared: PreparedLayout) -> tuple[torch.Tensor, ...]:
-        """``x`` ``[N, hidden]`` and the rotary ``cos``, ``sin`` ``[N, head_dim]``, in the blocks' token order."""
+    def embed(self, pixel_values: torch.Tensor, *embed_inputs: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[N, hidden]`` from packed patches, in the blocks' token order (``PreparedLayout.embed_inputs``)."""
 
     @abstractmethod
     def forward_blocks(
@@ -145,7 +157,7 @@ class VisionTower(nn.Module, ABC):
         runner serves every call eagerly and logs that once.
         """
         self._graph_runner = ViTGraphRunner(
-            self.forward_blocks,
+            self.encode,
             self.attention,
             capacity=capacity,
             min_hits=min_hits,

@@ -142,12 +142,12 @@ def test_thread_local_capture_while_another_thread_uses_the_gpu() -> None:
 def test_capture_failure_is_served_eagerly_and_runner_keeps_working() -> None:
     tower = _tower()
     runner = tower.enable_graphs()
-    original = tower.forward_blocks
+    original = runner.forward_blocks
 
-    def syncing_forward_blocks(x, attn_args, cos, sin):
+    def syncing_forward_blocks(x, attn_args, cos, sin, *inputs):
         if torch.cuda.is_current_stream_capturing():
             x.sum().item()  # a host sync is illegal inside a capture
-        return original(x, attn_args, cos, sin)
+        return original(x, attn_args, cos, sin, *inputs)
 
     runner.forward_blocks = syncing_forward_blocks
     bad = [(1, 6, 6)]
