@@ -19,6 +19,7 @@ import rocm_vit.attention as attention
 from rocm_vit.attention import (
     AiterAttention,
     CudaAutoAttention,
+    Fa4Attention,
     SdpaAttention,
     TorchVarlenAttention,
     TritonAttention,
@@ -379,7 +380,7 @@ def machine(monkeypatch):
 
     def configure(platform: str, modules: set[str] = frozenset({"triton", "torch.nn.attention.varlen"})):
         def find_spec(name, package=None):
-            if name in ("aiter", "triton", "torch.nn.attention.varlen"):
+            if name in ("aiter", "triton", "torch.nn.attention.varlen", "flash_attn.cute"):
                 return real_find_spec("torch") if name in modules else None
             return real_find_spec(name, package)
 
@@ -457,6 +458,8 @@ def test_environment_override_and_explicit_name(machine, monkeypatch):
         ("rocm", {"triton"}, "torch_varlen", "needs an NVIDIA GPU"),
         ("cuda", {"triton"}, "torch_varlen", r"needs torch >= 2\.10"),
         ("cpu", set(), "auto", "name a backend"),
+        ("rocm", {"triton"}, "fa4", "needs an NVIDIA GPU"),
+        ("cuda", {"triton"}, "fa4", r"pip install rocm-vit\[fa4\]"),
     ],
 )
 def test_unavailable_backend_fails_at_construction_naming_what_is_missing(
@@ -491,6 +494,61 @@ def test_unknown_backend_lists_the_known_ones():
 )
 def test_cuda_rule_from_host_lengths(seq_lens, expected):
     assert pick_cuda_backend(seq_lens)[0] == expected
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "expected"),
+    [
+        ((12800,), "fa4"),
+        ((8192, 8192), "fa4"),
+        ((4096, 64), "fa4"),  # one long segment is enough: fa4 is one launch for any mix
+        ((2048,), "fa4"),
+        ((2047,), "sdpa"),
+        ((1024,) * 8, "sdpa"),
+        ((196,), "triton_attn"),
+        ((256,) * 16, "triton_attn"),
+    ],
+)
+def test_cuda_rule_with_fa4_installed(seq_lens, expected):
+    assert pick_cuda_backend(seq_lens, "triton_attn", "fa4")[0] == expected
+
+
+def _with_fa4(machine, monkeypatch, capability: tuple[int, int]) -> None:
+    machine("cuda", {"triton", "torch.nn.attention.varlen", "flash_attn.cute"})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+
+
+def test_cuda_auto_sends_long_segments_to_fa4_where_installed(machine, monkeypatch):
+    _with_fa4(machine, monkeypatch, (9, 0))
+    name, why = default_backend_name("cuda")
+    assert name == "auto" and "fa4 when the longest segment has >= 2048 tokens" in why
+    backend = get_backend()
+    picks = {
+        grid_name: type(backend.runner_args(_layout(grid), torch.zeros(len(grid) + 1, dtype=torch.int32))[0])
+        for grid_name, grid in {"long": [(1, 80, 160)], "one_1024": [(1, 32, 32)], "ragged": RAGGED_GRID}.items()
+    }
+    assert picks == {"long": Fa4Attention, "one_1024": SdpaAttention, "ragged": TritonAttention}
+
+
+def test_fa4_is_not_used_before_hopper(machine, monkeypatch):
+    _with_fa4(machine, monkeypatch, (8, 0))
+    assert "fa4 unused: fa4 is used from sm_90 (Hopper) on; this GPU is sm_80" in default_backend_name("cuda")[1]
+    with pytest.raises(RuntimeError, match="sm_80"):
+        get_backend("fa4")
+    long = _layout([(1, 80, 160)])
+    assert isinstance(get_backend().runner_args(long, torch.zeros(2, dtype=torch.int32))[0], SdpaAttention)
+
+
+def test_fa4_wrapper_names_the_package_when_it_is_missing_and_refuses_device_lengths():
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash_attn is installed here")
+    from rocm_vit.backends import fa4_attn
+
+    q = torch.randn(4, 2, 8)
+    with pytest.raises(TypeError, match="host int"):
+        fa4_attn.fa4_varlen_attention(q, q, q, torch.tensor([0, 4], dtype=torch.int32), torch.tensor(4), 0.3)
+    with pytest.raises(RuntimeError, match=r"pip install rocm-vit\[fa4\]"):
+        fa4_attn.fa4_varlen_attention(q, q, q, torch.tensor([0, 4], dtype=torch.int32), 4, 0.3)
 
 
 def test_auto_gives_one_layout_the_same_kernel_every_time():

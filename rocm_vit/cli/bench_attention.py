@@ -158,17 +158,20 @@ def _variants(platform: str) -> dict[str, Callable]:
     variants: dict[str, Callable] = {"sdpa": backend_variant(SdpaAttention.name)}
     if platform == "cuda":  # measured for reference; the rule does not use it (see rocm_vit.attention)
         variants["sdpa_cudnn"] = sdpa_cudnn
-    for name in ("torch_varlen", "triton_attn", "aiter_attn"):
+    for name in _VARLEN_NAMES:
         if BACKENDS[name].unavailable_reason(platform) is None:
             variants[name] = backend_variant(name)
     return variants
 
 
+# The one-launch varlen kernels measured beside SDPA, where each can run.
+_VARLEN_NAMES = ("torch_varlen", "triton_attn", "fa4", "aiter_attn")
+
+
 def _unavailable(platform: str) -> dict[str, str]:
     from rocm_vit.attention import BACKENDS
 
-    names = ("torch_varlen", "triton_attn", "aiter_attn")
-    reasons = {name: BACKENDS[name].unavailable_reason(platform) for name in names}
+    reasons = {name: BACKENDS[name].unavailable_reason(platform) for name in _VARLEN_NAMES}
     return {name: why for name, why in reasons.items() if why}
 
 
@@ -261,10 +264,11 @@ def _sweep_triton(bench: _Timer, args: argparse.Namespace, device: torch.device)
 
 def _cuda_rule_check(results: list[dict], head_dim: int) -> list[dict]:
     """Per layout: the backend ``auto`` would pick, and the fastest of the kernels it chooses from."""
-    from rocm_vit.attention import cuda_varlen_name, pick_cuda_backend
+    from rocm_vit.attention import BACKENDS, Fa4Attention, cuda_varlen_name, pick_cuda_backend
     from rocm_vit.layout import VisionLayout
 
     varlen = cuda_varlen_name()
+    long_name = Fa4Attention.name if BACKENDS[Fa4Attention.name].unavailable_reason("cuda") is None else None
     rows = []
     for layout_name in dict.fromkeys(row["layout"] for row in results if row["head_dim"] == head_dim):
         times = {
@@ -272,8 +276,9 @@ def _cuda_rule_check(results: list[dict], head_dim: int) -> list[dict]:
             for row in results
             if row["head_dim"] == head_dim and row["layout"] == layout_name and "ms" in row
         }
-        candidates = {name: times[name] for name in ("sdpa", "torch_varlen", "triton_attn") if name in times}
-        picked, why = pick_cuda_backend(VisionLayout.from_grid_thw(LAYOUTS[layout_name]).seq_lens, varlen)
+        candidates = {name: times[name] for name in ("sdpa", "torch_varlen", "triton_attn", "fa4") if name in times}
+        seq_lens = VisionLayout.from_grid_thw(LAYOUTS[layout_name]).seq_lens
+        picked, why = pick_cuda_backend(seq_lens, varlen, long_name)
         fastest = min(candidates, key=candidates.get) if candidates else None
         rows.append(
             {
@@ -352,7 +357,7 @@ def _print_tables(
     if any(r.get("rel_err", 0) > 2e-2 for r in results):
         print("  ! = relative error against torch's default SDPA (fp32) above 2e-2")
     if rule:
-        candidates = "sdpa/torch_varlen/triton_attn"
+        candidates = "sdpa/torch_varlen/triton_attn/fa4"
         print(f"\nCUDA auto rule, head dim {rule[0]['head_dim']}: its pick vs the fastest of {candidates}")
         for row in rule:
             picked_ms, fastest_ms = row["picked_ms"], row["fastest_ms"]

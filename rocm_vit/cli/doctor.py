@@ -27,6 +27,7 @@ _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
     "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
     "aiter": ("amd-aiter", "aiter"),
+    "flash_attn_4": ("flash-attn-4",),  # imported as flash_attn.cute; the key is never imported
     "sglang": ("sglang",),
     "transformers": ("transformers",),
 }

@@ -1,7 +1,8 @@
 """Attention backends on a real GPU: accuracy against fp32, graph replay bit-equal to eager, no host sync.
 
-CUDA: sdpa (cuDNN first), torch_varlen, triton_attn and auto. ROCm: sdpa and triton_attn, plus
-aiter_attn (marked ``rocm``) when aiter is installed — the MI355X checks of ``make rocm-test``.
+CUDA: sdpa (cuDNN first), torch_varlen, triton_attn, fa4 (where flash-attn-4 is installed) and auto.
+ROCm: sdpa and triton_attn, plus aiter_attn (marked ``rocm``) when aiter is installed — the MI355X
+checks of ``make rocm-test``.
 q, k and v are views of one packed ``[N, 3, H, D]`` projection, as the tower makes them.
 """
 
@@ -27,7 +28,7 @@ LAYOUTS = {
     "single_4096": [(1, 64, 64)],
     "uniform": [(1, 16, 16)] * 4,
 }
-GENERIC_BACKENDS = ["sdpa", "triton_attn", "torch_varlen", "auto"]
+GENERIC_BACKENDS = ["sdpa", "triton_attn", "torch_varlen", "fa4", "auto"]
 
 
 def _has_aiter() -> bool:

@@ -1,0 +1,70 @@
+"""Varlen attention through FlashAttention-4's CuTe DSL kernels (``flash_attn.cute``, NVIDIA).
+
+The package is ``flash-attn-4`` on PyPI (``pip install rocm-vit[fa4]``; it brings NVIDIA's CUTLASS
+DSL). It is imported at the first call, never when this module is: the import takes seconds, and a
+machine without it must still build every other backend. Each head dim compiles once per process on
+its first call (2.4-2.9 s on an H200), which the graph runner's eager warm-up pays before a capture.
+
+Why it is here: on an H200 at 12 800 tokens, head dim 72 (one 2048x1600 image on Qwen3-VL), it
+takes 1.48 ms against cuDNN SDPA's 2.15 ms and triton_attn's 2.16 ms: softmax overlapped with the
+matmuls (warp-specialised ping-pong), which neither of the others does. Below ~2k tokens per
+segment it loses to both (1x196: 11.2 us vs 7.5 triton_attn; 1x1024: 23.6 vs 20.7 SDPA), so the
+CUDA rule only sends long segments to it (``rocm_vit.attention.pick_cuda_backend``).
+
+Signature checked against ``flash_attn/cute/interface.py`` of flash-attn-4 4.0.0b36:
+``flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+max_seqlen_k=None, ..., softmax_scale=None, causal=False, ...)`` returning ``(out, lse)``; q, k, v
+``[total, heads, head_dim]`` with a contiguous last dim (views into one qkv projection are taken as
+they are), head dims 8..256 in multiples of 8 on sm_90.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+
+import torch
+
+FA4_MISSING = "flash-attn-4 is not installed: pip install rocm-vit[fa4] (NVIDIA sm_90 or newer)"
+
+
+def fa4_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float,
+) -> torch.Tensor:
+    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
+
+    ``cu_seqlens`` is the int32 ``[B + 1]`` offsets tensor on q's device, ``max_seqlen`` a host int
+    (a tensor is refused: reading it would sync). Returns ``[N, H, D]`` in ``v.dtype``; q and k are
+    cast to it first. Nothing is read back to the host, so the call is capturable.
+    """
+    if isinstance(max_seqlen, torch.Tensor):
+        raise TypeError("max_seqlen must be a host int, not a tensor: reading it would sync the device")
+    max_seqlen = operator.index(max_seqlen)
+    cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True).contiguous()
+    result = _varlen_func()(
+        q.to(v.dtype),
+        k.to(v.dtype),
+        v,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen,
+        softmax_scale=float(scale),
+        causal=False,
+    )
+    return result[0] if isinstance(result, tuple) else result
+
+
+@functools.cache
+def _varlen_func() -> Callable[..., object]:
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except ImportError as err:
+        raise RuntimeError(FA4_MISSING) from err
+    return flash_attn_varlen_func
