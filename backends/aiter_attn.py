@@ -14,9 +14,9 @@ output has ``q.dtype``; head dims that are multiples of 8 (64/72/80/128) run unp
 
 from __future__ import annotations
 
-import operator
-
 import torch
+
+from .varlen_args import varlen_offsets
 
 AITER_MISSING = (
     "aiter is not installed: pip install rocm-vit[aiter] (the amd-aiter package; ROCm only, "
@@ -44,17 +44,15 @@ def aiter_varlen_attention(
         import aiter
     except ImportError as err:
         raise RuntimeError(AITER_MISSING) from err
-    if isinstance(max_seqlen, torch.Tensor):
-        raise TypeError("max_seqlen must be a host int, not a tensor: reading it would sync the device")
-    cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True).contiguous()
+    cu_seqlens, max_seqlen = varlen_offsets(cu_seqlens, max_seqlen, q.device)
     return aiter.flash_attn_varlen_func(
         q=q.to(v.dtype),
         k=k.to(v.dtype),
         v=v,
         cu_seqlens_q=cu_seqlens,
         cu_seqlens_k=cu_seqlens,
-        max_seqlen_q=operator.index(max_seqlen),
-        max_seqlen_k=operator.index(max_seqlen),
+        max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen,
         softmax_scale=float(scale),
         causal=False,
     )

@@ -21,10 +21,11 @@ they are), head dims 8..256 in multiples of 8 on sm_90.
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable
 
 import torch
+
+from .varlen_args import varlen_offsets
 
 FA4_MISSING = "flash-attn-4 is not installed: pip install rocm-vit[fa4] (NVIDIA sm_90 or newer)"
 
@@ -43,10 +44,7 @@ def fa4_varlen_attention(
     (a tensor is refused: reading it would sync). Returns ``[N, H, D]`` in ``v.dtype``; q and k are
     cast to it first. Nothing is read back to the host, so the call is capturable.
     """
-    if isinstance(max_seqlen, torch.Tensor):
-        raise TypeError("max_seqlen must be a host int, not a tensor: reading it would sync the device")
-    max_seqlen = operator.index(max_seqlen)
-    cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True).contiguous()
+    cu_seqlens, max_seqlen = varlen_offsets(cu_seqlens, max_seqlen, q.device)
     result = _varlen_func()(
         q.to(v.dtype),
         k.to(v.dtype),

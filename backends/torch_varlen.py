@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import operator
 
 import torch
 from torch.nn.attention.varlen import varlen_attn
+
+from .varlen_args import varlen_offsets
 
 _PARAMETERS = inspect.signature(varlen_attn).parameters
 _TAKES_SCALE = "scale" in _PARAMETERS
@@ -36,10 +37,7 @@ def torch_varlen_attention(
     On torch 2.10, which takes no scale, a scale other than ``D ** -0.5`` is folded into q (one more
     elementwise op); before 2.12, grouped k/v heads are repeated to q's head count (a copy).
     """
-    if isinstance(max_seqlen, torch.Tensor):
-        raise TypeError("max_seqlen must be a host int, not a tensor: reading it would sync the device")
-    max_seqlen = operator.index(max_seqlen)
-    cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True).contiguous()
+    cu_seqlens, max_seqlen = varlen_offsets(cu_seqlens, max_seqlen, q.device)
     q, k = q.to(v.dtype), k.to(v.dtype)
     options: dict[str, object] = {}
     if _TAKES_SCALE:

@@ -264,11 +264,11 @@ def _sweep_triton(bench: _Timer, args: argparse.Namespace, device: torch.device)
 
 def _cuda_rule_check(results: list[dict], head_dim: int) -> list[dict]:
     """Per layout: the backend ``auto`` would pick, and the fastest of the kernels it chooses from."""
-    from rocm_vit.attention import BACKENDS, Fa4Attention, cuda_varlen_name, pick_cuda_backend
+    from rocm_vit.attention import Fa4Attention, cuda_varlen_name, pick_cuda_backend
     from rocm_vit.layout import VisionLayout
 
     varlen = cuda_varlen_name()
-    long_name = Fa4Attention.name if BACKENDS[Fa4Attention.name].unavailable_reason("cuda") is None else None
+    long_name = Fa4Attention.name if Fa4Attention.unavailable_reason("cuda") is None else None
     rows = []
     for layout_name in dict.fromkeys(row["layout"] for row in results if row["head_dim"] == head_dim):
         times = {
