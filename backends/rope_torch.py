@@ -3,6 +3,11 @@
 It performs exactly the operations of transformers' ``apply_rotary_pos_emb_vision`` (Qwen3-VL), so on
 a CPU its result is bit-identical to the Hugging Face tower, and on a GPU in eager mode it matches
 the Triton kernel in ``triton_rope`` bit for bit (both round each fp32 product and sum separately).
+
+``rotated_native`` is the same math as a pure function (new tensors, inputs untouched): what ROCm
+compiles with ``torch.compile``. A compiled in-place helper fails when q and k are views of one fused
+qkv tensor under ``torch.inference_mode`` (torch 2.11, CUDA: "wrong number of dimensions"), since
+AOTAutograd must then replay mutations of aliased inputs; a pure function has none to replay.
 """
 
 from __future__ import annotations
@@ -18,13 +23,27 @@ def rotary_native_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
     result is rounded back to its own tensor's dtype, as transformers does. Allocates fp32
     temporaries, so it is a fallback, not the fast path.
     """
+    q_rotated, k_rotated = rotated_native(q, k, cos, sin)
+    q.copy_(q_rotated)
+    k.copy_(k_rotated)
+
+
+def rotated_native(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rotated q, rotated k)`` as new tensors in q's and k's own dtypes; the inputs are only read.
+
+    Shapes and rounding as ``rotary_native_``: fp32 math, one round-to-nearest-even cast per result,
+    which is what ``copy_`` of the fp32 result into q or k does.
+    """
     cos = cos.unsqueeze(-2).float()
     sin = sin.unsqueeze(-2).float()
-    for x in (q, k):
-        x_float = x.float()
-        # The fp32 result is a fresh tensor, so copying it into x is safe even when x is already fp32
-        # (then x.float() is x itself).
-        x.copy_(x_float * cos + _rotate_half(x_float) * sin)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x_float = x.float()
+    return (x_float * cos + _rotate_half(x_float) * sin).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

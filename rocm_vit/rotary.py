@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rocm_vit.backends.rope_torch import rotary_native_
+from rocm_vit.backends.rope_torch import rotary_native_, rotated_native
 from rocm_vit.platform import current_platform
 from rocm_vit.settings import ENV_NAMES, load_settings
 
@@ -34,9 +34,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
     CUDA: rocm-vit's Triton kernel, one launch, no allocation, graph-capturable; shapes it does not
     cover (4-D q/k, non-contiguous tensors, cos/sin not 2-D, mismatched lengths) use the native
-    helper, which allocates fp32 temporaries. ROCm: the native helper under ``torch.compile``,
-    compiled on the first call of each shape, which must happen in the eager warm-up before any
-    capture. CPU: the native helper. ``ROCM_VIT_ROTARY=triton|compiled|native`` overrides the choice.
+    helper, which allocates fp32 temporaries. ROCm: the native math as a pure function under
+    ``torch.compile`` (dynamic token count: one compilation per dtype and stride pattern, made by
+    the first call, which the graph runner's eager warm-up makes before any capture), its results
+    copied into q and k; a pattern whose compilation fails is logged once and served by the native
+    helper from then on, in eager and graph mode alike. CPU: the native helper.
+    ``ROCM_VIT_ROTARY=triton|compiled|native`` overrides the choice.
 
     The Triton kernel and the native helper round exactly like transformers' eager
     ``apply_rotary_pos_emb_vision`` (bit-identical results); the compiled helper may differ in the
@@ -92,6 +95,45 @@ def _triton_or_native() -> RotaryFn:
 
 
 def _compiled() -> RotaryFn:
-    # fullgraph: fail loudly at warm-up instead of silently running part of the rotary eagerly.
-    # torch.compile only wraps here; compilation happens on the first call, in the eager warm-up.
-    return torch.compile(rotary_native_, fullgraph=True)
+    # fullgraph: fail at the first call instead of silently running part of the rotary eagerly.
+    # dynamic: the token count changes with every image; a static compile would recompile per size
+    # and, past Dynamo's recompile limit, run the uncompiled function, whose last bit differs.
+    # The compiled function is pure (rope_torch.rotated_native): see that module for why.
+    rotated = torch.compile(rotated_native, fullgraph=True, dynamic=True)
+    failed: set[tuple] = set()
+
+    def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        pattern = _call_pattern(q, k, cos, sin)
+        if pattern not in failed:
+            try:
+                q_rotated, k_rotated = rotated(q, k, cos, sin)
+            except Exception as error:  # a compiler failure must not fail the request
+                failed.add(pattern)
+                logger.warning(
+                    "rotary: torch.compile failed for %s (%s: %s); these calls use the native helper",
+                    pattern,
+                    type(error).__name__,
+                    error,
+                )
+            else:
+                q.copy_(q_rotated)
+                k.copy_(k_rotated)
+                return
+        rotary_native_(q, k, cos, sin)
+
+    return rotary
+
+
+def _call_pattern(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    """What a compilation depends on besides the token count: dtypes, head layout, strides, grad mode.
+
+    A failed pattern falls back for good, so graph captures and eager runs of it agree.
+    """
+    tensors = (q, k, cos, sin)
+    return (
+        tuple(t.dtype for t in tensors),
+        tuple(tuple(t.shape[1:]) for t in tensors),
+        tuple(t.stride() for t in tensors),
+        torch.is_inference_mode_enabled(),
+        torch.is_grad_enabled(),
+    )
