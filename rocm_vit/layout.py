@@ -8,6 +8,13 @@ memory) and ``max_seqlen``.
 A layout has one segmentation, ``"full"`` (one segment per frame), or, for a windowed tower
 (Qwen2.5-VL), also ``"window"``: the frames cut into square windows of merge blocks, with the
 tokens permuted so that each window is contiguous (``window_index``) and back (``window_inverse``).
+
+``AttentionLayout`` is the part the graph runner and the attention backends read (segmentations,
+offsets, graph key); a ``VisionLayout`` has one (``.attention``), and callers that hold offsets
+rather than ``grid_thw`` (SGLang's models) build one directly.
+
+Device copies are made once, non-blocking, and carry an event: whichever stream reads them later
+waits for the copy on the device (a stream that did not make it could otherwise read it early).
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +68,94 @@ class Segmentation:
         return cls(seq_lens, offsets, max(seq_lens))
 
 
+class DeviceCopies:
+    """Host tensors copied to a device once per device, readable from any stream.
+
+    Each copy records an event on the stream that made it; ``get`` makes the current stream wait for
+    it (no host sync). Inside a graph capture nothing waits: a capture may not depend on work outside
+    it, and the runner hands captures its own static buffers instead.
+    """
+
+    def __init__(self) -> None:
+        self._copies: dict[tuple, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, device: torch.device | str, make_host: Callable[[], torch.Tensor]) -> torch.Tensor:
+        device = torch.device(device)
+        with self._lock:
+            entry = self._copies.get((key, device))
+            if entry is None:
+                tensor = to_device_async(make_host(), device)
+                ready = None
+                if device.type == "cuda":
+                    ready = torch.cuda.Event()
+                    ready.record(torch.cuda.current_stream(device))
+                entry = self._copies[(key, device)] = (tensor, ready)
+        tensor, ready = entry
+        if ready is not None and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream(device).wait_event(ready)
+        return tensor
+
+
+class AttentionLayout:
+    """The attention segmentations of one packed batch, by name; host data only, never read back.
+
+    ``"full"`` always; ``"window"`` too for a windowed tower. This is all the graph runner needs:
+    the graph key, the token count and each segmentation's offsets (``cu_seqlens_tensor``).
+    """
+
+    def __init__(self, segmentations: Mapping[str, Segmentation]) -> None:
+        if "full" not in segmentations:
+            raise ValueError(f"segmentations {list(segmentations)} must include 'full'")
+        self.segmentations: dict[str, Segmentation] = dict(segmentations)
+        ends = {name: segmentation.cu_seqlens[-1] for name, segmentation in self.segmentations.items()}
+        if len(set(ends.values())) != 1:
+            raise ValueError(f"segmentations cover different token counts: {ends}")
+        self._copies = DeviceCopies()
+
+    @classmethod
+    def from_offsets(cls, cu_seqlens: Sequence[int], cu_window_seqlens: Sequence[int] | None = None) -> AttentionLayout:
+        """From host offsets as a model hands them over (SGLang's ``cu_seqlens``, ``cu_window_seqlens``)."""
+        segmentations = {"full": Segmentation.from_offsets(cu_seqlens)}
+        if cu_window_seqlens is not None:
+            segmentations["window"] = Segmentation.from_offsets(cu_window_seqlens)
+        return cls(segmentations)
+
+    @property
+    def num_patches(self) -> int:
+        return self.segmentations["full"].cu_seqlens[-1]
+
+    @functools.cached_property
+    def graph_key(self) -> tuple:
+        """Identifies the attention layout exactly: every segmentation's boundaries are in it.
+
+        Equal token counts with other image or window boundaries get other keys; layouts whose
+        segmentations all agree share one (a graph takes positions and window order as per-call inputs).
+        """
+        return tuple(
+            part
+            for name, segmentation in self.segmentations.items()
+            for part in (name, segmentation.cu_seqlens, segmentation.max_seqlen)
+        )
+
+    def cu_seqlens_host(self, segmentation: str = "full") -> torch.Tensor:
+        """The int32 offsets of ``segmentation`` as a CPU tensor, made once (pinned where a GPU is visible)."""
+        return self._copies.get(("host", segmentation), "cpu", lambda: _pinned(self._offsets(segmentation)))
+
+    def cu_seqlens_tensor(self, device: torch.device | str, segmentation: str = "full") -> torch.Tensor:
+        """The int32 ``cu_seqlens`` of ``segmentation`` on ``device``, made once per device, non-blocking."""
+        return self._copies.get(("cu_seqlens", segmentation), device, lambda: self._offsets(segmentation))
+
+    def cu_seqlens_tensors(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """``cu_seqlens_tensor`` of every segmentation, by name."""
+        return {name: self.cu_seqlens_tensor(device, name) for name in self.segmentations}
+
+    def _offsets(self, segmentation: str) -> torch.Tensor:
+        if segmentation not in self.segmentations:
+            raise ValueError(f"segmentation = {segmentation!r} is not one of this layout's {list(self.segmentations)}")
+        return torch.tensor(self.segmentations[segmentation].cu_seqlens, dtype=torch.int32)
+
+
 @dataclass(frozen=True)
 class VisionLayout:
     """Host-side description of a packed batch: one attention segment per frame, windows optionally.
@@ -87,7 +183,7 @@ class VisionLayout:
     # Derived from grid_thw and window_merge_blocks, which the comparison already covers.
     window_index: torch.Tensor | None = field(default=None, repr=False, compare=False, hash=False)
     window_inverse: torch.Tensor | None = field(default=None, repr=False, compare=False, hash=False)
-    _device_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+    _copies: DeviceCopies = field(default_factory=DeviceCopies, init=False, repr=False, compare=False, hash=False)
 
     @classmethod
     def from_grid_thw(
@@ -163,29 +259,23 @@ class VisionLayout:
             return full
         return {**full, "window": Segmentation(self.window_seq_lens, self.cu_window_seqlens, self.max_window_seqlen)}
 
+    @functools.cached_property
+    def attention(self) -> AttentionLayout:
+        """The attention segmentations alone: what the graph runner and the backends read."""
+        return AttentionLayout(self.segmentations)
+
     @property
     def graph_key(self) -> tuple:
-        """Identifies the attention layout exactly: every segmentation's boundaries are in it.
-
-        Equal token counts with other image or window boundaries get other keys; layouts whose
-        segmentations all agree share one (a graph takes the window permutation as a per-call input).
-        """
-        return tuple(
-            part
-            for name, segmentation in self.segmentations.items()
-            for part in (name, segmentation.cu_seqlens, segmentation.max_seqlen)
-        )
+        """``attention.graph_key``: every segmentation's boundaries (see ``AttentionLayout``)."""
+        return self.attention.graph_key
 
     def cu_seqlens_tensor(self, device: torch.device | str, segmentation: str = "full") -> torch.Tensor:
         """The int32 ``cu_seqlens`` of ``segmentation`` on ``device``, made once per device, non-blocking."""
-        if segmentation not in self.segmentations:
-            raise ValueError(f"segmentation = {segmentation!r} is not one of this layout's {list(self.segmentations)}")
-        offsets = self.segmentations[segmentation].cu_seqlens
-        return self._on_device(("cu_seqlens", segmentation), device, lambda: torch.tensor(offsets, dtype=torch.int32))
+        return self.attention.cu_seqlens_tensor(device, segmentation)
 
     def cu_seqlens_tensors(self, device: torch.device | str) -> dict[str, torch.Tensor]:
         """``cu_seqlens_tensor`` of every segmentation, by name."""
-        return {name: self.cu_seqlens_tensor(device, name) for name in self.segmentations}
+        return self.attention.cu_seqlens_tensors(device)
 
     def to_window_order(self, rows: torch.Tensor) -> torch.Tensor:
         """Permute ``rows`` ``[N, ...]`` from merge-block order into window order, on ``rows.device``.
@@ -205,59 +295,7 @@ class VisionLayout:
         host = getattr(self, name)
         if host is None:
             raise ValueError(f"{name}: this layout has no windows (built without window_merge_blocks)")
-        return self._on_device((name,), device, lambda: host)
-
-    def _on_device(self, key: tuple, device: torch.device | str, make_host: Callable[[], torch.Tensor]) -> torch.Tensor:
-        device = torch.device(device)
-        cached = self._device_cache.get((*key, device))
-        if cached is None:
-            cached = to_device_async(make_host(), device)
-            self._device_cache[(*key, device)] = cached
-        return cached
-
-    def rotary_position_ids(self) -> torch.Tensor:
-        """``[N, 2]`` int64 (row, column) of each patch, in spatial-merge-block order, on the host."""
-        merge = self.spatial_merge_size
-        per_item = []
-        for t, h, w in self.grid_thw:
-            rows = torch.arange(h).view(h // merge, merge, 1, 1).expand(-1, -1, w // merge, merge)
-            cols = torch.arange(w).view(1, 1, w // merge, merge).expand(h // merge, merge, -1, -1)
-            block_major = torch.stack([rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()], dim=-1)
-            per_item.append(block_major.repeat(t, 1))
-        return torch.cat(per_item)
-
-    def position_embedding_taps(self, num_grid_per_side: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bilinear taps that resample the square learned position table to each item's grid.
-
-        Returns ``indices`` ``[N, 4]`` int64 into the flattened ``side x side`` table and ``weights``
-        ``[N, 4]`` float32, in spatial-merge-block order, repeated over frames. This is Qwen3-VL's
-        own interpolation (``torch.linspace`` over ``align_corners=True`` source positions), the one
-        SGLang serves; transformers 5.x computes the same positions in closed form, which differs in
-        the last float32 bit for some weights (docs/numerics.md).
-        """
-        side = num_grid_per_side
-        merge = self.spatial_merge_size
-        all_indices, all_weights = [], []
-        for t, h, w in self.grid_thw:
-            h_src = torch.linspace(0, side - 1, h)
-            w_src = torch.linspace(0, side - 1, w)
-            h_floor, w_floor = h_src.int(), w_src.int()
-            h_ceil = (h_floor + 1).clip(max=side - 1)
-            w_ceil = (w_floor + 1).clip(max=side - 1)
-            dh, dw = (h_src - h_floor)[:, None], (w_src - w_floor)[None, :]
-            indices = torch.stack(
-                [
-                    h_floor[:, None] * side + w_floor[None, :],
-                    h_floor[:, None] * side + w_ceil[None, :],
-                    h_ceil[:, None] * side + w_floor[None, :],
-                    h_ceil[:, None] * side + w_ceil[None, :],
-                ],
-                dim=-1,
-            ).long()
-            weights = torch.stack([(1 - dh) * (1 - dw), (1 - dh) * dw, dh * (1 - dw), dh * dw], dim=-1)
-            all_indices.append(_merge_block_order(indices, h, w, merge).repeat(t, 1))
-            all_weights.append(_merge_block_order(weights, h, w, merge).repeat(t, 1))
-        return torch.cat(all_indices), torch.cat(all_weights)
+        return self._copies.get(name, device, lambda: host)
 
 
 def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -265,6 +303,11 @@ def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return host
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def _pinned(host: torch.Tensor) -> torch.Tensor:
+    """``host`` in pinned memory where a GPU is visible: copies from it to the device do not block."""
+    return host.pin_memory() if torch.cuda.is_available() else host
 
 
 def permute_merge_blocks(rows: torch.Tensor, index: torch.Tensor, unit: int) -> torch.Tensor:
@@ -299,13 +342,6 @@ def _window_partition(items: Sequence[GridTHW], merge: int, window: int) -> tupl
         index_parts.append(by_window[present])
         offset += t * rows * cols
     return lengths, torch.cat(index_parts)
-
-
-def _merge_block_order(grid: torch.Tensor, h: int, w: int, merge: int) -> torch.Tensor:
-    """Reorder an ``[h, w, C]`` raster grid into ``[h * w, C]`` spatial-merge-block order."""
-    channels = grid.shape[-1]
-    blocks = grid.view(h // merge, merge, w // merge, merge, channels).permute(0, 2, 1, 3, 4)
-    return blocks.reshape(h * w, channels)
 
 
 def host_grid_thw(grid_thw: Sequence[Sequence[int]] | torch.Tensor) -> tuple[GridTHW, ...]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rocm_vit.layout import Segmentation, VisionLayout
+from rocm_vit.models.positions import position_embedding_taps, rotary_position_ids
 
 transformers = pytest.importorskip("transformers")
 from transformers.vision_utils import (  # noqa: E402
@@ -169,7 +170,7 @@ def test_malformed_grid_is_refused_naming_the_value(grid: object, message: str) 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_rotary_position_ids_equal_transformers(name: str) -> None:
     grid = LAYOUTS[name]
-    ours = VisionLayout.from_grid_thw(grid).rotary_position_ids()
+    ours = rotary_position_ids(VisionLayout.from_grid_thw(grid))
     expected = get_vision_position_ids(torch.tensor(grid), 2)
     assert ours.dtype == torch.int64
     assert ours.shape == (sum(t * h * w for t, h, w in grid), 2)
@@ -181,7 +182,7 @@ def test_rotary_position_ids_equal_transformers(name: str) -> None:
 def test_position_embedding_taps_match_transformers(name: str, side: int) -> None:
     """Same taps in the same order; weights differ in the last bits (docs/numerics.md)."""
     grid = LAYOUTS[name]
-    indices, weights = VisionLayout.from_grid_thw(grid).position_embedding_taps(side)
+    indices, weights = position_embedding_taps(VisionLayout.from_grid_thw(grid), side)
     expected_indices, expected_weights = get_vision_interpolation_indices_and_weights(
         torch.tensor(grid), side, mode="bilinear", align_corners=True, spatial_merge_size=2
     )
@@ -238,7 +239,7 @@ def test_each_window_is_one_square_of_one_frame(name: str) -> None:
     layout = _windowed(WINDOW_LAYOUTS[name])
     frame_of_patch = torch.repeat_interleave(torch.arange(len(layout.seq_lens)), torch.tensor(layout.seq_lens))
     frames = layout.to_window_order(frame_of_patch)
-    positions = layout.to_window_order(layout.rotary_position_ids())
+    positions = layout.to_window_order(rotary_position_ids(layout))
     for start, end in itertools.pairwise(layout.cu_window_seqlens):
         assert frames[start:end].unique().numel() == 1
         window_cell = positions[start:end] // (2 * WINDOW_MERGE_BLOCKS)  # which 8 x 8 patch square

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from rocm_vit.models import Qwen3VLVisionTower, Qwen25VLVisionConfig, Qwen25VLVisionTower, VisionConfig, preset
+from rocm_vit.models.positions import position_embedding_taps
 
 transformers = pytest.importorskip("transformers")
 from transformers import Qwen2_5_VLVisionConfig, Qwen3VLVisionConfig  # noqa: E402
@@ -110,7 +111,7 @@ def test_position_taps_differ_from_transformers_only_in_last_bits() -> None:
 
     grid = [(1, 30, 46), (2, 64, 100), (1, 2, 2)]
     layout = VisionLayout.from_grid_thw(grid)
-    indices, weights = layout.position_embedding_taps(48)
+    indices, weights = position_embedding_taps(layout, 48)
     hf_indices, hf_weights = get_vision_interpolation_indices_and_weights(
         torch.tensor(grid), 48, mode="bilinear", align_corners=True, spatial_merge_size=2
     )

@@ -22,6 +22,7 @@ from rocm_vit.attention import AttnArgs
 from rocm_vit.fusion import add_norm
 from rocm_vit.layout import VisionLayout, permute_merge_blocks, to_device_async
 from rocm_vit.models.config import Qwen25VLVisionConfig
+from rocm_vit.models.positions import rotary_position_ids
 from rocm_vit.models.tower import (
     ACTIVATIONS,
     PatchEmbed,
@@ -72,7 +73,7 @@ class Qwen25VLVisionTower(VisionTower):
         return self.merger.project(normed)
 
     def _prepare_layout(self, layout: VisionLayout) -> PreparedLayout:
-        positions = layout.to_window_order(layout.rotary_position_ids())  # on the host
+        positions = layout.to_window_order(rotary_position_ids(layout))  # on the host
         cos, sin = self.rotary_pos_emb(to_device_async(positions, self.device))
         window_index = layout.window_tensor("window_index", self.device)
         return PreparedLayout(layout=layout, cos=cos, sin=sin, embed_inputs=(window_index,))

@@ -18,6 +18,7 @@ from rocm_vit.attention import AttnArgs
 from rocm_vit.fusion import add_norm, add_position_embedding, linear_gelu_tanh
 from rocm_vit.layout import VisionLayout, to_device_async
 from rocm_vit.models.config import VisionConfig
+from rocm_vit.models.positions import position_embedding_taps, rotary_position_ids
 from rocm_vit.models.side_stream import SideStream
 from rocm_vit.models.tower import (
     ACTIVATIONS,
@@ -78,8 +79,8 @@ class Qwen3VLVisionTower(VisionTower):
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
 
     def _prepare_layout(self, layout: VisionLayout) -> PreparedLayout:
-        taps, weights = layout.position_embedding_taps(self.config.num_grid_per_side)
-        cos, sin = self.rotary_pos_emb(to_device_async(layout.rotary_position_ids(), self.device))
+        taps, weights = position_embedding_taps(layout, self.config.num_grid_per_side)
+        cos, sin = self.rotary_pos_emb(to_device_async(rotary_position_ids(layout), self.device))
         # [N, 4] indices into the learned position table and their bilinear weights.
         embed_inputs = (to_device_async(taps, self.device), to_device_async(weights, self.device))
         return PreparedLayout(layout=layout, cos=cos, sin=sin, embed_inputs=embed_inputs)
