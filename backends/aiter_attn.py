@@ -3,13 +3,18 @@
 ``aiter`` is imported when a call is made, never when this module is: importing it runs
 ``rocminfo`` and loads dozens of modules (DESIGN.md, Known hazards).
 
-Signature checked against ``aiter/ops/mha.py`` of amd-aiter 0.1.7 (tag v0.1.7 and the PyPI wheel
-0.1.7.post2.dev18), v0.1.9.post1 and ROCm/aiter main (e4048607, 2026-08): all take
+The call was checked against ``flash_attn_varlen_func`` in ``aiter/ops/mha.py`` of amd-aiter
+0.1.7.post2.dev18 (the only PyPI wheel; tags v0.1.7 to v0.1.7.post2 have the same parameters), of tag
+v0.1.20.post1 (the newest release, de07f3885ee5) and of main at e4048607a535 (2026-08-22). Their
+parameter lists are pinned in ``rocm_vit/emulation/aiter_signature.py``; tests/test_aiter_standin.py
+compares them with the stand-in, with what this module passes and with an installed aiter. All take
 ``(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, min_seqlen_q=0, dropout_p=0.0,
 softmax_scale=None, logits_soft_cap=0.0, causal=False, window_size=..., ...)`` and return the output
-tensor alone (``return_lse`` and ``return_attn_probs`` default to False). ``window_size`` changed from a
-2-tuple to a 3-tuple with a sink size in 0.1.9 and main added ``sink_ptr``, so neither is passed. The
-output has ``q.dtype``; head dims that are multiples of 8 (64/72/80/128) run unpadded.
+tensor alone (``return_lse`` and ``return_attn_probs`` default to False). This module passes q, k, v,
+the cu_seqlens, the max_seqlens, ``softmax_scale`` and ``causal``, all by keyword; it does not pass
+``window_size`` (``(-1, -1)`` in 0.1.7, ``(-1, -1, 0)`` with a sink size from v0.1.8) or ``sink_ptr``
+(appended in v0.1.10, absent from the PyPI wheel). The output has ``q.dtype``; head dims that are
+multiples of 8 (64/72/80/128) run unpadded.
 """
 
 from __future__ import annotations
