@@ -1,13 +1,18 @@
-"""ViTGraphRunner policy on CPU: keys, admission, bounds, failures, owned outputs, stats.
+"""ViTGraphRunner policy on CPU: keys, staging, admission, eviction, budget, failures, owned outputs, stats.
 
 A real graph cannot exist on a CPU, so the mechanism is swapped for a stand-in whose "graph" re-runs
-the captured function on the static buffers at replay: it reads exactly what a real graph would
-read, so stale or moved buffers show up as wrong results here too.
+the captured function on the staging views at replay: it reads exactly what a real graph would
+read, so stale staging or offsets show up as wrong results here too. Its pool reports the bytes a
+real shared pool would hold: the live graphs' outputs plus the largest capture's intermediates.
 """
 
 from __future__ import annotations
 
+import random
 import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,57 +20,80 @@ import pytest
 import torch
 
 from rocm_vit.attention import SdpaAttention, get_backend
-from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
-from rocm_vit.layout import Segmentation, VisionLayout
+from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
+from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
 from rocm_vit.models import preset, tower_class
 
 
-@dataclass
+@dataclass(eq=False)
 class _StandInGraph:
     fn: Any
     output: torch.Tensor
+    tokens: int
 
 
 @dataclass
 class StandInGraphs:
-    """CPU stand-in for ``CudaGraphs``: counts warm-ups, captures and replays; can fail on demand."""
+    """CPU stand-in for ``CudaGraphs``: records what happens, can fail captures, models pool bytes."""
 
     fail_captures: int = 0
-    warm_ups: int = 0
+    scratch_bytes_per_token: int = 0  # intermediates a capture needs, shared by all captures
+    total_memory_bytes: int = 64 << 30
     events: list[str] = field(default_factory=list)
     capture_pools: list[object] = field(default_factory=list)
+    releases: int = 0
+    _live: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    _scratch_bytes: int = 0
 
     def available(self, device: torch.device) -> bool:
         return True
 
+    def total_memory(self, device: torch.device) -> int:
+        return self.total_memory_bytes
+
     def new_pool(self, device: torch.device) -> object:
+        self._scratch_bytes = 0
         return object()
 
     def new_stream(self, device: torch.device) -> str:
-        return "capture-stream"
+        return "runner-stream"
 
-    def warm_up(self, fn, stream) -> None:
-        assert stream == "capture-stream"
-        self.warm_ups += 1
+    @contextmanager
+    def on_stream(self, stream: str) -> Iterator[None]:
+        assert stream == "runner-stream"
+        self.events.append("enter")
+        yield
+        self.events.append("exit")
+
+    def warm_up(self, fn) -> None:
         self.events.append("warm_up")
         fn()
 
     def capture(self, fn, pool, stream):
-        assert stream == "capture-stream"
+        assert stream == "runner-stream"
         self.events.append("capture")
         self.capture_pools.append(pool)
         if self.fail_captures:
             self.fail_captures -= 1
             raise torch.OutOfMemoryError("stand-in: out of memory during capture")
         output = fn()
-        return _StandInGraph(fn, output), output
+        graph = _StandInGraph(fn, output, output.shape[0])
+        self._live.add(graph)
+        self._scratch_bytes = max(self._scratch_bytes, self.scratch_bytes_per_token * graph.tokens)
+        return graph, output
 
     def replay(self, graph: _StandInGraph) -> None:
         self.events.append("replay")
         graph.output.copy_(graph.fn())
 
+    def hand_over(self, output: torch.Tensor, stream: str) -> None:
+        self.events.append("hand_over")
+
     def pool_bytes(self, pool, device) -> int:
-        return 0
+        return self._scratch_bytes + sum(graph.output.nbytes for graph in self._live)
+
+    def release_pool(self, pool, device) -> None:
+        self.releases += 1
 
 
 HIDDEN = 8
@@ -80,11 +108,12 @@ def _toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin
 
 def _runner(**kwargs: Any) -> tuple[ViTGraphRunner, StandInGraphs]:
     mechanism = kwargs.pop("mechanism", None) or StandInGraphs()
+    kwargs.setdefault("min_sightings", 1)
     runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa"), mechanism=mechanism, **kwargs)
     return runner, mechanism
 
 
-def _inputs(layout: VisionLayout, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+def _inputs(layout: AttentionLayout, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
     n = layout.num_patches
     return (
         torch.randn(n, HIDDEN, generator=generator),
@@ -93,23 +122,36 @@ def _inputs(layout: VisionLayout, generator: torch.Generator) -> tuple[torch.Ten
     )
 
 
-def _eager(layout: VisionLayout, x, cos, sin) -> torch.Tensor:
-    return _toy_forward_blocks(x, {"full": [layout.seq_lens]}, cos, sin)
+def _eager(layout: AttentionLayout, x, cos, sin) -> torch.Tensor:
+    return _toy_forward_blocks(x, {"full": [layout.segmentations["full"].seq_lens]}, cos, sin)
 
 
-def _layout(*grid: tuple[int, int, int]) -> VisionLayout:
-    return VisionLayout.from_grid_thw(list(grid))
+def _layout(*grid: tuple[int, int, int]) -> AttentionLayout:
+    return VisionLayout.from_grid_thw(list(grid)).attention
+
+
+def _with_layout(layout: AttentionLayout, generator: torch.Generator) -> tuple:
+    x, cos, sin = _inputs(layout, generator)
+    return x, layout, cos, sin
+
+
+def _run_checked(runner: ViTGraphRunner, layout: AttentionLayout, generator: torch.Generator) -> None:
+    x, cos, sin = _inputs(layout, generator)
+    assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
 
 
 def test_replay_matches_eager_and_reads_new_inputs(generator: torch.Generator) -> None:
     runner, mechanism = _runner()
     layout = _layout((1, 4, 4), (1, 2, 6))
     for _ in range(3):
-        x, cos, sin = _inputs(layout, generator)
-        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
-    assert mechanism.events == ["warm_up", "capture", "replay", "replay", "replay"]
-    assert runner.stats()["captures"] == 1
-    assert runner.stats()["replays"] == 3
+        _run_checked(runner, layout, generator)
+    # Every device step runs inside on_stream (after the caller's work, before its later work), and
+    # each owned output is handed over to the caller's stream.
+    assert mechanism.events == [
+        "enter", "warm_up", "capture", "exit",
+        *["enter", "replay", "exit", "hand_over"] * 3,
+    ]  # fmt: skip
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 3)
 
 
 def test_equal_token_counts_with_other_boundaries_get_their_own_graph(generator: torch.Generator) -> None:
@@ -119,8 +161,7 @@ def test_equal_token_counts_with_other_boundaries_get_their_own_graph(generator:
     assert first.num_patches == second.num_patches
     assert first.graph_key != second.graph_key
     for layout in (first, second, first, second):
-        x, cos, sin = _inputs(layout, generator)
-        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+        _run_checked(runner, layout, generator)
     assert runner.stats()["graphs"] == 2
 
 
@@ -135,33 +176,33 @@ def test_replay_output_survives_other_graphs(generator: torch.Generator) -> None
     assert torch.equal(kept, expected)
 
 
-def _with_layout(layout: VisionLayout, generator: torch.Generator) -> tuple:
-    x, cos, sin = _inputs(layout, generator)
-    return x, layout, cos, sin
-
-
-def test_capacity_bounds_graphs_and_captured_layouts_keep_replaying(generator: torch.Generator) -> None:
-    runner, _ = _runner(capacity=2)
-    layouts = [_layout((1, 2, 2 * i)) for i in range(1, 5)]
+def test_all_graphs_read_one_staging_set_that_never_grows(generator: torch.Generator) -> None:
+    runner, _ = _runner(max_tokens=64)
+    layouts = [_layout((1, 2, 2 * i)) for i in range(1, 9)]
+    staging_bytes = None
     for layout in layouts + layouts:
-        x, cos, sin = _inputs(layout, generator)
-        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+        _run_checked(runner, layout, generator)
+        if staging_bytes is None:
+            staging_bytes = runner.stats()["staging_bytes"]
+        assert runner.stats()["staging_bytes"] == staging_bytes  # allocated once, at the ceiling
+    (staging,) = runner._staging.values()
+    # x, cos, sin at 64 rows of 8 fp32 values, plus the int32 offsets of up to 64 segments.
+    assert staging_bytes == 3 * 64 * HIDDEN * 4 + (64 + 2) * 4
+    assert all(buffer.shape[0] == 64 for buffer in staging.inputs)
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (8, 16)
+
+
+def test_capacity_evicts_the_least_recently_used_graph(generator: torch.Generator) -> None:
+    runner, _ = _runner(capacity=2)
+    a, b, c = (_layout((1, 2, 2 * i)) for i in range(1, 4))
+    for layout in (a, b, a, c):  # c evicts b, the least recently used
+        _run_checked(runner, layout, generator)
     stats = runner.stats()
-    assert stats["graphs"] == 2
-    assert stats["captures"] == 2
-    assert stats["replays"] == 2 + 2  # first two layouts, captured then replayed on the second pass
-    assert stats["eager_runs"]["over_capacity"] == 4
-
-
-def test_eager_fallback_allocates_no_per_layout_buffers(generator: torch.Generator) -> None:
-    runner, _ = _runner(capacity=1)
-    runner.run(*_with_layout(_layout((1, 2, 2)), generator))
-    buffer_bytes = runner.stats()["buffer_bytes"]
-    assert buffer_bytes > 0
-    for width in range(2, 20, 2):
-        runner.run(*_with_layout(_layout((1, 4, width)), generator))
-    assert runner.stats()["buffer_bytes"] == buffer_bytes
-    assert runner.stats()["graphs"] == 1
+    assert (stats["graphs"], stats["captures"], stats["evictions"]) == (2, 3, 1)
+    _run_checked(runner, a, generator)  # still there: a replay, no capture
+    assert runner.stats()["captures"] == 3
+    _run_checked(runner, b, generator)  # evicted: captured again
+    assert (runner.stats()["captures"], runner.stats()["evictions"]) == (4, 2)
 
 
 def test_capacity_zero_never_captures(generator: torch.Generator) -> None:
@@ -171,15 +212,29 @@ def test_capacity_zero_never_captures(generator: torch.Generator) -> None:
     assert runner.stats()["eager_runs"]["over_capacity"] == 1
 
 
-def test_min_hits_delays_capture(generator: torch.Generator) -> None:
-    runner, _ = _runner(min_hits=3)
-    layout = _layout((1, 2, 4))
-    for _ in range(4):
-        x, cos, sin = _inputs(layout, generator)
-        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+def test_min_sightings_keeps_one_off_layouts_out(generator: torch.Generator) -> None:
+    runner, _ = _runner(min_sightings=2)
+    hot = _layout((1, 2, 4))
+    for index in range(10):
+        _run_checked(runner, _layout((1, 2, 6 + 2 * index)), generator)  # each seen once
+        _run_checked(runner, hot, generator)
     stats = runner.stats()
-    assert stats["eager_runs"]["below_min_hits"] == 2
-    assert (stats["captures"], stats["replays"]) == (1, 2)
+    assert (stats["graphs"], stats["captures"], stats["replays"]) == (1, 1, 9)
+    assert stats["eager_runs"]["below_min_sightings"] == 11
+
+
+def test_cache_filled_by_one_off_layouts_recovers_when_traffic_changes(generator: torch.Generator) -> None:
+    runner, _ = _runner(capacity=4, min_sightings=1)
+    for index in range(4):
+        _run_checked(runner, _layout((1, 2, 2 + 2 * index)), generator)
+    hot = [_layout((1, 2, 10 + 2 * index)) for index in range(3)]  # token counts none of the one-offs has
+    for _ in range(5):
+        for layout in hot:
+            _run_checked(runner, layout, generator)
+    stats = runner.stats()
+    assert stats["graphs"] == 4 and stats["evictions"] == 3
+    assert stats["replays"] == 4 + 15  # every hot call after the first replays
+    assert all(key[1] in {layout.graph_key[1] for layout in hot} for key in list(runner._graphs)[-3:])
 
 
 def test_max_tokens_runs_large_layouts_eagerly(generator: torch.Generator) -> None:
@@ -191,14 +246,74 @@ def test_max_tokens_runs_large_layouts_eagerly(generator: torch.Generator) -> No
     assert stats["eager_runs"]["over_max_tokens"] == 1
 
 
+def test_budget_evicts_graphs_to_stay_within_bytes(generator: torch.Generator) -> None:
+    mechanism = StandInGraphs(scratch_bytes_per_token=256)
+    runner, _ = _runner(mechanism=mechanism, max_tokens=64, budget_bytes=24 << 10, capacity=100)
+    stream = [_layout((1, 2, 2 * random.Random(seed).randint(1, 16))) for seed in range(200)]
+    for layout in stream:
+        _run_checked(runner, layout, generator)
+        stats = runner.stats()
+        assert stats["bytes_held"] <= stats["budget_bytes"] == 24 << 10
+    stats = runner.stats()
+    assert stats["evictions"] > 0 and stats["graphs"] > 1
+    assert stats["replays"] > stats["captures"]
+
+
+def test_staging_over_the_budget_means_no_graphs(generator: torch.Generator, caplog) -> None:
+    runner, mechanism = _runner(max_tokens=4096, budget_bytes=1 << 10)
+    for _ in range(2):
+        _run_checked(runner, _layout((1, 2, 2)), generator)
+    assert mechanism.events == []
+    assert runner.stats()["eager_runs"]["over_budget"] == 2
+    assert runner.stats()["bytes_held"] == 0
+    assert caplog.text.count("over the 0 MiB budget") == 1
+
+
+def test_capture_alone_over_the_budget_releases_the_pool_and_runs_eagerly(generator: torch.Generator) -> None:
+    mechanism = StandInGraphs(scratch_bytes_per_token=4096)
+    runner, _ = _runner(mechanism=mechanism, max_tokens=64, budget_bytes=32 << 10)
+    small, large = _layout((1, 2, 2)), _layout((1, 4, 8))
+    for _ in range(2):
+        _run_checked(runner, large, generator)  # 32 tokens x 4 KiB of intermediates: over on its own
+    stats = runner.stats()
+    assert mechanism.releases == 1 and stats["pool_releases"] == 1
+    assert (stats["graphs"], stats["bytes_held"] <= stats["budget_bytes"]) == (0, True)
+    assert stats["eager_runs"]["over_budget"] == 2  # the capture that broke it, then remembered
+    assert mechanism.events.count("capture") == 1
+    for _ in range(2):
+        _run_checked(runner, small, generator)  # 4 tokens fit: captured in a fresh pool, replayed
+    assert (runner.stats()["graphs"], runner.stats()["replays"]) == (1, 2)
+    assert mechanism.capture_pools[0] is not mechanism.capture_pools[1]
+
+
+def test_layout_predicted_over_the_budget_evicts_nothing(generator: torch.Generator) -> None:
+    mechanism = StandInGraphs(scratch_bytes_per_token=512)
+    runner, _ = _runner(mechanism=mechanism, max_tokens=64, budget_bytes=20 << 10)
+    small = [_layout((1, 2, 2)), _layout((1, 2, 4))]
+    for layout in small:
+        _run_checked(runner, layout, generator)
+    _run_checked(runner, _layout((1, 8, 8)), generator)  # 64 tokens x (512 + 32) B: over on its own
+    stats = runner.stats()
+    assert (stats["graphs"], stats["evictions"], stats["eager_runs"]["over_budget"]) == (2, 0, 1)
+
+
+def test_default_budget_is_a_fraction_of_the_device_memory(generator: torch.Generator) -> None:
+    assert default_budget_bytes(141 << 30) == (141 << 30) // 64
+    assert default_budget_bytes(8 << 30) == 256 << 20
+    assert default_budget_bytes(288 << 30) == 4 << 30
+    runner, _ = _runner(mechanism=StandInGraphs(total_memory_bytes=128 << 30))
+    assert runner.stats()["budget_bytes"] is None  # decided at the first capture, from its device
+    runner.run(*_with_layout(_layout((1, 2, 2)), generator))
+    assert runner.stats()["budget_bytes"] == 2 << 30
+
+
 def test_failed_capture_is_remembered_served_eagerly_and_runner_keeps_working(
     generator: torch.Generator, caplog: pytest.LogCaptureFixture
 ) -> None:
     runner, mechanism = _runner(mechanism=StandInGraphs(fail_captures=1))
     bad, good = _layout((1, 2, 6)), _layout((1, 4, 4))
     for layout in (bad, bad, good, good):
-        x, cos, sin = _inputs(layout, generator)
-        assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+        _run_checked(runner, layout, generator)
     stats = runner.stats()
     assert stats["eager_runs"]["capture_failed"] == 2
     assert (stats["graphs"], stats["failed_layouts"], stats["replays"]) == (1, 1, 2)
@@ -208,48 +323,67 @@ def test_failed_capture_is_remembered_served_eagerly_and_runner_keeps_working(
     assert "graph capture failed" in caplog.text
 
 
-def _only_graph(runner: ViTGraphRunner):
-    (entry,) = runner._graphs.values()
-    return entry
+def _failing_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    if x.isnan().any():
+        raise RuntimeError("stand-in: the model rejects this input")
+    return _toy_forward_blocks(x, attn_args, cos, sin)
 
 
-def test_moved_static_buffer_drops_the_graph(generator: torch.Generator) -> None:
-    runner, _ = _runner()
-    layout = _layout((1, 2, 2))
-    runner.run(*_with_layout(layout, generator))
-    entry = _only_graph(runner)
-    entry.cos = entry.cos.clone()  # what a regrown shared workspace would do under a live graph
+def test_input_that_fails_eagerly_too_raises_and_marks_nothing(generator: torch.Generator) -> None:
+    runner = ViTGraphRunner(_failing_forward, get_backend("sdpa"), min_sightings=1, mechanism=StandInGraphs())
+    layout = _layout((1, 2, 4))
     x, cos, sin = _inputs(layout, generator)
-    assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
-    assert runner.stats()["graphs"] == 0
-    assert runner.stats()["eager_runs"]["capture_failed"] == 1
+    with pytest.raises(RuntimeError, match="rejects this input"):
+        runner.run(x.fill_(float("nan")), layout, cos, sin)
+    assert runner.stats()["failed_layouts"] == 0
+    _run_checked(runner, layout, generator)  # the same layout with good input is captured and replays
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 1)
 
 
-def test_rotary_workspace_keeps_the_dtype_the_model_passed(generator: torch.Generator) -> None:
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("rows", "x has 5 rows but the layout describes 4 patches"),
+        ("cos_rows", "cos has 3 rows but the layout describes 4 patches"),
+        ("device", "inputs\\[0\\] is on meta, x on cpu"),
+    ],
+)
+def test_bad_input_raises_before_anything_runs(generator: torch.Generator, change: str, message: str) -> None:
+    runner, mechanism = _runner()
+    layout = _layout((1, 2, 2))
+    x, cos, sin = _inputs(layout, generator)
+    extra: tuple = ()
+    if change == "rows":
+        x = torch.randn(5, HIDDEN, generator=generator)
+    elif change == "cos_rows":
+        cos = cos[:3]
+    else:
+        extra = (torch.empty(4, 1, device="meta"),)
+    before = runner.stats()
+    with pytest.raises(ValueError, match=message):
+        runner.run(x, layout, cos, sin, *extra)
+    assert runner.stats() == before and mechanism.events == [] and not runner._sightings
+
+
+def test_rotary_staging_keeps_the_dtype_the_model_passed(generator: torch.Generator) -> None:
     runner, _ = _runner()
     layout = _layout((1, 2, 2))
     x = torch.randn(4, HIDDEN, generator=generator, dtype=torch.float64).to(torch.bfloat16)
     cos = torch.randn(4, HIDDEN, generator=generator)
     runner.run(x, layout, cos, cos)
-    entry = _only_graph(runner)
-    assert (entry.x.dtype, entry.cos.dtype, entry.sin.dtype) == (torch.bfloat16, torch.float32, torch.float32)
-    assert entry.cu_seqlens["full"].dtype == torch.int32
-
-
-def test_input_rows_must_match_layout(generator: torch.Generator) -> None:
-    runner, _ = _runner()
-    layout = _layout((1, 2, 2))
-    x = torch.randn(5, HIDDEN, generator=generator)
-    with pytest.raises(ValueError, match="x has 5 rows but the layout describes 4 patches"):
-        runner.run(x, layout, x, x)
+    (staging,) = runner._staging.values()
+    assert [t.dtype for t in staging.inputs] == [torch.bfloat16, torch.float32, torch.float32]
+    assert staging.cu_seqlens["full"].dtype == torch.int32
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"capacity": -1}, "capacity = -1"),
-        ({"min_hits": 0}, "min_hits = 0"),
+        ({"min_sightings": 0}, "min_sightings = 0"),
         ({"max_tokens": 0}, "max_tokens = 0"),
+        ({"max_tokens": None}, "max_tokens = None"),
+        ({"budget_bytes": -1}, "budget_bytes = -1"),
     ],
 )
 def test_invalid_options_are_refused(kwargs: dict, message: str) -> None:
@@ -266,7 +400,7 @@ def test_concurrent_callers_are_serialised(generator: torch.Generator) -> None:
     def worker(chunk: list) -> None:
         for layout, x, cos, sin in chunk:
             if not torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin)):
-                errors.append(f"mismatch for {layout.grid_thw}")
+                errors.append(f"mismatch for {layout.graph_key}")
 
     threads = [threading.Thread(target=worker, args=(jobs[i::4],)) for i in range(4)]
     for thread in threads:
@@ -282,10 +416,9 @@ def test_concurrent_callers_are_serialised(generator: torch.Generator) -> None:
 def test_real_mechanism_on_cpu_runs_eagerly_with_reason(generator: torch.Generator) -> None:
     runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa"), mechanism=CudaGraphs())
     layout = _layout((1, 2, 4))
-    x, cos, sin = _inputs(layout, generator)
-    assert torch.equal(runner.run(x, layout, cos, sin), _eager(layout, x, cos, sin))
+    _run_checked(runner, layout, generator)
     assert runner.stats()["eager_runs"]["no_gpu"] == 1
-    assert runner.stats()["pool_bytes"] == 0
+    assert runner.stats()["bytes_held"] == 0
 
 
 # Per tower: layouts in call order, the graphs they need and the segmentations each graph holds. A
@@ -312,12 +445,13 @@ def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Gene
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     pixels = [torch.randn(sum(t * h * w for t, h, w in g), width, generator=generator) for g in grids]
     eager = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
-    runner = tower.enable_graphs(capacity=8, mechanism=StandInGraphs())
+    runner = tower.enable_graphs(capacity=8, min_sightings=1, mechanism=StandInGraphs())
     graphed = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
     tower.disable_graphs()
     assert all(torch.equal(a, b) for a, b in zip(eager, graphed, strict=True))
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (graphs, len(grids))
-    assert all(list(entry.cu_seqlens) == segmentations for entry in runner._graphs.values())
+    (staging,) = runner._staging.values()
+    assert list(staging.cu_seqlens) == segmentations
 
 
 def test_tower_layouts_sharing_a_graph_differ_in_their_embedding_inputs() -> None:
@@ -335,17 +469,16 @@ def _toy_with_offsets(x, attn_args: dict, cos, sin, offsets: torch.Tensor) -> to
     return _toy_forward_blocks(x, attn_args, cos, sin) + offsets
 
 
-def test_further_inputs_get_static_buffers_copied_before_every_replay(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_toy_with_offsets, get_backend("sdpa"), mechanism=StandInGraphs())
+def test_further_inputs_get_staging_buffers_copied_before_every_replay(generator: torch.Generator) -> None:
+    runner = ViTGraphRunner(_toy_with_offsets, get_backend("sdpa"), min_sightings=1, mechanism=StandInGraphs())
     layout = _layout((1, 2, 4), (1, 2, 2))
     for _ in range(3):
         x, cos, sin = _inputs(layout, generator)
         offsets = torch.randn(layout.num_patches, 1, generator=generator)
-        eager = _toy_with_offsets(x, {"full": [layout.seq_lens]}, cos, sin, offsets)
+        eager = _toy_with_offsets(x, {"full": [layout.segmentations["full"].seq_lens]}, cos, sin, offsets)
         assert torch.equal(runner.run(x, layout, cos, sin, offsets), eager)
-    entry = _only_graph(runner)
-    assert len(entry.inputs) == 1 and entry.inputs[0] is not offsets and entry.inputs[0].shape == offsets.shape
-    assert len(entry.addresses) == len(entry.buffers()) == 6  # x, cos, sin, offsets, cu_seqlens, output
+    (staging,) = runner._staging.values()
+    assert len(staging.inputs) == 4 and staging.inputs[3].shape[1:] == offsets.shape[1:]
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 3)
 
 
@@ -379,44 +512,37 @@ def _windowed_toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Te
     return x
 
 
-def _windowed(*grid: tuple[int, int, int]) -> VisionLayout:
-    return VisionLayout.from_grid_thw(list(grid), window_merge_blocks=4)
+def _windowed(*grid: tuple[int, int, int]) -> AttentionLayout:
+    return VisionLayout.from_grid_thw(list(grid), window_merge_blocks=4).attention
 
 
-def test_windowed_layout_gets_a_static_cu_seqlens_buffer_per_segmentation(generator: torch.Generator) -> None:
+def _windowed_runner(backend: SdpaAttention | None = None) -> ViTGraphRunner:
+    backend = backend or get_backend("sdpa")
+    return ViTGraphRunner(_windowed_toy_forward_blocks, backend, min_sightings=1, mechanism=StandInGraphs())
+
+
+def test_windowed_layout_gets_a_staging_cu_seqlens_buffer_per_segmentation(generator: torch.Generator) -> None:
     backend = _RecordingSdpa()
-    runner = ViTGraphRunner(_windowed_toy_forward_blocks, backend, mechanism=StandInGraphs())
+    runner = _windowed_runner(backend)
     layout = _windowed((1, 12, 20), (1, 4, 4))
     for _ in range(2):
         x, cos, sin = _inputs(layout, generator)
         eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
-    entry = _only_graph(runner)
-    assert list(entry.cu_seqlens) == ["full", "window"]
-    for name, buffer in entry.cu_seqlens.items():
-        assert buffer.dtype == torch.int32
-        assert buffer.tolist() == list(layout.segmentations[name].cu_seqlens)
-        assert buffer is not layout.cu_seqlens_tensor("cpu", name)  # the graph's own copy, not the layout's
-    # The captured argument lists were built on exactly those static buffers.
-    assert [id(cu) for cu in backend.built_on] == [id(cu) for cu in entry.cu_seqlens.values()]
-    assert len(entry.addresses) == len(entry.buffers()) == 6
-
-
-def test_moved_window_cu_seqlens_drops_the_graph(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_windowed_toy_forward_blocks, get_backend("sdpa"), mechanism=StandInGraphs())
-    layout = _windowed((1, 12, 20))
-    runner.run(*_with_layout(layout, generator))
-    entry = _only_graph(runner)
-    entry.cu_seqlens["window"] = entry.cu_seqlens["window"].clone()
-    runner.run(*_with_layout(layout, generator))
-    assert runner.stats()["graphs"] == 0
-    assert runner.stats()["eager_runs"]["capture_failed"] == 1
+    (staging,) = runner._staging.values()
+    assert list(staging.cu_seqlens) == ["full", "window"]
+    # The captured argument lists were built on views of the staging offsets, holding this layout's.
+    assert len(backend.built_on) == 2
+    for name, built_on in zip(("full", "window"), backend.built_on, strict=True):
+        assert built_on.dtype == torch.int32
+        assert built_on.data_ptr() == staging.cu_seqlens[name].data_ptr()
+        assert built_on.tolist() == list(layout.segmentations[name].cu_seqlens)
 
 
 def test_equal_token_counts_with_other_windows_get_their_own_graph(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_windowed_toy_forward_blocks, get_backend("sdpa"), mechanism=StandInGraphs())
+    runner = _windowed_runner()
     wide, squarer = _windowed((1, 8, 24)), _windowed((1, 12, 16))
-    assert wide.cu_seqlens == squarer.cu_seqlens
+    assert wide.segmentations["full"] == squarer.segmentations["full"]
     for layout in (wide, squarer, wide, squarer):
         x, cos, sin = _inputs(layout, generator)
         eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
@@ -441,3 +567,21 @@ def test_moving_or_casting_a_tower_drops_its_graphs_and_prepared_layouts(generat
     out = tower(pixels.double(), grid)
     assert out.dtype == torch.float64
     assert tower._layouts[next(iter(tower._layouts))].cos.dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    ("pixels", "message"),
+    [
+        (torch.randn(24, 100), r"pixel_values has shape \(24, 100\); expected \[num_patches, 1536\]"),
+        (torch.randint(0, 255, (24, 1536)), "pixel_values has dtype torch.int64"),
+        (torch.randn(24, 1536, device="meta"), "pixel_values is on meta; the tower is on cpu"),
+        (torch.randn(20, 1536), "pixel_values has 20 rows but grid_thw"),
+    ],
+)
+def test_tower_refuses_bad_pixels_before_anything_runs(pixels: torch.Tensor, message: str) -> None:
+    config = preset("tiny")
+    tower = tower_class(config)(config, attention_backend="sdpa").eval()
+    runner = tower.enable_graphs(min_sightings=1, mechanism=StandInGraphs())
+    with pytest.raises(ValueError, match=message):
+        tower(pixels, [(1, 4, 6)])
+    assert not tower._layouts and runner.stats()["captures"] == 0 and not runner._sightings

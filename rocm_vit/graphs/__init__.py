@@ -1,6 +1,22 @@
-"""Exact-layout CUDA/HIP graphs for the vision tower's block stack."""
+"""Exact-layout CUDA/HIP graphs for the vision tower's block stack, within a memory budget."""
 
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
-from rocm_vit.graphs.runner import EAGER_REASONS, ViTGraphRunner
+from rocm_vit.graphs.runner import (
+    DEFAULT_CAPACITY,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_MIN_SIGHTINGS,
+    EAGER_REASONS,
+    ViTGraphRunner,
+    default_budget_bytes,
+)
 
-__all__ = ["EAGER_REASONS", "CudaGraphs", "GraphMechanism", "ViTGraphRunner"]
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_MIN_SIGHTINGS",
+    "EAGER_REASONS",
+    "CudaGraphs",
+    "GraphMechanism",
+    "ViTGraphRunner",
+    "default_budget_bytes",
+]

@@ -1,13 +1,14 @@
 """The graph mechanism the runner drives: real CUDA/HIP graphs, behind a small seam.
 
-The runner's policy (keys, admission, buffers, failure handling) is tested on CPU by swapping this
-mechanism for a stand-in; everything the GPU must do lives here, in a handful of lines.
+The runner's policy (keys, admission, staging, budget, failure handling) is tested on CPU by swapping
+this mechanism for a stand-in; everything the GPU must do lives here, in a handful of lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -21,23 +22,36 @@ class GraphMechanism(Protocol):
     def available(self, device: torch.device) -> bool:
         """Whether graphs can be captured for tensors on ``device``."""
 
+    def total_memory(self, device: torch.device) -> int:
+        """The device's memory in bytes (the default budget is a fraction of it)."""
+
     def new_pool(self, device: torch.device) -> Any:
         """A memory pool that every graph of one runner captures into."""
 
     def new_stream(self, device: torch.device) -> Any:
-        """The side stream used for warm-up and capture (libraries keep per-stream state)."""
+        """The runner's stream: warm-up, capture, staging copies and replays all run on it."""
 
-    def warm_up(self, fn: Callable[[], torch.Tensor], stream: Any) -> None:
-        """Run ``fn`` eagerly on ``stream``, ordered after the caller's current stream."""
+    def on_stream(self, stream: Any) -> contextlib.AbstractContextManager:
+        """Run the block's device work on ``stream``, after the caller's pending work, and make the
+        caller's later work wait for it: callers on any stream see the runner's work in order."""
+
+    def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
+        """Run ``fn`` eagerly on the current (runner) stream: kernels compile before a capture."""
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         """Capture ``fn`` into a new graph on ``stream`` in ``pool``; return graph and static output."""
 
     def replay(self, graph: Any) -> None:
-        """Replay ``graph`` on the caller's current stream."""
+        """Replay ``graph`` on the current (runner) stream."""
+
+    def hand_over(self, output: torch.Tensor, stream: Any) -> None:
+        """``output`` was made on ``stream`` and is now read on the caller's stream: tell the allocator."""
 
     def pool_bytes(self, pool: Any, device: torch.device) -> int:
         """Bytes the allocator reserves for ``pool`` now."""
+
+    def release_pool(self, pool: Any, device: torch.device) -> None:
+        """Give the memory of ``pool`` back to the device; no graph uses it any more."""
 
 
 class CudaGraphs:
@@ -46,6 +60,9 @@ class CudaGraphs:
     def available(self, device: torch.device) -> bool:
         return device.type == "cuda" and torch.cuda.is_available()
 
+    def total_memory(self, device: torch.device) -> int:
+        return torch.cuda.get_device_properties(device).total_memory
+
     def new_pool(self, device: torch.device) -> Any:
         with torch.cuda.device(device):
             return torch.cuda.graph_pool_handle()
@@ -53,11 +70,16 @@ class CudaGraphs:
     def new_stream(self, device: torch.device) -> Any:
         return torch.cuda.Stream(device)
 
-    def warm_up(self, fn: Callable[[], torch.Tensor], stream: Any) -> None:
-        stream.wait_stream(torch.cuda.current_stream(stream.device))
+    @contextlib.contextmanager
+    def on_stream(self, stream: Any) -> Iterator[None]:
+        caller = torch.cuda.current_stream(stream.device)
+        stream.wait_stream(caller)  # the caller's inputs are written
         with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream(stream.device).wait_stream(stream)
+            yield
+        caller.wait_stream(stream)  # the caller reads what the runner wrote only once it is there
+
+    def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
+        fn()
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
@@ -74,6 +96,11 @@ class CudaGraphs:
     def replay(self, graph: Any) -> None:
         graph.replay()
 
+    def hand_over(self, output: torch.Tensor, stream: Any) -> None:
+        # Allocated on the runner's stream: without this the allocator could give its memory to the
+        # next replay's clone while the caller's stream still reads it.
+        output.record_stream(torch.cuda.current_stream(stream.device))
+
     def pool_bytes(self, pool: Any, device: torch.device) -> int:
         pool_id = tuple(pool)
         segments = torch.cuda.memory_snapshot()
@@ -82,6 +109,12 @@ class CudaGraphs:
             for segment in segments
             if tuple(segment.get("segment_pool_id", ())) == pool_id and segment["device"] == device.index
         )
+
+    def release_pool(self, pool: Any, device: torch.device) -> None:
+        # The allocator frees a pool that no graph uses only when its cache is emptied. Rare: the
+        # runner releases its pool only when a capture broke the budget.
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
 
 def _clean_up_failed_capture(pool: Any, device: torch.device, caller_stream: Any) -> None:

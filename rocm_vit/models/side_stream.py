@@ -21,20 +21,22 @@ from rocm_vit.platform import current_platform
 
 
 class SideStream:
-    """Launches independent work on one extra stream per device and joins it back.
+    """Launches independent work on an extra stream and joins it back; one side stream per main stream.
 
-    Holds only the streams, so concurrent forwards of one tower do not share pending work.
+    Holds only the streams. Each main stream gets its own side stream: callers on other streams (the
+    graph runner capturing on its stream while a serving thread runs eagerly on another) must never
+    share one, or a thread's eager launch would land in another thread's capture.
     """
 
     def __init__(self) -> None:
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._streams: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
 
     def launch(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``fn(x)``, on the side stream where enabled; read the result only after ``join``."""
         if not x.is_cuda or current_platform() != "cuda":
             return fn(x)
         main = torch.cuda.current_stream(x.device)
-        side = self._stream(x.device)
+        side = self._stream(x.device, main)
         side.wait_stream(main)  # x is complete before the side stream reads it
         with torch.cuda.stream(side):
             out = fn(x)
@@ -48,12 +50,14 @@ class SideStream:
             return
         device = cuda_outputs[0].device
         main = torch.cuda.current_stream(device)
-        main.wait_stream(self._stream(device))
+        main.wait_stream(self._stream(device, main))
         for out in cuda_outputs:
             out.record_stream(main)  # read, and later freed, on the main stream
 
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
-        stream = self._streams.get(device)
+    def _stream(self, device: torch.device, main: torch.cuda.Stream) -> torch.cuda.Stream:
+        key = (device, main.cuda_stream)
+        stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device)
+            # setdefault: two threads may ask at once; both must get the same stream.
+            stream = self._streams.setdefault(key, torch.cuda.Stream(device))
         return stream

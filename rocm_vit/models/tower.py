@@ -12,8 +12,10 @@ time per call, 7 % of a 224² image on an H200 (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +29,7 @@ from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs, get_backend
 from rocm_vit.fusion import add_norm
-from rocm_vit.graphs import ViTGraphRunner
+from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SIGHTINGS, ViTGraphRunner
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.models.config import TowerConfig
 from rocm_vit.rotary import apply_rotary
@@ -61,6 +63,13 @@ class PreparedLayout:
     cos: torch.Tensor  # [N, head_dim] fp32, in the order the blocks see tokens
     sin: torch.Tensor
     embed_inputs: tuple[torch.Tensor, ...] = ()
+    # Recorded on the stream that made the tensors above; readers on other streams wait for it.
+    ready: torch.cuda.Event | None = None
+
+    def wait_ready(self) -> None:
+        """Make the current stream wait until the tensors are written (no host sync)."""
+        if self.ready is not None:
+            torch.cuda.current_stream(self.cos.device).wait_event(self.ready)
 
 
 class VisionTower(nn.Module, ABC):
@@ -81,6 +90,7 @@ class VisionTower(nn.Module, ABC):
         self.config = config
         self.attention: AttentionBackend = get_backend(attention_backend)
         self._layouts: OrderedDict[tuple, PreparedLayout] = OrderedDict()
+        self._layouts_lock = threading.Lock()  # several serving threads may share one tower
         self._graph_runner: ViTGraphRunner | None = None
 
     @classmethod
@@ -112,12 +122,16 @@ class VisionTower(nn.Module, ABC):
 
         With graphs enabled ``encode`` runs through the graph runner; ``use_graphs=False`` runs this
         call eagerly anyway (what ``rocm-vit verify`` compares against). Nothing here reads the
-        device: every index and offset was computed on the host and copied once.
+        device: every index and offset was computed on the host and copied once. Raises
+        ``ValueError`` naming the field and the value, before anything runs, when ``pixel_values``
+        or ``grid_thw`` do not fit this tower.
         """
+        self._check_pixels(pixel_values)
         prepared = self._prepare(grid_thw, pixel_values.shape[0])
+        prepared.wait_ready()
         layout, cos, sin, inputs = prepared.layout, prepared.cos, prepared.sin, prepared.embed_inputs
         if use_graphs and self._graph_runner is not None:
-            out = self._graph_runner.run(pixel_values, layout, cos, sin, *inputs)
+            out = self._graph_runner.run(pixel_values, layout.attention, cos, sin, *inputs)
         else:
             attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(pixel_values.device))
             out = self.encode(pixel_values, attn_args, cos, sin, *inputs)
@@ -146,22 +160,27 @@ class VisionTower(nn.Module, ABC):
 
     def enable_graphs(
         self,
-        capacity: int | None = None,
-        min_hits: int = 1,
-        max_tokens: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        min_sightings: int = DEFAULT_MIN_SIGHTINGS,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        budget_bytes: int | None = None,
         **runner_options: Any,
     ) -> ViTGraphRunner:
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
-        ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a CPU tower the
-        runner serves every call eagerly and logs that once.
+        Bounded by default: at most ``capacity`` graphs, each layout captured on its
+        ``min_sightings``-th call and only up to ``max_tokens`` patches, staging plus pool within
+        ``budget_bytes`` (``None``: 1/64 of the device's memory, 256 MiB .. 4 GiB); least recently
+        used graphs are evicted. ``runner_options`` go to the runner (``capture_context``,
+        ``mechanism``). On a CPU tower the runner serves every call eagerly and logs that once.
         """
         self._graph_runner = ViTGraphRunner(
             self.encode,
             self.attention,
             capacity=capacity,
-            min_hits=min_hits,
+            min_sightings=min_sightings,
             max_tokens=max_tokens,
+            budget_bytes=budget_bytes,
             **runner_options,
         )
         return self._graph_runner
@@ -187,13 +206,31 @@ class VisionTower(nn.Module, ABC):
         """Merged tokens back in ``grid_thw`` order; identity for towers that never reorder them."""
         return merged
 
+    def _check_pixels(self, pixel_values: torch.Tensor) -> None:
+        config = self.config
+        width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+        if not isinstance(pixel_values, torch.Tensor):
+            raise ValueError(f"pixel_values must be a tensor, got {type(pixel_values).__name__}")
+        if pixel_values.dim() != 2 or pixel_values.shape[1] != width:
+            raise ValueError(
+                f"pixel_values has shape {tuple(pixel_values.shape)}; expected [num_patches, {width}] "
+                f"({config.in_channels} channels x {config.temporal_patch_size} frames x {config.patch_size}² pixels)"
+            )
+        if not pixel_values.is_floating_point():
+            raise ValueError(f"pixel_values has dtype {pixel_values.dtype}; expected a floating-point tensor")
+        if pixel_values.device != self.device:
+            raise ValueError(f"pixel_values is on {pixel_values.device}; the tower is on {self.device}")
+
     def _prepare(self, grid_thw: Sequence[Sequence[int]] | torch.Tensor, num_patches: int) -> PreparedLayout:
         # Keyed on the host grid and row count, so a repeated request skips the layout's host work
         # (segment offsets, and for windowed towers a partition over every merge block). Only valid
         # grids are ever cached: a miss builds the layout, which validates and raises.
         key = (host_grid_thw(grid_thw), num_patches, self.device)
-        prepared = self._layouts.get(key)
-        if prepared is None:
+        with self._layouts_lock:
+            prepared = self._layouts.get(key)
+            if prepared is not None:
+                self._layouts.move_to_end(key)
+                return prepared
             layout = VisionLayout.from_grid_thw(
                 key[0],
                 self.config.spatial_merge_size,
@@ -201,12 +238,14 @@ class VisionTower(nn.Module, ABC):
                 window_merge_blocks=self.config.window_merge_blocks,
             )
             prepared = self._prepare_layout(layout)
+            if prepared.cos.is_cuda:
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(prepared.cos.device))
+                prepared = dataclasses.replace(prepared, ready=ready)
             self._layouts[key] = prepared
             if len(self._layouts) > _LAYOUT_CACHE_SIZE:
                 self._layouts.popitem(last=False)
-        else:
-            self._layouts.move_to_end(key)
-        return prepared
+            return prepared
 
 
 class PatchEmbed(nn.Module):
