@@ -1,6 +1,10 @@
 """rocm-vit settings: environment variables first, then an optional YAML file, then defaults.
 
-SGLang's own names (``SGLANG_*``) are read as SGLang reads them, so one environment drives both.
+SGLang's own names (``SGLANG_*``) are read exactly as SGLang 0.5.23 reads them, so one environment
+drives both: ``SGLANG_USE_AITER`` through ``get_bool_env_var`` ("true"/"1" true, "false"/"0" false,
+anything else warns once and counts as false) and ``SGLANG_VIT_ENABLE_CUDA_GRAPH`` through its
+``EnvBool`` (also "yes"/"y" and "no"/"n"; anything else warns and takes the default, false).
+rocm-vit's own variables are strict: a value they cannot parse raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ ENV_NAMES: dict[str, str] = {
     "use_aiter": "SGLANG_USE_AITER",
     "vit_cuda_graph": "SGLANG_VIT_ENABLE_CUDA_GRAPH",
     "graph_cache_capacity": "SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY",
+    "graph_min_hits": "SGLANG_VIT_CUDA_GRAPH_MIN_HITS",
+    "graph_max_tokens": "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS",
+    "graph_memory_budget_mb": "SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB",
 }
+
+# SGLang's readers of its boolean variables: get_bool_env_var (sglang.srt.utils.common) and
+# EnvBool (sglang.srt.environ): (true words, false words).
+_SGLANG_GET_BOOL_ENV_VAR = (("true", "1"), ("false", "0"))
+_SGLANG_ENV_BOOL = (("true", "1", "yes", "y"), ("false", "0", "no", "n"))
+_SGLANG_BOOLEANS = {"use_aiter": _SGLANG_GET_BOOL_ENV_VAR, "vit_cuda_graph": _SGLANG_ENV_BOOL}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -43,6 +56,9 @@ class Settings:
     use_aiter: bool = False
     vit_cuda_graph: bool = False
     graph_cache_capacity: int = 32
+    graph_min_hits: int = 2
+    graph_max_tokens: int = 4096
+    graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -82,6 +98,10 @@ def _read_yaml(path: Path) -> dict[str, object]:
 def _parse(name: str, annotation: str, value: object) -> object:
     source = ENV_NAMES.get(name, name)
     text = str(value).strip()
+    if name in _SGLANG_BOOLEANS and not isinstance(value, bool):
+        return _sglang_bool(source, text, *_SGLANG_BOOLEANS[name])
+    if annotation == "int | None":
+        return None if not text else _parse(name, "int", value)
     if annotation == "bool":
         if isinstance(value, bool):
             return value
@@ -99,3 +119,19 @@ def _parse(name: str, annotation: str, value: object) -> object:
             raise ValueError(f"{source} = {value!r} must be >= 0")
         return number
     return text.lower() or None
+
+
+def _sglang_bool(source: str, text: str, true_words: tuple[str, ...], false_words: tuple[str, ...]) -> bool:
+    """A boolean as SGLang reads this variable: unknown words warn once and count as false."""
+    word = text.lower()
+    if word in true_words:
+        return True
+    if word not in false_words and source not in _warned_sglang_booleans:
+        _warned_sglang_booleans.add(source)
+        logger.warning(
+            "%s = %r is not one of %s; treated as false, as SGLang does", source, text, true_words + false_words
+        )
+    return False
+
+
+_warned_sglang_booleans: set[str] = set()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import rocm_vit.settings as settings_module
 from rocm_vit.settings import CONFIG_ENV, ENV_NAMES, Settings, load_settings
 
 
@@ -26,6 +27,9 @@ def test_defaults_without_environment() -> None:
         "use_aiter": False,
         "vit_cuda_graph": False,
         "graph_cache_capacity": 32,
+        "graph_min_hits": 2,
+        "graph_max_tokens": 4096,
+        "graph_memory_budget_mb": None,
     }
 
 
@@ -37,16 +41,42 @@ def test_unrelated_environment_is_ignored() -> None:
     assert load_settings({"PATH": "/bin", "SGLANG_OTHER": "1", "ROCM_VIT_UNKNOWN": "x"}) == Settings()
 
 
-@pytest.mark.parametrize("text", ["1", "true", "TRUE", "yes", "on", " On "])
-def test_true_values(text: str) -> None:
-    settings = load_settings({"SGLANG_USE_AITER": text, "SGLANG_VIT_ENABLE_CUDA_GRAPH": text, "ROCM_VIT_DISABLE": text})
-    assert (settings.use_aiter, settings.vit_cuda_graph, settings.disable) == (True, True, True)
+# (text, SGLANG_USE_AITER as get_bool_env_var reads it, SGLANG_VIT_ENABLE_CUDA_GRAPH as EnvBool reads it,
+# ROCM_VIT_DISABLE as rocm-vit reads it), from sglang 0.5.23's sources.
+BOOLEANS = [
+    ("1", True, True, True),
+    ("true", True, True, True),
+    ("TRUE", True, True, True),
+    ("yes", False, True, True),
+    ("y", False, True, None),
+    ("on", False, False, True),
+    ("0", False, False, False),
+    ("false", False, False, False),
+    ("no", False, False, False),
+    ("off", False, False, False),
+    ("", False, False, False),
+    ("maybe", False, False, None),
+]
 
 
-@pytest.mark.parametrize("text", ["0", "false", "False", "no", "off", ""])
-def test_false_values(text: str) -> None:
-    settings = load_settings({"SGLANG_USE_AITER": text, "SGLANG_VIT_ENABLE_CUDA_GRAPH": text, "ROCM_VIT_DISABLE": text})
-    assert (settings.use_aiter, settings.vit_cuda_graph, settings.disable) == (False, False, False)
+@pytest.mark.parametrize(("text", "use_aiter", "vit_cuda_graph", "disable"), BOOLEANS)
+def test_booleans_read_as_sglang_reads_its_own_and_strictly_for_rocm_vit(
+    text: str, use_aiter: bool, vit_cuda_graph: bool, disable: bool | None
+) -> None:
+    settings = load_settings({"SGLANG_USE_AITER": text, "SGLANG_VIT_ENABLE_CUDA_GRAPH": text})
+    assert (settings.use_aiter, settings.vit_cuda_graph) == (use_aiter, vit_cuda_graph)
+    if disable is None:
+        with pytest.raises(ValueError, match=f"ROCM_VIT_DISABLE = {text!r} is not a boolean"):
+            load_settings({"ROCM_VIT_DISABLE": text})
+    else:
+        assert load_settings({"ROCM_VIT_DISABLE": text}).disable is disable
+
+
+def test_unknown_sglang_boolean_warns_once_per_variable(caplog: pytest.LogCaptureFixture) -> None:
+    settings_module._warned_sglang_booleans.clear()
+    for _ in range(3):
+        assert load_settings({"SGLANG_USE_AITER": "enabled"}).use_aiter is False
+    assert caplog.text.count("SGLANG_USE_AITER = 'enabled' is not one of") == 1
 
 
 def test_strings_are_lowercased_and_empty_means_choose_per_platform() -> None:
@@ -61,17 +91,26 @@ def test_fused_ops_can_be_turned_off() -> None:
     assert load_settings({"ROCM_VIT_FUSED_OPS": "1"}).fused_ops is True
 
 
-def test_graph_cache_capacity_parses_an_integer() -> None:
+def test_graph_cache_settings_parse_integers() -> None:
     assert load_settings({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": " 8 "}).graph_cache_capacity == 8
     assert load_settings({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": "0"}).graph_cache_capacity == 0
+    settings = load_settings(
+        {
+            "SGLANG_VIT_CUDA_GRAPH_MIN_HITS": "3",
+            "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS": "2048",
+            "SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB": "512",
+        }
+    )
+    assert (settings.graph_min_hits, settings.graph_max_tokens, settings.graph_memory_budget_mb) == (3, 2048, 512)
+    assert load_settings({"SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB": ""}).graph_memory_budget_mb is None
 
 
 @pytest.mark.parametrize(
     ("name", "value", "complaint"),
     [
-        ("SGLANG_USE_AITER", "maybe", "is not a boolean"),
         ("ROCM_VIT_DISABLE", "2", "is not a boolean"),
-        ("SGLANG_VIT_ENABLE_CUDA_GRAPH", "enabled", "is not a boolean"),
+        ("ROCM_VIT_FUSED_OPS", "enabled", "is not a boolean"),
+        ("SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB", "1GB", "is not an integer"),
         ("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "lots", "is not an integer"),
         ("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "1.5", "is not an integer"),
         ("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "-1", "must be >= 0"),

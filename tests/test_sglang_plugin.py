@@ -29,6 +29,7 @@ from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "tests" / "sglang_support" / "scenario.py"
 OURS = "rocm_vit.integrations.sglang"
+STAGING_TOKENS = 256
 HOOK_NAMES = {hook.name for hook in hooks.HOOKS}
 
 needs_sglang = pytest.mark.skipif(
@@ -43,6 +44,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
     # SGLang's eager rotary is torch.compile'd: Inductor would spend a minute building C++ on a CPU.
     env.update(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
+    # Capture every layout at its first call, and size staging for the scenario's small layouts.
+    env.update(SGLANG_VIT_CUDA_GRAPH_MIN_HITS="1", SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS=str(STAGING_TOKENS))
     done = subprocess.run(
         [sys.executable, str(SCENARIO), str(path)], env=env, capture_output=True, text=True, timeout=300
     )
@@ -147,12 +150,25 @@ def test_graph_path_through_the_adapter_equals_eager_bitwise(report: dict[str, A
 
 
 @needs_sglang
-def test_graph_buffers_follow_the_sizing_formula_of_the_docs(report: dict[str, Any]) -> None:
-    # docs/sglang.md, Capacity, for the scenario's fp32 tower: hidden 64, head dim 16, output 48,
-    # one deepstack merger; captured layouts of 32, 32, 32 and 24 patches with 2, 4, 4, 2 offsets.
-    hidden, head_dim, out, deepstack, dtype_bytes = 64, 16, 48, 1, 4
-    per_patch = dtype_bytes * hidden + 2 * 4 * head_dim // 2 + dtype_bytes * out * (1 + deepstack) // 4
-    assert report["graph_vs_eager"]["buffer_bytes"] == per_patch * (32 + 32 + 32 + 24) + 4 * (2 + 4 + 4 + 2)
+def test_adapter_leaves_a_tower_it_does_not_fit_to_sglang(report: dict[str, Any]) -> None:
+    assert report["adapter_safety"]["refused"] == {"deferred": True, "graphs": None}
+
+
+@needs_sglang
+def test_first_failure_in_rocm_vits_path_hands_the_tower_to_sglang_for_good(report: dict[str, Any]) -> None:
+    safety = report["adapter_safety"]
+    # Three calls: rocm-vit's runner is tried once, fails, and SGLang's runner serves all three.
+    assert (safety["runner_calls"], safety["handed_over"]) == (1, 3)
+    assert (safety["failures"], safety["deferred"]) == (1, True)
+
+
+@needs_sglang
+def test_graph_staging_follows_the_sizing_formula_of_the_docs(report: dict[str, Any]) -> None:
+    # docs/sglang.md, Memory, for the scenario's fp32 tower: hidden 64, head dim 16 (cos and sin of
+    # 8 fp32 values), staging for SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS patches and their offsets.
+    hidden, head_dim, dtype_bytes = 64, 16, 4
+    per_patch = dtype_bytes * hidden + 2 * 4 * head_dim // 2
+    assert report["graph_vs_eager"]["staging_bytes"] == per_patch * STAGING_TOKENS + 4 * (STAGING_TOKENS + 2)
 
 
 @needs_sglang
@@ -215,7 +231,7 @@ def test_doctor_says_whether_sglang_would_load_the_plugin(
     assert collect()["sglang"]["loads"] == loads
 
 
-@pytest.mark.parametrize(("variable", "value"), [("ROCM_VIT_DISABLE", "1"), ("SGLANG_USE_AITER", "maybe")])
+@pytest.mark.parametrize(("variable", "value"), [("ROCM_VIT_DISABLE", "1"), ("ROCM_VIT_FUSED_OPS", "maybe")])
 def test_load_registers_nothing_when_off_or_misconfigured(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, variable: str, value: str
 ) -> None:

@@ -183,6 +183,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     eager = _run(model, inputs, graphs=False)
     report["aiter_vs_sdpa"] = _max_difference(eager, eager_before)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
+    report["adapter_safety"] = _adapter_safety(model, inputs)
 
     # 6. Qwen2.5-VL: eager unchanged, the gate, and windowed graph == eager.
     model = _tiny_qwen2_5_vl("cpu")
@@ -387,7 +388,7 @@ def _graph_vs_eager(model: torch.nn.Module, inputs: list, eager: list[torch.Tens
         "replays": stats["replays"],
         "eager_runs": stats["eager_runs"],
         "graphs": stats["graphs"],
-        "buffer_bytes": stats["buffer_bytes"],
+        "staging_bytes": stats["staging_bytes"],
     }
 
 
@@ -413,6 +414,47 @@ def _stand_in_aiter_kernel() -> None:
 
     aiter_attn.aiter_varlen_attention = attend
     AiterAttention.unavailable_reason = classmethod(lambda cls, platform: None)
+
+
+class _UpstreamCalled(Exception):
+    """Raised by a stand-in for SGLang's own runner: the adapter handed the call over."""
+
+
+def _adapter_safety(model: torch.nn.Module, inputs: list) -> dict:
+    """A tower the adapter does not fit is left to SGLang; a failing call hands the tower to SGLang for good."""
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+
+    mergers = model.deepstack_merger_list
+    model.deepstack_merger_list = torch.nn.ModuleList(list(mergers)[:-1])  # one merger short
+    refused = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism()).stats()
+    model.deepstack_merger_list = mergers
+
+    adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
+    runner_calls: list[int] = []
+
+    def failing_run(*args: Any) -> torch.Tensor:
+        runner_calls.append(1)
+        raise RuntimeError("stand-in: a failure inside rocm-vit's path")
+
+    def upstream_run(*args: Any) -> torch.Tensor:
+        raise _UpstreamCalled
+
+    adapter._runner.run = failing_run
+    adapter._upstream.run = upstream_run
+    handed_over = 0
+    for _ in range(3):
+        try:
+            _run(model, inputs[:1], graphs=True)
+        except _UpstreamCalled:
+            handed_over += 1
+    stats = adapter.stats()
+    return {
+        "refused": {"deferred": refused["deferred"], "graphs": refused.get("graphs")},
+        "runner_calls": len(runner_calls),
+        "handed_over": handed_over,
+        "failures": stats["failures"],
+        "deferred": stats["deferred"],
+    }
 
 
 def _stand_in_mechanism() -> Any:

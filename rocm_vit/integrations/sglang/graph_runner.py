@@ -36,7 +36,7 @@ from torch import nn
 from rocm_vit.attention import AttentionBackend, AttnArgs
 from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
 from rocm_vit.integrations.sglang.imports import original
-from rocm_vit.layout import Segmentation, VisionLayout
+from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
 from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
@@ -83,15 +83,52 @@ class ViTGraphRunnerAdapter:
     """Drop-in ``ViTCudaGraphRunner(vit)`` whose ``run`` delegates to ``rocm_vit.graphs.ViTGraphRunner``.
 
     ``vit`` is SGLang's vision tower: ``blocks`` (each with ``attn``, SGLang's ``VisionAttention``),
-    ``merger`` and, for Qwen3-VL, ``deepstack_visual_indexes`` and ``deepstack_merger_list``.
-    ``mechanism`` replaces CUDA/HIP graphs (tests on a CPU pass a stand-in).
+    ``merger`` and, for Qwen3-VL, ``deepstack_visual_indexes`` and ``deepstack_merger_list``. At
+    construction every attribute and signature this adapter relies on is checked; where one does not
+    fit, SGLang's own runner serves the tower (logged once). At run time the first failure inside
+    rocm-vit's path is logged with its traceback and counted, and SGLang's runner serves this tower
+    from then on: a request never fails because of rocm-vit. ``mechanism`` replaces CUDA/HIP graphs
+    (tests on a CPU pass a stand-in).
     """
 
     def __init__(self, vit: nn.Module, *, mechanism: GraphMechanism | None = None) -> None:
         self.vit = vit
-        # SGLang's runner: windowed layouts, unsupported backends, and SGLang's TP capture context.
+        # SGLang's runner: unsupported backends and calls, failures, and SGLang's TP capture context.
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
-        self._layouts: OrderedDict[tuple, VisionLayout] = OrderedDict()
+        self._layouts: OrderedDict[tuple, AttentionLayout] = OrderedDict()
+        self._failures = 0
+        self._deferred_stats: dict[str, Any] = {}  # the runner's last counters, once SGLang took over
+        self._runner: ViTGraphRunner | None = None
+        settings = _settings()
+        problem = unsupported_reason(vit, self._upstream)
+        if problem is None:
+            self._runner, problem = self._build_runner(settings, mechanism)
+        if not settings.vit_cuda_graph:
+            return
+        if problem is not None:
+            logger.warning("rocm-vit graph runner: %s; SGLang's own runner serves %s", problem, type(vit).__name__)
+        else:
+            logger.info(
+                "rocm-vit graph runner for %s: attention %s, at most %d graphs within %s, captured from the "
+                "%d-th call of a layout up to %d patches",
+                type(vit).__name__,
+                vit.blocks[0].attn.qkv_backend_name,
+                self._runner.capacity,
+                "the device default budget"
+                if settings.graph_memory_budget_mb is None
+                else f"{settings.graph_memory_budget_mb} MiB",
+                self._runner.min_sightings,
+                self._runner.max_tokens,
+            )
+
+    def _build_runner(
+        self, settings: Settings, mechanism: GraphMechanism | None
+    ) -> tuple[ViTGraphRunner | None, str | None]:
+        vit = self.vit
+        backend = vit.blocks[0].attn.qkv_backend_name
+        spec = SGLANG_GRAPH_ARGS.get(backend)
+        if spec is None:
+            return None, f"SGLang's {backend} attention cannot be captured as it reads its arguments back"
         deepstack_indexes = getattr(vit, "deepstack_visual_indexes", None) or ()
         self._deepstack_slots = {block: slot for slot, block in enumerate(deepstack_indexes)}
         # Qwen2.5-VL: blocks in fullatt_block_indexes attend within whole items, the others within
@@ -99,38 +136,22 @@ class ViTGraphRunnerAdapter:
         full_attention = getattr(vit, "fullatt_block_indexes", None)
         self._windowed = full_attention is not None
         self._full_attention_blocks = frozenset(int(index) for index in full_attention or ())
-        self._takes_position_embeddings = "position_embeddings" in inspect.signature(vit.blocks[0].forward).parameters
-        # Marks the layout as windowed (the runner keeps a "window" cu buffer); the windows themselves
-        # come from SGLang's offsets.
-        window_size, patch_size = getattr(vit, "window_size", 0), getattr(vit, "patch_size", 1)
-        self._window_merge_blocks = max(1, window_size // vit.spatial_merge_size // patch_size)
-        backend = getattr(vit.blocks[0].attn, "qkv_backend_name", None)
-        spec = SGLANG_GRAPH_ARGS.get(backend)
-        settings = _settings()
-        self._runner: ViTGraphRunner | None = None
-        if spec is not None:
-            self._runner = ViTGraphRunner(
+        self._takes_position_embeddings = "position_embeddings" in _parameters(vit.blocks[0].forward)
+        budget_mb = settings.graph_memory_budget_mb
+        try:
+            runner = ViTGraphRunner(
                 functools.partial(self._forward_blocks, spec),
                 _SegmentOffsets(),
                 capacity=settings.graph_cache_capacity,
+                min_sightings=settings.graph_min_hits,
+                max_tokens=settings.graph_max_tokens,
+                budget_bytes=None if budget_mb is None else budget_mb << 20,
                 capture_context=self._upstream._capture_context,
                 mechanism=mechanism,
             )
-        if settings.vit_cuda_graph:
-            if spec is None:
-                logger.warning(
-                    "rocm-vit graph runner: SGLang's %s attention cannot be captured as it reads its "
-                    "arguments; SGLang's own runner serves %s",
-                    backend,
-                    type(vit).__name__,
-                )
-            else:
-                logger.info(
-                    "rocm-vit graph runner for %s: attention %s, at most %d graphs",
-                    type(vit).__name__,
-                    backend,
-                    settings.graph_cache_capacity,
-                )
+        except ValueError as error:
+            return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
+        return runner, None
 
     def run(
         self,
@@ -152,31 +173,41 @@ class ViTGraphRunnerAdapter:
         do, and device ones are read back once per call, as SGLang's runner does. Returns a tensor
         the caller owns.
         """
+        upstream_args = (
+            x,
+            cu_seqlens,
+            cu_window_seqlens,
+            position_embeddings,
+            rotary_pos_emb_cos,
+            rotary_pos_emb_sin,
+            output_indices,
+            attention_layout_key,
+        )
+        if self._runner is None:
+            return self._upstream.run(*upstream_args)
         rotary = self._rotary(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
         windows_match = (cu_window_seqlens is not None) == self._windowed
-        if (
-            self._runner is None
-            or rotary is None
-            or not windows_match
-            or (output_indices is not None and not self._windowed)
-        ):
-            return self._upstream.run(
-                x,
-                cu_seqlens,
-                cu_window_seqlens,
-                position_embeddings,
-                rotary_pos_emb_cos,
-                rotary_pos_emb_sin,
-                output_indices,
-                attention_layout_key,
+        if rotary is None or not windows_match or (output_indices is not None and not self._windowed):
+            return self._upstream.run(*upstream_args)
+        try:
+            layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
+            merged = self._runner.run(x, layout, *rotary)
+        except Exception:  # serving must go on: SGLang's own runner takes this tower over
+            self._failures += 1
+            self._deferred_stats = self._runner.stats()
+            self._runner = None
+            logger.exception(
+                "rocm-vit graph runner failed for %s; SGLang's own runner serves it from now on",
+                type(self.vit).__name__,
             )
-        layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
-        merged = self._runner.run(x, layout, *rotary)
+            return self._upstream.run(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
 
     def stats(self) -> dict[str, Any]:
-        """The rocm-vit runner's counters (captures, replays, eager runs by reason, memory)."""
-        return {} if self._runner is None else self._runner.stats()
+        """The rocm-vit runner's counters (captures, replays, evictions, eager runs by reason, bytes
+        held), plus ``failures`` (calls rocm-vit failed and handed to SGLang) and ``deferred``."""
+        stats = self._runner.stats() if self._runner is not None else dict(self._deferred_stats)
+        return {**stats, "failures": self._failures, "deferred": self._runner is None}
 
     def _rotary(
         self,
@@ -217,38 +248,19 @@ class ViTGraphRunnerAdapter:
         merged = vit.merger(hidden)
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
 
-    def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> VisionLayout:
+    def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> AttentionLayout:
+        # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
+        # (Qwen2.5-VL's leading empty segment included, so the kernels see what eager passes them).
+        # The window permutation stays SGLang's (output_indices), outside the graph key.
         layout = self._layouts.get((offsets, window_offsets))
         if layout is None:
-            layout = self._build_layout(offsets, window_offsets)
+            if window_offsets is not None and window_offsets[-1] != offsets[-1]:
+                raise ValueError(f"cu_window_seqlens ends at {window_offsets[-1]} but cu_seqlens at {offsets[-1]}")
+            layout = AttentionLayout.from_offsets(offsets, window_offsets)
             self._layouts[(offsets, window_offsets)] = layout
             if len(self._layouts) > _LAYOUT_CACHE_SIZE:
                 self._layouts.popitem(last=False)
         return layout
-
-    def _build_layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> VisionLayout:
-        # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
-        # (Qwen2.5-VL's leading empty segment included, so the kernels see what eager passes them),
-        # which is all the runner reads (graph key, cu_seqlens, max_seqlen per segmentation). The
-        # window permutation stays SGLang's (output_indices), so the layout has none.
-        vit = self.vit
-        full = Segmentation.from_offsets(offsets)
-        if window_offsets is None:
-            return VisionLayout((), vit.spatial_merge_size, full.seq_lens, full.cu_seqlens, full.max_seqlen)
-        if window_offsets[-1] != offsets[-1]:
-            raise ValueError(f"cu_window_seqlens ends at {window_offsets[-1]} but cu_seqlens at {offsets[-1]}")
-        window = Segmentation.from_offsets(window_offsets)
-        return VisionLayout(
-            (),
-            vit.spatial_merge_size,
-            full.seq_lens,
-            full.cu_seqlens,
-            full.max_seqlen,
-            window_merge_blocks=self._window_merge_blocks,
-            window_seq_lens=window.seq_lens,
-            cu_window_seqlens=window.cu_seqlens,
-            max_window_seqlen=window.max_seqlen,
-        )
 
 
 class _SegmentOffsets(AttentionBackend):
@@ -272,6 +284,45 @@ class _SegmentOffsets(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
     ) -> torch.Tensor:
         raise NotImplementedError("SGLang towers attend in SGLang's VisionAttention")
+
+
+def unsupported_reason(vit: nn.Module, upstream: Any) -> str | None:
+    """What in ``vit`` (SGLang's vision tower) or SGLang's runner does not fit this adapter, or ``None``.
+
+    Checks every attribute and signature the adapter reads, so that a changed SGLang release is
+    refused at construction, with the reason, instead of failing inside a request.
+    """
+    blocks = getattr(vit, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+        return f"{type(vit).__name__}.blocks is not a non-empty ModuleList"
+    attn = getattr(blocks[0], "attn", None)
+    if not isinstance(getattr(attn, "qkv_backend_name", None), str):
+        return f"{type(blocks[0]).__name__}.attn has no qkv_backend_name"
+    if attn.qkv_backend_name == "triton_attn" and not all(
+        isinstance(getattr(attn, name, None), int) for name in ("num_attention_heads_per_partition", "head_size")
+    ):
+        return "VisionAttention lacks num_attention_heads_per_partition/head_size (the triton_attn workspace)"
+    parameters = _parameters(blocks[0].forward)
+    takes_pair = "position_embeddings" in parameters
+    rotary = ["position_embeddings"] if takes_pair else ["rotary_pos_emb_cos", "rotary_pos_emb_sin"]
+    missing = sorted({"cu_seqlens", "output_ws", *rotary} - set(parameters))
+    if missing:
+        return f"{type(blocks[0]).__name__}.forward takes ({', '.join(parameters)}), without {', '.join(missing)}"
+    if not callable(getattr(vit, "merger", None)) or not isinstance(getattr(vit, "spatial_merge_size", None), int):
+        return f"{type(vit).__name__} lacks merger or an int spatial_merge_size"
+    deepstack = getattr(vit, "deepstack_visual_indexes", None) or ()
+    if len(deepstack) != len(getattr(vit, "deepstack_merger_list", ()) or ()):
+        return f"{type(vit).__name__} has {len(deepstack)} deepstack indexes but not as many deepstack mergers"
+    if not callable(getattr(upstream, "_capture_context", None)) or not callable(getattr(upstream, "run", None)):
+        return "SGLang's ViTCudaGraphRunner lacks _capture_context or run"
+    return None
+
+
+def _parameters(fn: Callable) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
 
 
 def _host_offsets(
