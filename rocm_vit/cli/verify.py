@@ -1,7 +1,9 @@
 """``rocm-vit verify``: graph output == eager output, bit for bit, over random layouts.
 
-Capacity is set below the number of layouts so captures, replays and eager fallbacks interleave,
-as they do in a busy server. This is what a user runs on an MI355X to trust the graphs.
+Capacity is set below the number of layouts so captures, evictions, replays and eager runs
+interleave, as they do in a busy server; every layout may be captured, whatever its size. This is
+what a user runs on an MI355X to trust the graphs, under ``torch.inference_mode`` (what serving
+uses) and under ``torch.no_grad``; with ``ROCM_VIT_EMULATE=rocm`` an NVIDIA GPU takes ROCm's paths.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import json
 
 import torch
 
-from rocm_vit.cli.workload import build_tower, random_pixels, random_workloads
+from rocm_vit.cli.workload import bench_graph_options, build_tower, random_pixels, random_workloads
 from rocm_vit.models import preset_names
 from rocm_vit.platform import platform_info
+
+_GRAD_MODES = {"inference": torch.inference_mode, "no_grad": torch.no_grad}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=int, default=None, help="graph cache capacity (default: layouts / 2)")
     parser.add_argument("--max-side", type=int, default=2048, help="largest image side in pixels (default 2048)")
     parser.add_argument("--attention-backend", help="override the attention backend")
+    parser.add_argument(
+        "--grad-mode",
+        choices=sorted(_GRAD_MODES),
+        default="inference",
+        help="inference (torch.inference_mode, as serving runs) or no_grad (default inference)",
+    )
     parser.add_argument("--json", action="store_true")
 
 
@@ -34,12 +44,12 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda")
     tower = build_tower(args.preset or "qwen3-vl-2b", device, torch.bfloat16, args.attention_backend, args.seed)
     capacity = args.capacity if args.capacity is not None else max(1, args.layouts // 2)
-    runner = tower.enable_graphs(capacity=capacity)
     workloads = random_workloads(args.layouts, args.seed, tower.config, args.max_side)
+    runner = tower.enable_graphs(**bench_graph_options(capacity, workloads, device))
     # Each layout twice: the second visit replays what the first captured (or stays eager).
     schedule = workloads + workloads[::-1]
     rows = []
-    with torch.inference_mode():
+    with _GRAD_MODES[args.grad_mode]():
         for index, workload in enumerate(schedule):
             pixels = random_pixels(workload, tower.config, device, args.seed + index).to(tower.dtype)
             graph_out = tower(pixels, list(workload.grid_thw))
@@ -55,15 +65,18 @@ def run(args: argparse.Namespace) -> int:
             )
     stats = runner.stats()
     mismatches = sum(not row["exact"] for row in rows)
+    where = f"{info.device_name}" + (f" emulating ROCm {info.arch}" if info.emulated_on else "")
     if args.json:
-        print(json.dumps({"device": info.device_name, "rows": rows, "runner": stats}, indent=2))
+        report = {"device": where, "grad_mode": args.grad_mode, "rows": rows, "runner": stats}
+        print(json.dumps(report, indent=2))
     else:
         print(f"{'layout':<48} {'patches':>8}  result")
         for row in rows:
             result = "exact" if row["exact"] else f"MISMATCH (max |diff| {row['max_abs_diff']:.3g})"
             print(f"{row['layout']:<48} {row['patches']:>8}  {result}")
         print(
-            f"{len(rows)} runs on {info.device_name}: {len(rows) - mismatches} exact, {mismatches} mismatched; "
-            f"captures {stats['captures']}, replays {stats['replays']}, eager {stats['eager_runs']}"
+            f"{len(rows)} runs on {where} ({args.grad_mode}): {len(rows) - mismatches} exact, {mismatches} "
+            f"mismatched; captures {stats['captures']}, replays {stats['replays']}, evictions "
+            f"{stats['evictions']}, eager {stats['eager_runs']}"
         )
     return 1 if mismatches else 0

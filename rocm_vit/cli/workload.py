@@ -113,6 +113,17 @@ def build_tower(
     return tower.to(device=device, dtype=dtype).eval()
 
 
+def bench_graph_options(capacity: int, workloads: list[Workload], device: torch.device) -> dict:
+    """``enable_graphs`` options that capture every workload at its first call (bench and verify)."""
+    budget = torch.cuda.get_device_properties(device).total_memory // 4 if device.type == "cuda" else None
+    return {
+        "capacity": capacity,
+        "min_sightings": 1,
+        "max_tokens": max(workload.patches for workload in workloads),
+        "budget_bytes": budget,
+    }
+
+
 def random_pixels(workload: Workload, config: TowerConfig, device: torch.device, seed: int) -> torch.Tensor:
     """Fresh random patches for ``workload`` (never zeros: they hide unwritten outputs)."""
     generator = torch.Generator().manual_seed(seed)
