@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import types
 from collections.abc import Callable
 
 import torch
@@ -95,20 +96,18 @@ def _triton_or_native() -> RotaryFn:
 
 
 def _compiled() -> RotaryFn:
-    # fullgraph: fail at the first call instead of silently running part of the rotary eagerly.
-    # dynamic: the token count changes with every image; a static compile would recompile per size
-    # and, past Dynamo's recompile limit, run the uncompiled function, whose last bit differs.
-    # The compiled function is pure (rope_torch.rotated_native): see that module for why.
-    rotated = torch.compile(rotated_native, fullgraph=True, dynamic=True)
-    failed: set[tuple] = set()
+    compiled: dict[tuple, Callable | None] = {}  # call pattern -> its compiled function, None: failed
 
     def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         pattern = _call_pattern(q, k, cos, sin)
-        if pattern not in failed:
+        rotated = compiled.get(pattern, _NOT_YET)
+        if rotated is _NOT_YET:
+            rotated = compiled[pattern] = _compile_for_one_pattern()
+        if rotated is not None:
             try:
                 q_rotated, k_rotated = rotated(q, k, cos, sin)
             except Exception as error:  # a compiler failure must not fail the request
-                failed.add(pattern)
+                compiled[pattern] = None
                 logger.warning(
                     "rotary: torch.compile failed for %s (%s: %s); these calls use the native helper",
                     pattern,
@@ -124,10 +123,30 @@ def _compiled() -> RotaryFn:
     return rotary
 
 
+_NOT_YET = object()
+
+
+def _compile_for_one_pattern() -> Callable:
+    """``rope_torch.rotated_native`` under ``torch.compile``, with a code object of its own.
+
+    fullgraph: fail at the first call instead of silently running part of the rotary eagerly.
+    dynamic: the token count changes with every image; one compile serves them all.
+    A code object per call pattern: Dynamo keeps its cache, and its recompile limit (8), per code
+    object. Shared, a process that met more patterns than that (tests do) failed the next one's
+    compile; worse, a static compile past the limit ran the uncompiled function, whose last bit
+    differs, so a graph and an eager run of one layout could disagree. The function is pure (see
+    ``rope_torch``): a compiled in-place one failed on fused-qkv views under inference_mode.
+    """
+    code = rotated_native.__code__.replace()
+    fresh = types.FunctionType(code, rotated_native.__globals__, rotated_native.__name__, rotated_native.__defaults__)
+    return torch.compile(fresh, fullgraph=True, dynamic=True)
+
+
 def _call_pattern(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
     """What a compilation depends on besides the token count: dtypes, head layout, strides, grad mode.
 
-    A failed pattern falls back for good, so graph captures and eager runs of it agree.
+    Each pattern has its own compiled function; a failed one falls back for good, so graph captures
+    and eager runs of a pattern always agree.
     """
     tensors = (q, k, cos, sin)
     return (

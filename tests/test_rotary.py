@@ -436,8 +436,11 @@ def test_compile_failure_is_logged_once_and_served_natively(generator, monkeypat
     on_platform("rocm")
     attempts: list[tuple] = []
 
+    compiled_names: list[str] = []
+
     def failing_compile(fn, **kwargs):
         assert kwargs == {"fullgraph": True, "dynamic": True}
+        compiled_names.append(fn.__name__)
 
         def run(*args):
             attempts.append(args)
@@ -455,8 +458,29 @@ def test_compile_failure_is_logged_once_and_served_natively(generator, monkeypat
             _assert_equal_bits(k, _transformers(*args)[1])
     # One pattern (dtypes, head layout, strides, grad mode): compiled once, then native for good,
     # so graph captures and eager runs of that pattern take the same path.
-    assert len(attempts) == 1
+    assert len(attempts) == 1 and compiled_names == ["rotated_native"]
     assert sum("torch.compile failed" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.slow
+def test_compiled_helper_compiles_each_call_pattern_apart(generator, on_platform, caplog):
+    """More patterns than Dynamo's recompile limit (8 per code object): each still compiles.
+
+    Sharing one compiled function, the ninth pattern failed (FailOnRecompileLimitHit) or, without
+    fullgraph, silently ran uncompiled.
+    """
+    on_platform("rocm")
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    with torch.inference_mode():
+        for q_dtype in dtypes:
+            for k_dtype in dtypes:
+                args = _random_args(generator, 6, 2, 2, 8, q_dtype, k_dtype)
+                q, k, cos, sin = (t.clone() for t in args)
+                rotary.apply_rotary(q, k, cos, sin)
+                q_expected, k_expected, _, _ = _native(args)
+                torch.testing.assert_close(q, q_expected, atol=1e-2, rtol=1e-2)
+                torch.testing.assert_close(k, k_expected, atol=1e-2, rtol=1e-2)
+    assert "torch.compile failed" not in caplog.text  # all nine compiled; none fell back
 
 
 def test_choice_is_made_once_and_logged_once(generator, on_platform, caplog):
