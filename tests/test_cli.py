@@ -73,10 +73,10 @@ def test_doctor_shows_sglang_and_rocm_vit_environment(
 def test_doctor_reports_bad_settings_and_still_prints(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SGLANG_USE_AITER", "maybe")
+    monkeypatch.setenv("ROCM_VIT_FUSED_OPS", "maybe")
     rc, report = _doctor_json(capsys)
     assert rc == 1
-    assert "SGLANG_USE_AITER = 'maybe' is not a boolean" in report["settings"]["error"]
+    assert "ROCM_VIT_FUSED_OPS = 'maybe' is not a boolean" in report["settings"]["error"]
     assert any(problem.startswith("settings: ") for problem in report["problems"])
     assert report["platform"]["name"] in {"cpu", "cuda", "rocm"}  # the other sections still ran
 
@@ -200,3 +200,215 @@ def test_bench_runs_a_qwen25_preset_on_cpu(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert "preset qwen2.5-vl-tiny" in out
     assert out.count("finite") == 2
+
+
+# bench-memory -----------------------------------------------------------------------------------
+
+
+def test_bench_memory_parses_its_arguments() -> None:
+    args = build_parser().parse_args(["bench-memory"])
+    assert (args.scenario, args.preset, args.budget_mib, args.calls, args.random_calls, args.max_side) == (
+        "all",
+        "qwen3-vl-8b",
+        1024,
+        1500,
+        2000,
+        1344,
+    )
+    assert (args.seed, args.json, args.plot) == (0, False, None)
+    given = "--scenario streams --budget-mib 256 --calls 30 --random-calls 40 --max-side 4032 --seed 3 --json"
+    args = build_parser().parse_args(["bench-memory", *given.split(), "--plot", "memory.png"])
+    assert (args.scenario, args.budget_mib, args.calls, args.random_calls, args.max_side, args.seed) == (
+        "streams",
+        256,
+        30,
+        40,
+        4032,
+        3,
+    )
+    assert args.json and args.plot == Path("memory.png")
+
+
+@pytest.mark.parametrize(
+    "bad", [["--scenario", "bursty"], ["--calls", "0"], ["--budget-mib", "-1"], ["--max-side", "128"]]
+)
+def test_bench_memory_rejects_bad_arguments(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["bench-memory", *bad])
+    assert exited.value.code == 2
+    assert bad[0] in capsys.readouterr().err
+
+
+def test_mixed_stream_is_deterministic_per_seed() -> None:
+    from rocm_vit.cli.workload import mixed_stream
+    from rocm_vit.models import preset
+
+    config = preset("qwen3-vl-8b")
+    assert mixed_stream(300, 7, config) == mixed_stream(300, 7, config)
+    assert mixed_stream(300, 7, config) != mixed_stream(300, 8, config)
+
+
+@pytest.mark.parametrize(("preset_name", "seed"), [("qwen3-vl-8b", 0), ("qwen3-vl-8b", 1), ("qwen2.5-vl-7b", 0)])
+def test_mixed_stream_sends_the_hot_share_to_small_hot_layouts_and_never_repeats_a_one_off(
+    preset_name: str, seed: int
+) -> None:
+    from collections import Counter
+
+    from rocm_vit.cli.workload import mixed_stream, parse_layouts
+    from rocm_vit.models import preset
+
+    config = preset(preset_name)
+    stream = mixed_stream(1500, seed, config)
+    counts = Counter(stream)
+    hot = {workload for workload, count in counts.items() if count > 1}
+    one_offs = [workload for workload, count in counts.items() if count == 1]
+    assert len(stream) == 1500
+    assert len(hot) == 20
+    assert abs(sum(counts[workload] for workload in hot) / len(stream) - 0.8) < 0.01
+    assert all(workload.patches < 4096 for workload in hot)
+    # A graph is keyed on the per-image patch counts: no one-off may share them with another call.
+    lengths = [tuple(h * w for _, h, w in workload.grid_thw) for workload in counts]
+    assert len(set(lengths)) == len(lengths)
+    assert len(one_offs) == 300
+    assert max(workload.patches for workload in one_offs) > 4096  # large photos among them
+    assert min(workload.patches for workload in one_offs) < 256  # and thumbnails
+    sides_px = [side * config.patch_size for workload in one_offs for _, *sides in workload.grid_thw for side in sides]
+    assert max(sides_px) <= 1344  # --max-side's default: a multiple of both towers' merge blocks
+    for workload in [*hot, *one_offs[:20]]:  # specs are pixel sizes that bench --layouts reads back
+        assert parse_layouts(workload.spec, config)[0].grid_thw == workload.grid_thw
+
+
+def test_revisiting_workloads_repeat_earlier_layouts_at_the_given_share() -> None:
+    from rocm_vit.cli.workload import revisiting_workloads
+    from rocm_vit.models import preset
+
+    config = preset("qwen3-vl-8b")
+    stream = revisiting_workloads(2000, 0, config, max_side_px=1344)
+    assert stream == revisiting_workloads(2000, 0, config, max_side_px=1344)
+    repeats = len(stream) - len(set(stream))
+    assert 0.45 < repeats / len(stream) < 0.55
+    fresh_only = revisiting_workloads(200, 0, config, revisit_share=0.0)
+    assert len(set(fresh_only)) == len(fresh_only)
+
+
+def test_bench_memory_without_a_gpu_exits_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rocm_vit.cli import bench_memory
+    from rocm_vit.platform import PlatformInfo
+
+    monkeypatch.setattr(bench_memory, "platform_info", lambda: PlatformInfo("cpu", "cpu", "", 0))
+    assert main(["bench-memory"]) == 2
+    assert "needs a GPU; none is visible" in capsys.readouterr().out
+
+
+def test_bench_memory_plot_without_matplotlib_says_what_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec answers None: not installed
+    assert main(["bench-memory", "--plot", "memory.png"]) == 2
+    assert "pip install rocm-vit[bench]" in capsys.readouterr().err
+
+
+def _bench_memory_report(hit_rate: float = 0.787, max_bytes_held: int = 600 << 20, mismatches: int = 0) -> dict:
+    runs = {"captures": 20, "evictions": 0, "pool_releases": 0, "graphs_held": 20}
+    timed = {"mean_ms": 6.0, "median_ms": 3.0, "total_s": 9.0, "peak_reserved_growth_bytes": 2 << 30}
+    return {
+        "date": "2026-01-01",
+        "device": "NVIDIA H200",
+        "torch": "2.9.0",
+        "preset": "qwen3-vl-8b",
+        "dtype": "bf16",
+        "attention_backend": "sdpa",
+        "budget_bytes": 1 << 30,
+        "graph_defaults": {"capacity": 32, "min_sightings": 2, "max_tokens": 4096},
+        "max_side_px": 1344,
+        "seed": 0,
+        "scenarios": {
+            "mixed": {
+                "calls": 1500,
+                "hot_layouts": 20,
+                "hot_calls": 1200,
+                "one_off_calls": 300,
+                "replays": round(1500 * hit_rate),
+                "hit_rate": hit_rate,
+                "max_bytes_held": max_bytes_held,
+                "final_bytes_held": 500 << 20,
+                **runs,
+                "eager_runs": {"below_min_sightings": 254, "over_max_tokens": 66},
+                "graph_run": timed,
+                "eager_run": {**timed, "mean_ms": 15.0, "total_s": 22.5},
+            },
+            "random": {
+                "calls": 2000,
+                "distinct_layouts": 984,
+                "warm_up_calls": 200,
+                "replays": 330,
+                "hit_rate": 0.165,
+                "max_bytes_held": 650 << 20,
+                "calls_over_budget": 0,
+                **runs,
+                "eager_runs": {},
+                "reserved_after_warm_up_bytes": 8 << 30,
+                "reserved_growth_after_warm_up_bytes": 0,
+                "peak_reserved_growth_after_warm_up_bytes": 100 << 20,
+            },
+            "streams": {
+                "threads": 4,
+                "calls": 200,
+                "hot_layouts": 4,
+                "replays": 156,
+                **runs,
+                "eager_runs": {"below_min_sightings": 44},
+                "mismatches": mismatches,
+                "mismatched_hot_calls": mismatches,
+                "mismatched_layouts": [],
+                "failed_calls": 0,
+                "failures": [],
+            },
+        },
+    }
+
+
+def _met_column(table: str, metric: str) -> str:
+    (line,) = [line for line in table.splitlines() if metric in line]
+    return line.split()[-1]
+
+
+def test_bench_memory_table_shows_every_target_met() -> None:
+    from rocm_vit.cli.bench_memory import exit_status, format_table
+
+    report = _bench_memory_report()
+    table = format_table(report)
+    assert _met_column(table, "hit rate (replays / calls)") == "yes"
+    assert "78.7% (1180 replays)" in table
+    assert _met_column(table, "mixed     max bytes held") == "yes"
+    assert _met_column(table, "outputs unequal to eager") == "yes"
+    assert "NO" not in table
+    assert exit_status(report) == 0
+
+
+@pytest.mark.parametrize(
+    ("missed", "metric"),
+    [
+        ({"hit_rate": 0.70}, "hit rate (replays / calls)"),
+        ({"max_bytes_held": (1 << 30) + 1}, "mixed     max bytes held"),
+        ({"mismatches": 1}, "outputs unequal to eager"),
+    ],
+)
+def test_bench_memory_table_marks_a_missed_target_and_exits_1(missed: dict, metric: str) -> None:
+    from rocm_vit.cli.bench_memory import exit_status, format_table
+
+    report = _bench_memory_report(**missed)
+    assert _met_column(format_table(report), metric) == "NO"
+    assert exit_status(report) == 1
+
+
+def test_bench_memory_table_covers_only_the_scenarios_run() -> None:
+    from rocm_vit.cli.bench_memory import exit_status, format_table
+
+    report = _bench_memory_report(hit_rate=0.5)
+    del report["scenarios"]["mixed"]
+    table = format_table(report)
+    assert "mixed" not in table.split("\n", 2)[2]
+    assert exit_status(report) == 0

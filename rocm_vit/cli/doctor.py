@@ -106,12 +106,15 @@ def _platform() -> dict[str, Any]:
     from rocm_vit.platform import platform_info
 
     info = platform_info()
-    return {
+    values = {
         "name": info.name,
         "device_name": info.device_name,
         "arch": info.arch,
         "device_count": info.device_count,
     }
+    if info.emulated_on:
+        values["emulating"] = f"ROCm {info.arch} decisions on this {info.emulated_on} GPU (ROCM_VIT_EMULATE)"
+    return values
 
 
 def _versions() -> dict[str, Any]:

@@ -27,7 +27,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("rocm_vit.cli.verify", "check graph output against eager on this machine"),
     "bench-rope": ("rocm_vit.cli.bench_rope", "time the rotary implementations"),
     "bench-attn": ("rocm_vit.cli.bench_attention", "time the attention backends"),
-    "bench-memory": ("rocm_vit.cli.bench_memory", "reserved memory: one shared pool vs a pool per graph"),
+    "bench-memory": (
+        "rocm_vit.cli.bench_memory",
+        "graph runner defaults under serving streams: hit rate, bytes held, latency",
+    ),
 }
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rocm_vit.graphs import DEFAULT_MAX_TOKENS
 from rocm_vit.models import TowerConfig, VisionTower, preset, tower_class
 
 GridTHW = tuple[int, int, int]
@@ -101,6 +102,112 @@ def random_workloads(count: int, seed: int, config: TowerConfig, max_side_px: in
         spec = "+".join(f"{t}x{h}x{w}" for t, h, w in grid)
         workloads.append(Workload(spec, tuple(grid)))
     return workloads
+
+
+# Sides of the hot layouts of ``mixed_stream``: thumbnails to small photos, one or two per request,
+# so every hot layout stays under the runner's default ``max_tokens`` and can be captured.
+HOT_SIDES_PX = (224, 640)
+# A 12 MP phone photo, 4032x3024, is 47,376 patches after Qwen's resize (Qwen3-VL's processor accepts
+# up to 16,777,216 pixels, 65,536 patches); the one-offs stop at 1344 px by default so that a run
+# takes minutes, and ``--max-side 4032`` in bench-memory brings such photos in.
+DEFAULT_ONE_OFF_MAX_SIDE_PX = 1344
+_THUMBNAIL_SIDE_PX = 64
+
+
+def mixed_stream(
+    calls: int,
+    seed: int,
+    config: TowerConfig,
+    hot: int = 20,
+    hot_share: float = 0.8,
+    max_side_px: int = DEFAULT_ONE_OFF_MAX_SIDE_PX,
+) -> list[Workload]:
+    """A serving stream: ``hot_share`` of the calls go to ``hot`` repeated layouts, the rest are one-offs.
+
+    Hot layouts are one or two images with sides of 224..640 px, under ``DEFAULT_MAX_TOKENS`` (4096)
+    patches; the runner's defaults should capture each on its second call and replay it after. One-offs
+    are one or two images with sides from 64 px thumbnails to ``max_side_px`` photos that the runner
+    sees once: no two share their per-image patch counts with each other or a hot layout (a Qwen3-VL
+    graph key holds those, so a 16x32 and a 32x16 image share one). Exactly ``round(calls * hot_share)``
+    calls are hot, each drawn uniformly from the hot layouts, in a seeded random order. Specs are pixel
+    sizes that ``parse_layouts`` reads back (``1x448x640+1x224x224``).
+    """
+    if calls < 0 or hot < 1 or not 0.0 <= hot_share <= 1.0:
+        raise ValueError(
+            f"mixed_stream needs calls >= 0, hot >= 1, 0 <= hot_share <= 1; got {calls}, {hot}, {hot_share}"
+        )
+    rng = random.Random(seed)
+    low_px, high_px = HOT_SIDES_PX
+    hot_layouts = _distinct_layouts(
+        rng, config, hot, low_px, high_px, (1, 1, 2), set(), max_patches=DEFAULT_MAX_TOKENS - 1
+    )
+    hot_calls = round(calls * hot_share)
+    taken = {_segment_lengths(workload.grid_thw) for workload in hot_layouts}
+    one_offs = iter(
+        _distinct_layouts(rng, config, calls - hot_calls, _THUMBNAIL_SIDE_PX, max_side_px, (1, 1, 1, 2), taken)
+    )
+    is_hot = [True] * hot_calls + [False] * (calls - hot_calls)
+    rng.shuffle(is_hot)
+    return [rng.choice(hot_layouts) if hot_call else next(one_offs) for hot_call in is_hot]
+
+
+def revisiting_workloads(
+    calls: int, seed: int, config: TowerConfig, max_side_px: int = 2048, revisit_share: float = 0.5
+) -> list[Workload]:
+    """``random_workloads``, except that each call repeats an earlier call's layout with probability
+    ``revisit_share`` (drawn uniformly from the calls so far).
+
+    Purely random layouts are almost never equal, so a graph runner would capture nothing; servers do
+    see sizes again, and the repeats are what make the runner capture, evict and fill its budget.
+    """
+    if not 0.0 <= revisit_share <= 1.0:
+        raise ValueError(f"revisit_share = {revisit_share} must lie in [0, 1]")
+    rng = random.Random(f"{seed}:revisits")
+    fresh = iter(random_workloads(calls, seed, config, max_side_px))
+    stream: list[Workload] = []
+    for _ in range(calls):
+        stream.append(rng.choice(stream) if stream and rng.random() < revisit_share else next(fresh))
+    return stream
+
+
+def _distinct_layouts(
+    rng: random.Random,
+    config: TowerConfig,
+    count: int,
+    low_px: int,
+    high_px: int,
+    image_counts: tuple[int, ...],
+    taken: set[tuple[int, ...]],
+    max_patches: int | None = None,
+) -> list[Workload]:
+    """``count`` requests of ``rng.choice(image_counts)`` images, sides uniform in ``low_px..high_px``,
+    no two with the same ``_segment_lengths`` and none in ``taken``; ``max_patches`` caps a request."""
+    chosen: list[Workload] = []
+    seen = set(taken)
+    attempts = 0
+    while len(chosen) < count:
+        attempts += 1
+        if attempts > 1000 * (count + 1):
+            raise ValueError(
+                f"cannot draw {count} distinct layouts with sides of {low_px}..{high_px} px "
+                f"(found {len(chosen)}); raise the largest side"
+            )
+        grid = tuple(
+            pixels_to_grid(rng.randint(low_px, high_px), rng.randint(low_px, high_px), 1, config)
+            for _ in range(rng.choice(image_counts))
+        )
+        lengths = _segment_lengths(grid)
+        if lengths in seen or (max_patches is not None and sum(lengths) > max_patches):
+            continue
+        seen.add(lengths)
+        spec = "+".join(f"1x{h * config.patch_size}x{w * config.patch_size}" for _, h, w in grid)
+        chosen.append(Workload(spec, grid))
+    return chosen
+
+
+def _segment_lengths(grid: tuple[GridTHW, ...]) -> tuple[int, ...]:
+    """Patches per attention segment (one per frame): what a Qwen3-VL graph key holds besides dtypes."""
+    return tuple(h * w for t, h, w in grid for _ in range(t))
 
 
 def build_tower(
