@@ -30,7 +30,7 @@ import torch
 
 from rocm_vit.backends.sdpa import sdpa_varlen
 from rocm_vit.layout import Segmentation, VisionLayout
-from rocm_vit.platform import PlatformName, current_platform
+from rocm_vit.platform import PlatformName, current_platform, platform_info
 from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
@@ -197,7 +197,8 @@ class TritonAttention(_VarlenAttention):
     def __init__(self) -> None:
         from rocm_vit.backends.triton_attn import triton_varlen_attention
 
-        self._attend = triton_varlen_attention
+        # The platform's arch picks the tiles: under ROCm emulation an NVIDIA GPU runs the HIP ones.
+        self._attend = functools.partial(triton_varlen_attention, arch=platform_info().arch or None)
 
     @classmethod
     def unavailable_reason(cls, platform: PlatformName) -> str | None:

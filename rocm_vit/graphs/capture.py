@@ -55,7 +55,14 @@ class GraphMechanism(Protocol):
 
 
 class CudaGraphs:
-    """``torch.cuda`` graphs (CUDA and HIP): thread-local capture into one shared pool."""
+    """``torch.cuda`` graphs (CUDA and HIP): thread-local capture into one shared pool.
+
+    ``capture_error_mode`` is torch's: "thread_local" (the default, and what serving needs: other
+    threads may launch, allocate and read values back meanwhile) or "global", for tests that show why.
+    """
+
+    def __init__(self, capture_error_mode: str = "thread_local") -> None:
+        self.capture_error_mode = capture_error_mode
 
     def available(self, device: torch.device) -> bool:
         return device.type == "cuda" and torch.cuda.is_available()
@@ -85,8 +92,7 @@ class CudaGraphs:
         graph = torch.cuda.CUDAGraph()
         caller_stream = torch.cuda.current_stream(stream.device)
         try:
-            # thread_local: other threads may keep launching work (and allocating) while this one captures.
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=self.capture_error_mode):
                 output = fn()
         except BaseException:
             _clean_up_failed_capture(pool, stream.device, caller_stream)

@@ -1,14 +1,13 @@
 """Attention backends on a real GPU: accuracy against fp32, graph replay bit-equal to eager, no host sync.
 
 CUDA: sdpa (cuDNN first), torch_varlen, triton_attn, fa4 (where flash-attn-4 is installed) and auto.
-ROCm: sdpa and triton_attn, plus aiter_attn (marked ``rocm``) when aiter is installed — the MI355X
-checks of ``make rocm-test``.
+ROCm: sdpa and triton_attn (with the arch's HIP tiles), plus aiter_attn (marked ``rocm``) when aiter is
+installed — the MI355X checks of ``make rocm-test``; emulated on NVIDIA (``ROCM_VIT_EMULATE=rocm``), the
+same, with aiter_attn through aiter's stand-in computing with torch's varlen kernel.
 q, k and v are views of one packed ``[N, 3, H, D]`` projection, as the tower makes them.
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 import torch
@@ -32,12 +31,16 @@ GENERIC_BACKENDS = ["sdpa", "triton_attn", "torch_varlen", "fa4", "auto"]
 
 
 def _has_aiter() -> bool:
-    return torch.version.hip is not None and importlib.util.find_spec("aiter") is not None
+    """ROCm with aiter, or ROCm emulated on NVIDIA (ROCM_VIT_EMULATE=rocm), with aiter's stand-in."""
+    return torch.cuda.is_available() and BACKENDS["aiter_attn"].unavailable_reason(current_platform()) is None
 
 
 AITER = pytest.param(
     "aiter_attn",
-    marks=[pytest.mark.rocm, pytest.mark.skipif(not _has_aiter(), reason="needs ROCm with aiter installed")],
+    marks=[
+        pytest.mark.rocm,
+        pytest.mark.skipif(not _has_aiter(), reason="needs ROCm with aiter installed, or ROCM_VIT_EMULATE=rocm"),
+    ],
 )
 BACKEND_NAMES = [*GENERIC_BACKENDS, AITER]
 

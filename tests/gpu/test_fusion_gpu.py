@@ -117,8 +117,12 @@ def _tower_errors(fused_ops, name: str, overrides: dict, grid) -> dict[bool, flo
     """Relative L2 error against the fp32 tower of the bf16 tower with fused ops on and off."""
     torch.manual_seed(0)
     config = preset(name, **overrides)
-    reference_tower = tower_class(config)(config).to(DEVICE).eval()
-    tower = copy.deepcopy(reference_tower).bfloat16()
+    # The fp32 reference attends with sdpa: aiter (ROCm, or its stand-in when emulated) takes only
+    # fp16/bf16. The bf16 tower has the same weights and the platform's default backend.
+    reference_tower = tower_class(config)(config, attention_backend="sdpa").to(DEVICE).eval()
+    tower = tower_class(config)(config).to(DEVICE).eval()
+    tower.load_state_dict(reference_tower.state_dict())
+    tower.bfloat16()
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator(device=DEVICE).manual_seed(1)
     pixels = torch.randn(sum(t * h * w for t, h, w in grid), width, generator=generator, device=DEVICE)

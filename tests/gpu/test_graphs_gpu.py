@@ -1,4 +1,5 @@
-"""Graph runner on a real GPU (CUDA or ROCm): bit-exact with eager, owned outputs, bounded memory."""
+"""Graph runner on a real GPU (CUDA or ROCm, or ROCm emulated): bit-exact with eager for any caller,
+owned outputs, memory within the budget."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pytest
 import torch
 
 from rocm_vit.cli.workload import Workload, random_workloads
+from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import VisionTower, preset, tower_class
+from rocm_vit.platform import current_platform
 
 pytestmark = pytest.mark.gpu
 
@@ -38,11 +41,17 @@ def _workloads(tower: VisionTower, count: int, seed: int, max_side: int = 512) -
     return random_workloads(count, seed, tower.config, max_side_px=max_side)
 
 
+def _capture_at_once(tower: VisionTower, **options) -> ViTGraphRunner:
+    """Graphs from a layout's first call, any size these tests use: what they check is the graph path."""
+    options.setdefault("max_tokens", 1 << 15)
+    return tower.enable_graphs(min_sightings=1, **options)
+
+
 @torch.inference_mode()
 @pytest.mark.parametrize(("name", "overrides"), [("tiny", {}), ("qwen2.5-vl-tiny", {}), QWEN25_TRIMMED])
 def test_graph_equals_eager_bitwise_over_random_layouts_with_small_capacity(name: str, overrides: dict) -> None:
     tower = _tower(name, **overrides)
-    runner = tower.enable_graphs(capacity=40)
+    runner = _capture_at_once(tower, capacity=40)
     workloads = _workloads(tower, 120, seed=1)
     mismatched = []
     for index, workload in enumerate(workloads + workloads[:30]):
@@ -56,13 +65,13 @@ def test_graph_equals_eager_bitwise_over_random_layouts_with_small_capacity(name
     assert mismatched == []
     assert stats["graphs"] == 40
     assert stats["replays"] > 40
-    assert stats["eager_runs"]["over_capacity"] > 0
+    assert stats["evictions"] > 0
 
 
 @torch.inference_mode()
 def test_replay_output_survives_later_replays_of_other_graphs() -> None:
     tower = _tower()
-    tower.enable_graphs()
+    _capture_at_once(tower)
     grids = [[(1, 8, 8)], [(1, 4, 16)], [(1, 16, 4)], [(2, 8, 8)]]
     outputs = [tower(_pixels(tower, grid, i), grid) for i, grid in enumerate(grids)]
     kept = [out.clone() for out in outputs]
@@ -75,7 +84,7 @@ def test_replay_output_survives_later_replays_of_other_graphs() -> None:
 @torch.inference_mode()
 def test_nan_poisoned_pool_does_not_leak_into_outputs() -> None:
     tower = _tower()
-    runner = tower.enable_graphs()
+    runner = _capture_at_once(tower)
     grid = [(1, 4, 4)]
     tower(_pixels(tower, grid, 0), grid)  # creates the pool
     poison = torch.cuda.CUDAGraph()
@@ -92,34 +101,42 @@ def test_nan_poisoned_pool_does_not_leak_into_outputs() -> None:
 
 
 @torch.inference_mode()
-def test_fp32_rotary_workspace_under_bf16_tower() -> None:
+def test_fp32_rotary_staging_under_bf16_tower() -> None:
     tower = _tower()
-    runner = tower.enable_graphs()
+    runner = _capture_at_once(tower)
     grid = [(1, 6, 10)]
     pixels = _pixels(tower, grid, 3)
     assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
-    (entry,) = runner._graphs.values()
-    assert (entry.x.dtype, entry.cos.dtype, entry.sin.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+    (staging,) = runner._staging.values()
+    assert [t.dtype for t in staging.inputs[:3]] == [torch.bfloat16, torch.float32, torch.float32]
 
 
 @torch.inference_mode()
-def test_thread_local_capture_while_another_thread_uses_the_gpu() -> None:
+@pytest.mark.parametrize("mode", ["thread_local", "global"])
+def test_thread_local_capture_while_another_thread_reads_values_back(mode: str) -> None:
+    """Another thread launches, allocates and reads a value to the host (a sync) during captures.
+
+    thread_local (what the runner uses) keeps every capture; "global" is run too, to show the test
+    can fail: there the other thread's sync invalidates captures or fails itself.
+    """
     tower = _tower()
-    runner = tower.enable_graphs()
+    runner = _capture_at_once(tower, mechanism=CudaGraphs(capture_error_mode=mode))
     stop = threading.Event()
     errors: list[BaseException] = []
 
     def busy() -> None:
-        try:
-            stream = torch.cuda.Stream()
-            a = torch.randn(1024, 1024, device=DEVICE)
-            with torch.cuda.stream(stream):
-                while not stop.is_set():
+        stream = torch.cuda.Stream()
+        a = torch.randn(512, 512, device=DEVICE)
+        with torch.cuda.stream(stream):
+            while not stop.is_set():
+                try:
                     a = (a @ a).tanh_()
                     scratch = torch.empty(1 << 20, device=DEVICE)  # allocations from another thread
                     del scratch
-        except BaseException as error:  # reported to the test thread
-            errors.append(error)
+                    float(a[0, 0])  # a read back to the host: a sync
+                except BaseException as error:  # reported to the test thread
+                    errors.append(error)
+                    return
 
     workloads = _workloads(tower, 12, seed=5)
     distinct = {VisionLayout.from_grid_thw(list(w.grid_thw)).graph_key for w in workloads}
@@ -133,15 +150,80 @@ def test_thread_local_capture_while_another_thread_uses_the_gpu() -> None:
     finally:
         stop.set()
         worker.join()
+    failed = runner.stats()["eager_runs"]["capture_failed"]
+    if mode == "thread_local":
+        assert errors == []
+        assert failed == 0
+        assert runner.stats()["captures"] == len(distinct)
+    else:
+        assert errors or failed, "global capture mode survived a thread that syncs: this test proves nothing"
+    torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def test_four_threads_on_their_own_streams_get_eager_outputs_bitwise() -> None:
+    """Replays share staging and pool memory: the runner orders every caller's work on the device.
+
+    Measured before the runner had its own stream: 188 of 200 outputs wrong.
+    """
+    tower = _tower("qwen3-vl-8b", depth=4, deepstack_visual_indexes=[1, 2])
+    runner = tower.enable_graphs()  # the serving defaults
+    grids = [[(1, 14, 14)], [(1, 16, 16)], [(1, 8, 24)], [(2, 10, 10)], [(1, 20, 12)]]
+    jobs = []
+    for thread_index in range(4):
+        for call in range(50):
+            grid = (
+                grids[(thread_index + call) % len(grids)] if call % 10 else [(1, 2 * (call + 2), 2 * thread_index + 4)]
+            )
+            pixels = _pixels(tower, grid, 1000 * thread_index + call)
+            jobs.append((thread_index, grid, pixels, tower(pixels, grid, use_graphs=False)))
+    torch.cuda.synchronize()
+    mismatches: list[str] = []
+    errors: list[BaseException] = []
+
+    def caller(thread_index: int) -> None:
+        stream = torch.cuda.Stream()
+        outputs = []
+        try:
+            # Grad mode is per thread: a serving thread runs its model under inference_mode too.
+            with torch.inference_mode(), torch.cuda.stream(stream):
+                for index, grid, pixels, expected in jobs:
+                    if index == thread_index:
+                        outputs.append((grid, tower(pixels, grid), expected))
+            stream.synchronize()
+        except BaseException as error:
+            errors.append(error)
+        mismatches.extend(str(grid) for grid, out, expected in outputs if not torch.equal(out, expected))
+
+    threads = [threading.Thread(target=caller, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     assert errors == []
-    assert runner.stats()["eager_runs"]["capture_failed"] == 0
-    assert runner.stats()["captures"] == len(distinct)
+    assert mismatches == [], f"{len(mismatches)} of 200 outputs differ from eager"
+    assert runner.stats()["replays"] > 100
+
+
+@torch.inference_mode()
+def test_graph_memory_stays_within_a_small_budget_over_random_layouts() -> None:
+    tower = _tower("qwen3-vl-8b", depth=2, deepstack_visual_indexes=[0])
+    budget = 96 << 20
+    runner = tower.enable_graphs(min_sightings=1, budget_bytes=budget, max_tokens=2048)
+    workloads = _workloads(tower, 60, seed=11, max_side=640)
+    for index, workload in enumerate(workloads + workloads[::-1]):
+        grid = list(workload.grid_thw)
+        pixels = _pixels(tower, grid, index)
+        assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+        stats = runner.stats()
+        assert stats["bytes_held"] <= budget, stats
+    assert runner.stats()["replays"] > 0 and runner.stats()["evictions"] > 0
 
 
 @torch.inference_mode()
 def test_capture_failure_is_served_eagerly_and_runner_keeps_working() -> None:
     tower = _tower()
-    runner = tower.enable_graphs()
+    runner = _capture_at_once(tower)
     original = runner.forward_blocks
 
     def syncing_forward_blocks(x, attn_args, cos, sin, *inputs):
@@ -165,7 +247,7 @@ def test_capture_failure_is_served_eagerly_and_runner_keeps_working() -> None:
 @pytest.mark.parametrize("name", ["tiny", "qwen2.5-vl-tiny"])
 def test_no_host_sync_per_forward_once_layout_is_known(name: str) -> None:
     tower = _tower(name)
-    tower.enable_graphs()
+    _capture_at_once(tower)
     grids = [[(1, 8, 8)], [(1, 4, 4), (2, 4, 6)], [(1, 12, 20)]]  # the last has six windows, four partial
     pixels = [_pixels(tower, grid, i) for i, grid in enumerate(grids)]
     for p, grid in zip(pixels, grids, strict=True):  # first sight: capture may synchronise
@@ -185,7 +267,7 @@ def test_no_host_sync_per_forward_once_layout_is_known(name: str) -> None:
 @torch.inference_mode()
 def test_reserved_memory_stays_bounded_after_200_layouts_with_capacity_32() -> None:
     tower = _tower()
-    tower.enable_graphs(capacity=32)
+    _capture_at_once(tower, capacity=32)
     workloads = _workloads(tower, 200, seed=7, max_side=384)
     largest = max(workloads, key=lambda w: w.patches)
     # The largest layout first, so the eager working set peaks at once and growth means a leak.
@@ -200,30 +282,29 @@ def test_reserved_memory_stays_bounded_after_200_layouts_with_capacity_32() -> N
 
 
 @torch.inference_mode()
-def test_qwen25_graphs_hold_static_full_and_window_cu_seqlens() -> None:
+def test_qwen25_graphs_read_staging_full_and_window_cu_seqlens() -> None:
     name, overrides = QWEN25_TRIMMED
     tower = _tower(name, **overrides)
-    runner = tower.enable_graphs()
+    runner = _capture_at_once(tower)
     # Equal token counts, equal frames, other windows: two graphs, each exact.
     grids = [[(1, 8, 24)], [(1, 12, 16)], [(1, 8, 24)], [(1, 12, 16)]]
     for index, grid in enumerate(grids):
         pixels = _pixels(tower, grid, index)
         assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
     assert (runner.stats()["graphs"], runner.stats()["replays"]) == (2, 4)
-    for key, entry in runner._graphs.items():
-        assert list(entry.cu_seqlens) == ["full", "window"]
-        assert all(cu.dtype == torch.int32 and cu.device.type == "cuda" for cu in entry.cu_seqlens.values())
-        assert tuple(entry.cu_seqlens["window"].tolist()) == key[4]
+    (staging,) = runner._staging.values()
+    assert list(staging.cu_seqlens) == ["full", "window"]
+    assert all(cu.dtype == torch.int32 and cu.device.type == "cuda" for cu in staging.cu_seqlens.values())
 
 
 @torch.inference_mode()
 def test_deepstack_mergers_on_a_side_stream_keep_graphs_exact() -> None:
     tower = _tower("qwen3-vl-8b", depth=4, deepstack_visual_indexes=[0, 1, 2])
-    runner = tower.enable_graphs()
+    runner = _capture_at_once(tower)
     grids = [[(1, 14, 14)], [(1, 16, 16), (1, 8, 12)], [(1, 14, 14)]]
     for index, grid in enumerate(grids):
         pixels = _pixels(tower, grid, index)
         assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
     assert runner.stats()["replays"] == 3
-    # On NVIDIA the mergers ran on the tower's side stream (ROCm runs them inline).
-    assert bool(tower._side_stream._streams) == (torch.version.hip is None)
+    # On NVIDIA the mergers ran on the tower's side stream (ROCm, and its emulation, run them inline).
+    assert bool(tower._side_stream._streams) == (current_platform() == "cuda")

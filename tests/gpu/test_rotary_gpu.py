@@ -257,13 +257,37 @@ def test_compiled_helper_graph_replay_matches_eager(device_generator, selection)
         return _random_args(generator, 1536, 16, 16, 72, torch.bfloat16)
 
     static = make_args(device_generator)
-    if torch.version.hip is None:
-        # DESIGN.md: compiled helpers inside CUDA capture failed upstream on NVIDIA. It is not the
-        # CUDA default, so a capture failure is reported as a skip; wrong replays still fail.
-        try:
-            graph = _capture(rotary.apply_rotary, static)
-        except Exception as err:
-            pytest.skip(f"torch.compile'd rotary is not CUDA-graph capturable here: {type(err).__name__}: {err}")
-    else:
-        graph = _capture(rotary.apply_rotary, static)
+    graph = _capture(rotary.apply_rotary, static)
     _assert_replays_match_eager(rotary.apply_rotary, device_generator, make_args, static, graph)
+
+
+@pytest.mark.parametrize("grad_mode", [torch.inference_mode, torch.no_grad], ids=["inference_mode", "no_grad"])
+@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.bfloat16), (72, torch.bfloat16), (80, torch.float16)])
+def test_compiled_helper_on_fused_qkv_views_in_both_grad_modes(device_generator, selection, grad_mode, head_dim, dtype):
+    """What the towers pass: q and k as views of one fused qkv, several image sizes, then a capture.
+
+    The in-place compiled helper failed every call here under inference_mode (torch 2.11, H200).
+    """
+    assert selection("compiled") == "compiled"
+    with grad_mode():
+        for tokens in (196, 1024, 3000):  # one compile serves every token count
+            qkv = torch.randn(tokens, 3, 16, head_dim, generator=device_generator, device="cuda").to(dtype)
+            cos, sin = (torch.randn(tokens, head_dim, generator=device_generator, device="cuda") for _ in range(2))
+            original = qkv.clone()
+            q, k, _ = qkv.unbind(1)
+            rotary.apply_rotary(q, k, cos, sin)
+            # Inductor may contract a product and a sum into one FMA: close to float64, not bitwise.
+            _assert_close_to_float64(q, original[:, 0], cos, sin)
+            _assert_close_to_float64(k, original[:, 1], cos, sin)
+            assert torch.equal(qkv[:, 2], original[:, 2]), "v must not be written"
+        # Then a capture of the same call: replay equals an eager call bitwise.
+        static_qkv = qkv.clone()
+        eager = static_qkv.clone()
+        rotary.apply_rotary(eager[:, 0], eager[:, 1], cos, sin)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            rotary.apply_rotary(static_qkv[:, 0], static_qkv[:, 1], cos, sin)
+        static_qkv.copy_(qkv)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_qkv, eager)
