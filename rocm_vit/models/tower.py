@@ -194,6 +194,18 @@ class VisionTower(nn.Module, ABC):
             self._graph_runner = None
         return super()._apply(fn, recurse)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # copy.deepcopy and pickle: the lock cannot be copied, and prepared layouts (device tensors
+        # and ready events of this process) are a cache the copy rebuilds.
+        state = self.__dict__.copy()
+        state["_layouts"] = OrderedDict()
+        del state["_layouts_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._layouts_lock = threading.Lock()
+
     def disable_graphs(self) -> None:
         """Back to eager; the runner's graphs and pool are released when nothing else holds it."""
         self._graph_runner = None
