@@ -20,6 +20,7 @@ exit at once while key tiles never run past it, so a ragged grid wastes no matmu
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 
@@ -40,20 +41,23 @@ class TritonAttnConfig:
     num_stages: int
 
 
-def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = None) -> TritonAttnConfig:
-    """The fixed launch configuration for ``head_dim`` and ``dtype`` on this build's GPU vendor.
+def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = None, *, arch: str) -> TritonAttnConfig:
+    """The fixed launch configuration for ``head_dim`` and ``dtype`` on the GPU architecture ``arch``.
 
-    ``query_tiles`` is the number of 128-row query tiles the launch would have over all segments and
-    heads (``None``: many). Chosen from host values only, never autotuned (autotuning would benchmark
-    inside a graph capture). Register and spill counts quoted below come from compiling offline for
-    the target (Triton 3.9); speed is measured by ``rocm-vit bench-attn --sweep-triton`` and
-    graph-timed sweeps (docs/benchmarks.md). fp32 (not a serving dtype) gets small tiles.
+    ``arch`` names the target: ``"gfx942"`` (MI300X), ``"gfx950"`` (MI355X), another ``"gfx*"``
+    (AMD, a safe default), anything else (``"sm_90"``, ``"cpu"`` for the interpreter) gets the NVIDIA
+    choices. ``query_tiles`` is the number of 128-row query tiles the launch would have over all
+    segments and heads (``None``: many). Chosen from host values only, never autotuned (autotuning
+    would benchmark inside a graph capture). Register, LDS and spill counts quoted below come from
+    compiling offline for the target (Triton 3.9; the AMD ones are checked on every CPU test run by
+    tests/test_aot_rocm.py, table in docs/rocm-kernels.md); speed is measured by
+    ``rocm-vit bench-attn --sweep-triton`` and graph-timed sweeps (docs/benchmarks.md). fp32 (not a
+    serving dtype) gets small tiles.
     """
+    if arch.startswith("gfx"):
+        return _amd_config(arch, dtype)
     if dtype == torch.float32:
         return TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
-    if torch.version.hip is not None:
-        # gfx942/gfx950: 202 VGPRs at head dim 72, no spills, occupancy 2 (compiled offline).
-        return TritonAttnConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)
     if query_tiles is not None and query_tiles <= _FEW_QUERY_TILES:
         # One short segment (a 224² image: 196 tokens x 16 heads = 32 tiles of 128 rows) leaves
         # most SMs idle; 64-row tiles on one warpgroup double the programs. H200, head dim 72:
@@ -63,6 +67,41 @@ def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = 
     # sm_90: two warpgroups split the 128 query rows; 141 registers at head dim 72 and 176 at 128,
     # no spills, where 4 warps spill at 255. Three stages pipeline the K/V copies (80 KiB of smem).
     return TritonAttnConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+def _amd_config(arch: str, dtype: torch.dtype) -> TritonAttnConfig:
+    """AMD Instinct tiles for ``arch``; an arch not listed gets gfx942's, which fit CDNA's smallest LDS.
+
+    No few-query-tiles rule as on NVIDIA: nothing here has been timed on an Instinct GPU yet.
+    """
+    half, fp32 = _AMD_CONFIGS.get(arch, _AMD_CONFIGS["gfx942"])
+    return fp32 if dtype == torch.float32 else half
+
+
+# (bf16/fp16, fp32) per arch. The numbers are bf16 (fp16: the same LDS, up to 5 VGPRs fewer) and fp32
+# at head dims 64 / 72 / 80 and 16 heads, compiled by Triton 3.9 for the arch (tests/test_aot_rocm.py
+# recompiles and checks them on every CPU run; table in docs/rocm-kernels.md). Two workgroups per CU
+# must fit, so that one hides the other's K/V loads: LDS at most half the CU's, and VGPRs (AGPRs
+# included) at most 256, i.e. two 4-wave workgroups on the CU's four SIMDs (512 registers per lane).
+_AMD_CONFIGS = {
+    # MI300X, 64 KiB of LDS per CU. 128x64 with num_stages=2 double-buffers K/V in LDS: 36,864 B at
+    # head dims 72 and 80, one workgroup per CU. One stage keeps the tile at 16,384 / 24,576 / 24,576
+    # B and 169 / 204 / 204 VGPRs: two workgroups by both. aiter's tuned Triton forward default on
+    # gfx942 is this same shape (BLOCK_M 128, BLOCK_N 64, 4 warps, 1 stage). fp32: 16,384 / 28,672 /
+    # 28,672 B, 138 / 174 / 174 VGPRs.
+    "gfx942": (
+        TritonAttnConfig(block_m=128, block_n=64, num_warps=4, num_stages=1),
+        TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
+    ),
+    # MI355X, 160 KiB of LDS per CU: the K/V prefetch that gfx942 cannot afford fits twice, 50,112 /
+    # 58,400 / 58,400 B and 189 / 208 / 208 VGPRs. aiter's gfx950 default runs one stage; an MI355X
+    # sweep (rocm-vit bench-attn --sweep-triton) should decide between the two. fp32: 32,768 /
+    # 49,152 / 49,152 B, 98 / 139 / 137 VGPRs.
+    "gfx950": (
+        TritonAttnConfig(block_m=128, block_n=64, num_warps=4, num_stages=2),
+        TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
+    ),
+}
 
 
 # At most this many 128-row query tiles (segments x heads x tiles per segment): half the SMs of an
@@ -80,6 +119,7 @@ def triton_varlen_attention(
     *,
     out: torch.Tensor | None = None,
     config: TritonAttnConfig | None = None,
+    arch: str | None = None,
 ) -> torch.Tensor:
     """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
 
@@ -89,7 +129,9 @@ def triton_varlen_attention(
     bounds it by ``N`` (no device read, more empty programs). Returns ``[N, H, D]`` in ``v.dtype``:
     q and k are cast to it inside the kernel. ``out``, when given, must be a ``[N, H, D]`` tensor of
     ``v.dtype`` with a contiguous last dim; nothing else is allocated. Head dims 16..256; the last
-    dim of q, k and v must be contiguous.
+    dim of q, k and v must be contiguous. ``arch`` picks the tiles (``default_config``) and the fp32
+    dot precision; ``None`` reads it from q's device once per device (tensors off the GPU, i.e. the
+    interpreter, get the NVIDIA choices). ``config`` overrides the tiles.
     """
     _check_inputs(q, k, v, cu_seqlens, max_seqlen)
     tokens, heads, head_dim = q.shape
@@ -107,7 +149,8 @@ def triton_varlen_attention(
     bound = tokens if max_seqlen is None else min(operator.index(max_seqlen), tokens)
     if tokens == 0 or num_seqs <= 0 or bound <= 0:
         return out
-    config = config or default_config(head_dim, v.dtype, triton.cdiv(bound, 128) * num_seqs * heads)
+    arch = arch or _device_arch(q.device)
+    config = config or default_config(head_dim, v.dtype, triton.cdiv(bound, 128) * num_seqs * heads, arch=arch)
     block_d0, block_d1 = _head_dim_split(head_dim)
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2])
     grid = (triton.cdiv(bound, config.block_m), num_seqs, heads)
@@ -126,7 +169,7 @@ def triton_varlen_attention(
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         ALIGN=_common_alignment(strides),
-        DOT_PRECISION=_fp32_dot_precision() if v.dtype == torch.float32 else None,
+        DOT_PRECISION=_fp32_dot_precision(arch) if v.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -152,13 +195,30 @@ def _check_inputs(
         raise TypeError("max_seqlen must be a host int or None, not a tensor: reading it would sync the device")
 
 
-def _fp32_dot_precision() -> str:
+def _device_arch(device: torch.device) -> str:
+    """``"gfx942"``, ``"sm_90"``, ...: the architecture of a GPU ``device``; ``"cpu"`` off the GPU."""
+    if device.type != "cuda":
+        return "cpu"
+    return _gpu_arch(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _gpu_arch(index: int) -> str:
+    # Cached: a device query per launch would be host work on the graph-capture path.
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip is not None:
+        return props.gcnArchName.split(":")[0]  # "gfx942:sramecc+:xnack-" -> "gfx942"
+    return f"sm_{props.major}{props.minor}"
+
+
+def _fp32_dot_precision(arch: str) -> str:
     """fp32 products near fp32 accuracy (the default would round them to tf32).
 
     NVIDIA: three tf32 tensor-core products ("tf32x3"); the exact "ieee" FMA path spills registers
-    at every tile size tried on sm_90. AMD: "ieee", which compiles without spills on gfx950.
+    at every tile size tried on sm_90. AMD: "ieee", compiled without spills on gfx942 and gfx950 at
+    the fp32 tiles of ``_amd_config``.
     """
-    return "ieee" if torch.version.hip is not None else "tf32x3"
+    return "ieee" if arch.startswith("gfx") else "tf32x3"
 
 
 def _common_alignment(strides: tuple[int, ...]) -> int:

@@ -4,6 +4,7 @@ through the interpreter, and aiter against a stand-in that enforces aiter's real
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.abc
 import importlib.util
 import itertools
@@ -667,11 +668,11 @@ def test_bench_attn_parses_its_arguments_and_declines_without_a_gpu(monkeypatch,
     assert "needs a CUDA or ROCm GPU" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(torch.version.hip is not None, reason="the NVIDIA configurations")
 def test_triton_config_uses_smaller_query_tiles_only_when_few_tiles_would_run():
     triton_attn = pytest.importorskip("rocm_vit.backends.triton_attn")
-    one_small_image = triton_attn.default_config(72, torch.bfloat16, query_tiles=2 * 16)  # 196 tokens, 16 heads
-    four_small_images = triton_attn.default_config(72, torch.bfloat16, query_tiles=4 * 2 * 16)
+    config = functools.partial(triton_attn.default_config, arch="sm_90")
+    one_small_image = config(72, torch.bfloat16, query_tiles=2 * 16)  # 196 tokens, 16 heads
+    four_small_images = config(72, torch.bfloat16, query_tiles=4 * 2 * 16)
     assert one_small_image.block_m == 64
-    assert four_small_images == triton_attn.default_config(72, torch.bfloat16) and four_small_images.block_m == 128
-    assert triton_attn.default_config(72, torch.float32, query_tiles=1).block_m == 64
+    assert four_small_images == config(72, torch.bfloat16) and four_small_images.block_m == 128
+    assert config(72, torch.float32, query_tiles=1).block_m == 64

@@ -233,10 +233,11 @@ def _measure_layout(
 def _sweep_triton(bench: _Timer, args: argparse.Namespace, device: torch.device) -> list[dict]:
     from rocm_vit.backends.triton_attn import TritonAttnConfig, default_config, triton_varlen_attention
     from rocm_vit.layout import VisionLayout
+    from rocm_vit.platform import platform_info
 
     rows = []
     for head_dim in args.head_dims:
-        default = default_config(head_dim, torch.bfloat16)
+        default = default_config(head_dim, torch.bfloat16, arch=platform_info().arch)
         for layout_name in SWEEP_LAYOUTS:
             layout = VisionLayout.from_grid_thw(LAYOUTS[layout_name])
             q, k, v = _inputs(layout, args.heads, head_dim, device)
