@@ -83,12 +83,20 @@ def default_budget_bytes(total_memory_bytes: int) -> int:
 
 @dataclass
 class _Graph:
-    """A captured layout: the graph, its static output (in the pool) and its token count."""
+    """A captured layout: the graph, its static output (in the pool), and the staging views it reads."""
 
     graph: Any
     output: torch.Tensor
-    signature: Signature
+    key: tuple
+    staging: _Staging
+    inputs: tuple[torch.Tensor, ...]  # views of staging.inputs, one per per-call tensor
+    offsets: dict[str, torch.Tensor]  # views of staging.cu_seqlens, by segmentation
+    host_offsets: dict[str, torch.Tensor]  # the layout's pinned int32 offsets, copied into ``offsets``
     tokens: int
+
+    def fill(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        """Copy this call's tensors into staging, and this graph's offsets unless they are there already."""
+        self.staging.fill(self.key, self.inputs, tensors, self.offsets, self.host_offsets)
 
 
 class _Staging:
@@ -106,6 +114,9 @@ class _Staging:
             for dtype, shape, rows_per_token in signature
         )
         self.cu_seqlens: dict[str, torch.Tensor] = {}
+        # The graph key whose offsets the cu_seqlens buffers hold: a layout replayed again (the common
+        # case) needs no offsets copy; its offsets follow from its key alone.
+        self.offsets_key: tuple | None = None
         self._device = device
 
     @staticmethod
@@ -120,19 +131,33 @@ class _Staging:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (*self.inputs, *self.cu_seqlens.values()))
 
-    def fill(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> tuple[tuple, dict]:
-        """Copy this call's tensors and offsets in; return the views a graph reads and the offsets by name."""
-        views = tuple(buffer[: given.shape[0]] for buffer, given in zip(self.inputs, tensors, strict=True))
-        for view, given in zip(views, tensors, strict=True):
-            view.copy_(given)
+    def views(
+        self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout
+    ) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+        """The views a graph of ``layout`` reads: its rows of each input buffer, its offsets by segmentation."""
+        inputs = tuple(buffer[: given.shape[0]] for buffer, given in zip(self.inputs, tensors, strict=True))
         offsets = {}
         for name, segmentation in layout.segmentations.items():
             if name not in self.cu_seqlens:
                 # Offsets of up to max_tokens segments (plus an empty leading one, as SGLang passes).
                 self.cu_seqlens[name] = torch.zeros(self.max_tokens + 2, dtype=torch.int32, device=self._device)
             offsets[name] = self.cu_seqlens[name][: len(segmentation.cu_seqlens)]
-            offsets[name].copy_(layout.cu_seqlens_host(name), non_blocking=True)
-        return views, offsets
+        return inputs, offsets
+
+    def fill(
+        self,
+        key: tuple,
+        inputs: tuple[torch.Tensor, ...],
+        tensors: tuple[torch.Tensor, ...],
+        offsets: dict[str, torch.Tensor],
+        host_offsets: dict[str, torch.Tensor],
+    ) -> None:
+        for view, given in zip(inputs, tensors, strict=True):
+            view.copy_(given)
+        if self.offsets_key != key:
+            for name, view in offsets.items():
+                view.copy_(host_offsets[name], non_blocking=True)
+            self.offsets_key = key
 
 
 class ViTGraphRunner:
@@ -216,21 +241,22 @@ class ViTGraphRunner:
         """
         tensors = (x, cos, sin, *inputs)
         _check_inputs(tensors, layout)
-        tokens = layout.num_patches
-        signature: Signature = tuple((t.dtype, tuple(t.shape[1:]), Fraction(t.shape[0], tokens)) for t in tensors)
-        key = (*layout.graph_key, signature)
+        # Exact shapes and dtypes: cheap to build on every call (the staging signature is derived
+        # from them only when a capture is due).
+        key = (layout.graph_key, tuple((t.dtype, t.shape) for t in tensors))
         with self._lock:
             entry = self._graphs.get(key)
             if entry is not None:
                 self._graphs.move_to_end(key)
-                return self._replay(entry, tensors, layout)
+                return self._replay(entry, tensors)
             reason = self._admission(key, layout.num_patches, x.device)
             if reason is None:
+                signature = _signature(tensors, layout.num_patches)
                 reason = self._make_room(signature, layout.num_patches)
             if reason is None:
                 entry, error = self._capture(key, signature, layout, tensors)
                 if entry is not None:
-                    return self._replay(entry, tensors, layout)
+                    return self._replay(entry, tensors)
                 if error is None:  # captured, but over the budget: dropped at once
                     self._eager_runs["over_budget"] += 1
                     return self._eager(tensors, layout)
@@ -358,7 +384,9 @@ class ViTGraphRunner:
                 staging = self._staging.get(signature)
                 if staging is None:
                     staging = self._staging[signature] = _Staging(signature, self.max_tokens, device)
-                views, offsets = staging.fill(tensors, layout)
+                views, offsets = staging.views(tensors, layout)
+                host_offsets = {name: layout.cu_seqlens_host(name) for name in offsets}
+                staging.fill(key, views, tensors, offsets, host_offsets)
                 attn_args = self.attention.layout_args(layout, offsets)
 
                 def forward() -> torch.Tensor:
@@ -373,7 +401,7 @@ class ViTGraphRunner:
             # mid-capture. Graphs already captured keep the memory of the pool they used.
             self._pool = None
             return None, error
-        entry = _Graph(graph, output, signature, layout.num_patches)
+        entry = _Graph(graph, output, key, staging, views, offsets, host_offsets, layout.num_patches)
         self._graphs[key] = entry
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
@@ -402,9 +430,9 @@ class ViTGraphRunner:
             self._remember(self._over_budget, key)
         logger.debug("captured a graph for %d tokens; pool %.0f MiB", entry.tokens, self._pool_bytes / 2**20)
 
-    def _replay(self, entry: _Graph, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> torch.Tensor:
+    def _replay(self, entry: _Graph, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         with self._mechanism.on_stream(self._stream):
-            self._staging[entry.signature].fill(tensors, layout)
+            entry.fill(tensors)
             self._mechanism.replay(entry.graph)
             output = entry.output.clone()
         self._mechanism.hand_over(output, self._stream)
@@ -436,6 +464,11 @@ class ViTGraphRunner:
         if topic not in self._logged:
             self._logged.add(topic)
             logger.warning(message, *args)
+
+
+def _signature(tensors: tuple[torch.Tensor, ...], tokens: int) -> Signature:
+    """What staging is shared by: dtypes, trailing shapes and rows per token, not the token count."""
+    return tuple((t.dtype, tuple(t.shape[1:]), Fraction(t.shape[0], tokens)) for t in tensors)
 
 
 def _check_inputs(tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> None:

@@ -42,8 +42,10 @@ def _workloads(tower: VisionTower, count: int, seed: int, max_side: int = 512) -
 
 
 def _capture_at_once(tower: VisionTower, **options) -> ViTGraphRunner:
-    """Graphs from a layout's first call, any size these tests use: what they check is the graph path."""
+    """Graphs from a layout's first call, any size these tests use and no budget in the way: what they
+    check is the graph path (the budget has its own test)."""
     options.setdefault("max_tokens", 1 << 15)
+    options.setdefault("budget_bytes", 64 << 30)
     return tower.enable_graphs(min_sightings=1, **options)
 
 
