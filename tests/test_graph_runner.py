@@ -30,6 +30,7 @@ class _StandInGraph:
     fn: Any
     output: torch.Tensor
     tokens: int
+    pool: object
 
 
 @dataclass
@@ -43,7 +44,7 @@ class StandInGraphs:
     capture_pools: list[object] = field(default_factory=list)
     releases: int = 0
     _live: weakref.WeakSet = field(default_factory=weakref.WeakSet)
-    _scratch_bytes: int = 0
+    _scratch_bytes: dict = field(default_factory=dict)  # pool -> its largest capture's intermediates
 
     def available(self, device: torch.device) -> bool:
         return True
@@ -52,8 +53,9 @@ class StandInGraphs:
         return self.total_memory_bytes
 
     def new_pool(self, device: torch.device) -> object:
-        self._scratch_bytes = 0
-        return object()
+        pool = object()
+        self._scratch_bytes[pool] = 0
+        return pool
 
     def new_stream(self, device: torch.device) -> str:
         return "runner-stream"
@@ -77,9 +79,9 @@ class StandInGraphs:
             self.fail_captures -= 1
             raise torch.OutOfMemoryError("stand-in: out of memory during capture")
         output = fn()
-        graph = _StandInGraph(fn, output, output.shape[0])
+        graph = _StandInGraph(fn, output, output.shape[0], pool)
         self._live.add(graph)
-        self._scratch_bytes = max(self._scratch_bytes, self.scratch_bytes_per_token * graph.tokens)
+        self._scratch_bytes[pool] = max(self._scratch_bytes[pool], self.scratch_bytes_per_token * graph.tokens)
         return graph, output
 
     def replay(self, graph: _StandInGraph) -> None:
@@ -90,7 +92,7 @@ class StandInGraphs:
         self.events.append("hand_over")
 
     def pool_bytes(self, pool, device) -> int:
-        return self._scratch_bytes + sum(graph.output.nbytes for graph in self._live)
+        return self._scratch_bytes[pool] + sum(graph.output.nbytes for graph in self._live if graph.pool is pool)
 
     def release_pool(self, pool, device) -> None:
         self.releases += 1
@@ -321,6 +323,23 @@ def test_failed_capture_is_remembered_served_eagerly_and_runner_keeps_working(
     # The capture after a failure goes to a fresh pool: the failed one may be left mid-capture.
     assert mechanism.capture_pools[0] is not mechanism.capture_pools[1]
     assert "graph capture failed" in caplog.text
+
+
+def test_bytes_held_counts_the_pool_graphs_were_captured_into_before_a_failed_capture(
+    generator: torch.Generator,
+) -> None:
+    mechanism = StandInGraphs(scratch_bytes_per_token=64)
+    runner, _ = _runner(mechanism=mechanism, max_tokens=64)
+    _run_checked(runner, _layout((1, 2, 4)), generator)
+    mechanism.fail_captures = 1
+    _run_checked(runner, _layout((1, 2, 6)), generator)  # fails: later captures go to a fresh pool
+    _run_checked(runner, _layout((1, 2, 8)), generator)
+    old_pool, failed_pool, new_pool = mechanism.capture_pools
+    assert old_pool is failed_pool and new_pool is not old_pool
+    stats = runner.stats()
+    assert stats["graphs"] == 2
+    old_bytes, new_bytes = mechanism.pool_bytes(old_pool, None), mechanism.pool_bytes(new_pool, None)
+    assert old_bytes > 0 and stats["pool_bytes"] == old_bytes + new_bytes
 
 
 def _failing_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

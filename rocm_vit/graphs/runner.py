@@ -88,6 +88,7 @@ class _Graph:
     graph: Any
     output: torch.Tensor
     key: tuple
+    pool: Any  # the pool it was captured into (a failed capture moves later ones to a fresh pool)
     staging: _Staging
     inputs: tuple[torch.Tensor, ...]  # views of staging.inputs, one per per-call tensor
     offsets: dict[str, torch.Tensor]  # views of staging.cu_seqlens, by segmentation
@@ -360,14 +361,23 @@ class ViTGraphRunner:
         logger.debug("evicted the graph of %d tokens (least recently used)", entry.tokens)
 
     def _release_pool(self) -> None:
-        """Drop every graph and hand the pool's memory back; later captures start a fresh pool."""
+        """Drop every graph and hand the pools' memory back; later captures start a fresh pool."""
+        pools = self._live_pools()
         self._graphs.clear()
-        if self._pool is not None:
-            self._mechanism.release_pool(self._pool, self._device)
+        if pools:
+            self._mechanism.release_pool(pools[0], self._device)  # empties the allocator's cache: all of them
         self._pool = None
         self._pool_bytes = 0
         self._scratch_bytes = 0
         self._pool_releases += 1
+
+    def _live_pools(self) -> list[Any]:
+        """The pool new captures go to, and any older one a live graph was captured into."""
+        pools = [] if self._pool is None else [self._pool]
+        for entry in self._graphs.values():
+            if all(entry.pool is not pool for pool in pools):
+                pools.append(entry.pool)
+        return pools
 
     # Capture, replay, eager -----------------------------------------------------------------------
 
@@ -401,7 +411,7 @@ class ViTGraphRunner:
             # mid-capture. Graphs already captured keep the memory of the pool they used.
             self._pool = None
             return None, error
-        entry = _Graph(graph, output, key, staging, views, offsets, host_offsets, layout.num_patches)
+        entry = _Graph(graph, output, key, self._pool, staging, views, offsets, host_offsets, layout.num_patches)
         self._graphs[key] = entry
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
@@ -410,7 +420,7 @@ class ViTGraphRunner:
 
     def _account_capture(self, key: tuple, entry: _Graph) -> None:
         """Measure the pool after a capture, learn from it, and hold the budget."""
-        self._pool_bytes = self._mechanism.pool_bytes(self._pool, self._device)
+        self._pool_bytes = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._live_pools())
         live_outputs = sum(graph.output.nbytes for graph in self._graphs.values())
         self._output_bytes_per_token = max(self._output_bytes_per_token, entry.output.nbytes / entry.tokens)
         scratch = self._pool_bytes - live_outputs
