@@ -8,6 +8,7 @@ real shared pool would hold: the live graphs' outputs plus the largest capture's
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import weakref
@@ -192,6 +193,31 @@ def test_all_graphs_read_one_staging_set_that_never_grows(generator: torch.Gener
     assert staging_bytes == 3 * 64 * HIDDEN * 4 + (64 + 2) * 4
     assert all(buffer.shape[0] == 64 for buffer in staging.inputs)
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (8, 16)
+
+
+class _DeviceOffsets(SdpaAttention):
+    """A varlen-style list: the offsets tensor itself, read when the graph runs (as a GPU kernel reads it)."""
+
+    def runner_args(self, segmentation, cu_seqlens: torch.Tensor) -> list:
+        return [cu_seqlens]
+
+
+def _offsets_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    (cu_seqlens,) = attn_args["full"]
+    offsets = cu_seqlens.tolist()  # what the "device" holds at replay time
+    lengths = [end - start for start, end in itertools.pairwise(offsets)]
+    return torch.cat([part.cumsum(0) for part in x.split(lengths)]) * cos[:, :HIDDEN] + sin[:, :HIDDEN]
+
+
+def test_replays_read_their_own_offsets_from_staging(generator: torch.Generator) -> None:
+    """Equal token counts, other boundaries, alternating: each replay must find its offsets in staging."""
+    runner = ViTGraphRunner(_offsets_forward, _DeviceOffsets(), min_sightings=1, mechanism=StandInGraphs())
+    layouts = [_layout((1, 4, 4), (1, 2, 2)), _layout((1, 2, 2), (1, 4, 4)), _layout((1, 2, 10))]
+    for layout in layouts * 3 + layouts[:1] * 2:
+        x, cos, sin = _inputs(layout, generator)
+        expected = _offsets_forward(x, {"full": [layout.cu_seqlens_tensor("cpu")]}, cos, sin)
+        assert torch.equal(runner.run(x, layout, cos, sin), expected)
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (3, 11)
 
 
 def test_capacity_evicts_the_least_recently_used_graph(generator: torch.Generator) -> None:
