@@ -29,6 +29,7 @@ from rocm_vit.attention import (
     pick_cuda_backend,
 )
 from rocm_vit.cli import bench_attention
+from rocm_vit.emulation.aiter_signature import PYPI_PARAMETERS, parameter_list
 from rocm_vit.layout import VisionLayout
 
 # Ragged, with a single-token segment (grid (1, 1, 1) has one patch only with merge size 1).
@@ -101,7 +102,8 @@ def test_sdpa_from_a_host_cu_seqlens_tensor(generator):
 
 
 def _stand_in_aiter(host_cu_seqlens: tuple[int, ...] | None = None) -> types.ModuleType:
-    """A fake ``aiter`` whose ``flash_attn_varlen_func`` has aiter's signature (0.1.7 .. main) and
+    """A fake ``aiter`` whose ``flash_attn_varlen_func`` has the parameter list of the PyPI wheel
+    (``rocm_vit.emulation.aiter_signature.PYPI_PARAMETERS``; the test below keeps them equal) and
     refuses what real aiter cannot take: non-int32 or non-contiguous offsets, offsets on another
     device, a max length that is not a Python int (tensor, numpy int, bool) or that does not match
     the offsets (cu/max order mixed up), mixed dtypes. It computes attention in float64 and returns
@@ -160,6 +162,13 @@ def _stand_in_aiter(host_cu_seqlens: tuple[int, ...] | None = None) -> types.Mod
 
     module.flash_attn_varlen_func = flash_attn_varlen_func
     return module
+
+
+def test_the_local_fake_has_the_pinned_parameter_list_of_the_pypi_wheel():
+    """This fake computes in float64 and records calls, for the backend tests here; the emulation
+    tier's stand-in (rocm_vit/emulation, tested in test_aiter_standin.py) has the newest release's
+    list. Both follow a pinned list, so neither drifts from aiter unnoticed."""
+    assert parameter_list(_stand_in_aiter().flash_attn_varlen_func) == list(PYPI_PARAMETERS)
 
 
 @pytest.fixture
