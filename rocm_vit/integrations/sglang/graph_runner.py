@@ -5,10 +5,12 @@ private pool and keeps every graph forever, captures in global error mode (other
 touch the GPU meanwhile), returns its static output buffer (the next replay overwrites what the
 caller holds) and rounds fp32 cos/sin to the ViT dtype in graph mode only. The adapter keeps its
 constructor and ``run(...)`` signature, so SGLang's models call it unchanged, and hands the block
-stack to rocm-vit's runner: one graph per exact layout keyed from host data, one shared pool, at
-most ``SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY`` graphs (default 32; later layouts run the same blocks
-eagerly), thread-local capture inside SGLang's tensor-parallel capture context, owned outputs, and
-cos/sin in the dtype the model passed.
+stack to rocm-vit's runner: one graph per exact layout keyed from host data, one shared pool and
+one staging set, graphs only for layouts seen ``SGLANG_VIT_CUDA_GRAPH_MIN_HITS`` times and up to
+``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS`` patches, at most ``SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY`` graphs
+within ``SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB`` (least recently used evicted; everything else runs
+the same blocks eagerly), thread-local capture inside SGLang's tensor-parallel capture context, every
+caller's stream ordered, owned outputs, and cos/sin in the dtype the model passed.
 
 Qwen2.5-VL's windowed calls (``cu_window_seqlens``, ``output_indices``, ``position_embeddings``)
 take the same path: the layout carries SGLang's full and window offsets as given (its full offsets
