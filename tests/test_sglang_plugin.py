@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "tests" / "sglang_support" / "scenario.py"
 OURS = "rocm_vit.integrations.sglang"
 STAGING_TOKENS = 256
+BUDGET_MB = 512
 HOOK_NAMES = {hook.name for hook in hooks.HOOKS}
 
 needs_sglang = pytest.mark.skipif(
@@ -46,6 +47,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env.update(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
     # Capture every layout at its first call, and size staging for the scenario's small layouts.
     env.update(SGLANG_VIT_CUDA_GRAPH_MIN_HITS="1", SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS=str(STAGING_TOKENS))
+    env.update(SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB=str(BUDGET_MB), SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="16")
     done = subprocess.run(
         [sys.executable, str(SCENARIO), str(path)], env=env, capture_output=True, text=True, timeout=300
     )
@@ -160,6 +162,13 @@ def test_first_failure_in_rocm_vits_path_hands_the_tower_to_sglang_for_good(repo
     # Three calls: rocm-vit's runner is tried once, fails, and SGLang's runner serves all three.
     assert (safety["runner_calls"], safety["handed_over"]) == (1, 3)
     assert (safety["failures"], safety["deferred"]) == (1, True)
+
+
+@needs_sglang
+def test_adapter_takes_admission_and_budget_from_sglang_variables(report: dict[str, Any]) -> None:
+    graphs = report["graph_vs_eager"]
+    assert (graphs["capacity"], graphs["min_sightings"], graphs["max_tokens"]) == (16, 1, STAGING_TOKENS)
+    assert graphs["budget_bytes"] == BUDGET_MB << 20
 
 
 @needs_sglang

@@ -389,6 +389,7 @@ def _graph_vs_eager(model: torch.nn.Module, inputs: list, eager: list[torch.Tens
         "eager_runs": stats["eager_runs"],
         "graphs": stats["graphs"],
         "staging_bytes": stats["staging_bytes"],
+        **{name: stats[name] for name in ("capacity", "min_sightings", "max_tokens", "budget_bytes")},
     }
 
 
