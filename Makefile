@@ -2,8 +2,8 @@
 #
 #   make venv       create or reuse .venv and install rocm-vit (editable) with its test extra
 #   make test       CPU suite: lint + every test not marked gpu/rocm          (ci/cpu.sh)
-#   make gpu-test   NVIDIA tier: gpu-marked tests + `rocm-vit verify`          (ci/cuda.sh)
-#   make rocm-test  AMD Instinct tier with aiter, SGLANG_USE_AITER=1           (ci/rocm.sh)
+#   make gpu-test   NVIDIA tier: gpu tests + `rocm-vit verify`, natively, then emulating ROCm (ci/cuda.sh)
+#   make rocm-test  AMD Instinct tier with aiter, SGLANG_USE_AITER=1, offline  (ci/rocm.sh)
 #   make run        `rocm-vit doctor`, then `rocm-vit bench` on its default preset
 #   make lint | wheel | clean | distclean
 #
