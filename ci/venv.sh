@@ -11,6 +11,7 @@
 #   PYTHON      interpreter that creates the venv            (default: python3)
 #   VENV        where                                         (default: .venv)
 #   TORCH_SPEC  torch requirement when none is installed      (default: torch==2.13.0)
+#   TRITON_SPEC triton requirement when none is installed, never on ROCm (default: triton==3.9.0)
 #   EXTRAS      extras of rocm-vit to install                 (default: test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+TRITON_SPEC=${TRITON_SPEC:-triton==3.9.0}
 EXTRAS=${EXTRAS:-test}
 
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
@@ -88,8 +90,10 @@ if ! "$py" -c 'import triton' >/dev/null 2>&1; then
     echo "venv: WARNING: torch is a ROCm build ($torch_hip) without Triton; not installing the PyPI" \
       "triton wheel (it would replace ROCm's Triton); tests that need Triton cannot run." >&2
   else
-    echo "venv: installing triton (Triton-interpreter tests on CPU)"
-    "${pip_install[@]}" triton
+    # Pinned: the interpreter tests and the gfx942/gfx950 compile check (tests/aot_rocm.py, which
+    # uses Triton's launch internals) were written against it; a new release must not turn CI red.
+    echo "venv: installing $TRITON_SPEC (Triton-interpreter tests and the AMD compile check, on CPU)"
+    "${pip_install[@]}" "$TRITON_SPEC"
   fi
 fi
 
