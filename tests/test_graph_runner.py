@@ -95,7 +95,7 @@ class StandInGraphs:
     def pool_bytes(self, pool, device) -> int:
         return self._scratch_bytes[pool] + sum(graph.output.nbytes for graph in self._live if graph.pool is pool)
 
-    def release_pool(self, pool, device) -> None:
+    def release_pools(self, pools, device) -> None:
         self.releases += 1
 
 

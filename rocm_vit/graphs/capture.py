@@ -50,8 +50,8 @@ class GraphMechanism(Protocol):
     def pool_bytes(self, pool: Any, device: torch.device) -> int:
         """Bytes the allocator reserves for ``pool`` now."""
 
-    def release_pool(self, pool: Any, device: torch.device) -> None:
-        """Give the memory of ``pool`` back to the device; no graph uses it any more."""
+    def release_pools(self, pools: list[Any], device: torch.device) -> None:
+        """Give the memory of ``pools`` back to the device; no graph uses them any more."""
 
 
 class CudaGraphs:
@@ -116,9 +116,9 @@ class CudaGraphs:
             if tuple(segment.get("segment_pool_id", ())) == pool_id and segment["device"] == device.index
         )
 
-    def release_pool(self, pool: Any, device: torch.device) -> None:
-        # The allocator frees a pool that no graph uses only when its cache is emptied. Rare: the
-        # runner releases its pool only when a capture broke the budget.
+    def release_pools(self, pools: list[Any], device: torch.device) -> None:
+        # The allocator frees pools that no graph uses only when its cache is emptied, which frees
+        # them all at once. Rare: the runner releases its pools only when the budget demands it.
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
 

@@ -111,8 +111,7 @@ class _Staging:
     def __init__(self, signature: Signature, max_tokens: int, device: torch.device) -> None:
         self.max_tokens = max_tokens
         self.inputs = tuple(
-            torch.empty((math.ceil(max_tokens * rows_per_token), *shape), dtype=dtype, device=device)
-            for dtype, shape, rows_per_token in signature
+            torch.empty(shape, dtype=dtype, device=device) for dtype, shape in _buffer_shapes(signature, max_tokens)
         )
         self.cu_seqlens: dict[str, torch.Tensor] = {}
         # The graph key whose offsets the cu_seqlens buffers hold: a layout replayed again (the common
@@ -123,10 +122,7 @@ class _Staging:
     @staticmethod
     def planned_bytes(signature: Signature, max_tokens: int) -> int:
         """What the input buffers of ``signature`` take, before allocating them."""
-        return sum(
-            math.ceil(max_tokens * rows_per_token) * math.prod(shape) * dtype.itemsize
-            for dtype, shape, rows_per_token in signature
-        )
+        return sum(math.prod(shape) * dtype.itemsize for dtype, shape in _buffer_shapes(signature, max_tokens))
 
     @property
     def nbytes(self) -> int:
@@ -273,7 +269,7 @@ class ViTGraphRunner:
         """Counters for logs, ``rocm-vit bench`` and ``bench-memory``: captures, replays, evictions,
         eager runs by reason, graphs held, and the bytes held (staging plus pool) against the budget."""
         with self._lock:
-            staging_bytes = sum(staging.nbytes for staging in self._staging.values())
+            staging_bytes = self._staging_bytes()
             return {
                 "captures": self._captures,
                 "replays": self._replays,
@@ -323,7 +319,7 @@ class ViTGraphRunner:
     def _make_room(self, signature: Signature, tokens: int) -> str | None:
         """Evict least recently used graphs until a capture of ``tokens`` fits; ``"over_budget"`` if none can."""
         budget = self._budget_bytes
-        staging_bytes = sum(staging.nbytes for staging in self._staging.values())
+        staging_bytes = self._staging_bytes()
         if signature not in self._staging:
             staging_bytes += _Staging.planned_bytes(signature, self.max_tokens)
         if staging_bytes > budget:
@@ -343,7 +339,7 @@ class ViTGraphRunner:
         while self._graphs and staging_bytes + self._predicted_pool_bytes(tokens) > budget:
             self._evict_oldest()
         if staging_bytes + self._predicted_pool_bytes(tokens) > budget and self._pool_bytes:
-            self._release_pool()  # no graph left: what the pool still reserves is only in the way
+            self._release_pools()  # no graph left: what the pool still reserves is only in the way
         if staging_bytes + self._predicted_pool_bytes(tokens) > budget:
             return "over_budget"
         return None
@@ -360,16 +356,19 @@ class ViTGraphRunner:
         self._evictions += 1
         logger.debug("evicted the graph of %d tokens (least recently used)", entry.tokens)
 
-    def _release_pool(self) -> None:
+    def _release_pools(self) -> None:
         """Drop every graph and hand the pools' memory back; later captures start a fresh pool."""
         pools = self._live_pools()
         self._graphs.clear()
         if pools:
-            self._mechanism.release_pool(pools[0], self._device)  # empties the allocator's cache: all of them
+            self._mechanism.release_pools(pools, self._device)
         self._pool = None
         self._pool_bytes = 0
         self._scratch_bytes = 0
         self._pool_releases += 1
+
+    def _staging_bytes(self) -> int:
+        return sum(staging.nbytes for staging in self._staging.values())
 
     def _live_pools(self) -> list[Any]:
         """The pool new captures go to, and any older one a live graph was captured into."""
@@ -427,7 +426,7 @@ class ViTGraphRunner:
         if scratch > self._scratch_bytes:  # this capture needed more intermediates than any before
             self._scratch_bytes = scratch
             self._scratch_bytes_per_token = max(self._scratch_bytes_per_token, scratch / entry.tokens)
-        held = self._pool_bytes + sum(staging.nbytes for staging in self._staging.values())
+        held = self._pool_bytes + self._staging_bytes()
         if held > self._budget_bytes:
             logger.warning(
                 "graph memory %.0f MiB after capturing %d tokens is over the %.0f MiB budget; "
@@ -436,7 +435,7 @@ class ViTGraphRunner:
                 entry.tokens,
                 self._budget_bytes / 2**20,
             )
-            self._release_pool()
+            self._release_pools()
             self._remember(self._over_budget, key)
         logger.debug("captured a graph for %d tokens; pool %.0f MiB", entry.tokens, self._pool_bytes / 2**20)
 
@@ -474,6 +473,11 @@ class ViTGraphRunner:
         if topic not in self._logged:
             self._logged.add(topic)
             logger.warning(message, *args)
+
+
+def _buffer_shapes(signature: Signature, max_tokens: int) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+    """The staging buffer of each per-call tensor: its rows per token times ``max_tokens`` rows."""
+    return [(dtype, (math.ceil(max_tokens * rows_per_token), *shape)) for dtype, shape, rows_per_token in signature]
 
 
 def _signature(tensors: tuple[torch.Tensor, ...], tokens: int) -> Signature:
