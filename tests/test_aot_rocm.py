@@ -8,15 +8,11 @@ the real wrappers (tests/aot_rocm.py says how); the tests check what the code ob
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from aot_rocm import ARCHS, DTYPES, KERNEL_NAMES, Record, _resources, _with_occupancy
+from triton_interpreter import run_in_child
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # Attention programs are long-running and latency-bound on their K/V loads: a second resident
 # workgroup per CU is what hides one workgroup's loads behind the other's matmuls.
 MIN_ATTENTION_WORKGROUPS_PER_CU = 2
@@ -26,18 +22,9 @@ MIN_ATTENTION_WORKGROUPS_PER_CU = 2
 def records(tmp_path_factory) -> list[Record]:
     pytest.importorskip("triton.backends.amd.compiler", reason="Triton without its AMD backend")
     out = tmp_path_factory.mktemp("aot_rocm") / "records.json"
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    completed = subprocess.run(
-        [sys.executable, "-m", "tests.aot_rocm", "--json", str(out)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_in_child(
+        ["-m", "tests.aot_rocm", "--json", str(out)], {"TRITON_INTERPRET": None}, "python -m tests.aot_rocm", 600
     )
-    if completed.returncode != 0:
-        pytest.fail(f"python -m tests.aot_rocm failed:\n{completed.stderr[-4000:]}")
     return [Record(**fields) for fields in json.loads(out.read_text())]
 
 

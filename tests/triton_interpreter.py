@@ -25,7 +25,21 @@ def run_interpreted(script: str, cases: dict, workdir: Path, env_overrides: dict
     ``env_overrides`` sets variables for the child; a ``None`` value removes one.
     """
     torch.save(cases, workdir / "in.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run_in_child(
+        ["-c", script, str(workdir / "in.pt"), str(workdir / "out.pt")],
+        {"TRITON_INTERPRET": "1", **env_overrides},
+        "interpreter run",
+        timeout=300,
+    )
+    return torch.load(workdir / "out.pt")
+
+
+def run_in_child(args: list[str], env_overrides: dict[str, str | None], what: str, timeout: int) -> None:
+    """``python args`` in the repository root with it on ``PYTHONPATH``; fails the test with its stderr.
+
+    ``env_overrides`` sets variables for the child; a ``None`` value removes one.
+    """
+    env = dict(os.environ)
     for name, value in env_overrides.items():
         if value is None:
             env.pop(name, None)
@@ -33,13 +47,7 @@ def run_interpreted(script: str, cases: dict, workdir: Path, env_overrides: dict
             env[name] = value
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     completed = subprocess.run(
-        [sys.executable, "-c", script, str(workdir / "in.pt"), str(workdir / "out.pt")],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
     if completed.returncode != 0:
-        pytest.fail(f"interpreter run failed:\n{completed.stderr[-4000:]}")
-    return torch.load(workdir / "out.pt")
+        pytest.fail(f"{what} failed:\n{completed.stderr[-4000:]}")
