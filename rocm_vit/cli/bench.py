@@ -20,6 +20,7 @@ from rocm_vit.cli.workload import (
     build_tower,
     median_ms,
     parse_layouts,
+    progress,
     random_pixels,
 )
 from rocm_vit.models import VisionTower, preset_names
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     rows = []
     with torch.inference_mode():
-        for index, workload in enumerate(_progress(workloads)):
+        for index, workload in enumerate(progress(workloads, "layouts", "layout")):
             pixels = random_pixels(workload, tower.config, device, args.seed + index).to(dtype)
             rows.append(_measure(tower, baseline, workload, pixels, repeats, graphs))
     report = {
@@ -207,14 +208,6 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     logger.info("plot written to %s", path)
-
-
-def _progress(items: list):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc="layouts", unit="layout", leave=False)
 
 
 def _commit() -> str:

@@ -32,14 +32,21 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from rocm_vit.cli.workload import DEFAULT_ONE_OFF_MAX_SIDE_PX, Workload, build_tower, mixed_stream, revisiting_workloads
+from rocm_vit.cli.workload import (
+    DEFAULT_ONE_OFF_MAX_SIDE_PX,
+    Workload,
+    build_tower,
+    mixed_stream,
+    progress,
+    revisiting_workloads,
+)
 from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SIGHTINGS
 from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
@@ -208,7 +215,7 @@ def _random(tower: VisionTower, budget_bytes: int, calls: int, max_side_px: int,
     warm_up_calls = max(1, round(calls * WARM_UP_SHARE))
     bytes_held = []
     reserved_after_warm_up = 0
-    for index, workload in enumerate(_progress(stream, "random")):
+    for index, workload in enumerate(progress(stream, "random", "call")):
         _call(tower, pixels, index, workload, use_graphs=True)
         bytes_held.append(runner.stats()["bytes_held"])
         if index + 1 == warm_up_calls:
@@ -321,7 +328,7 @@ def _timed_run(
     replayed: list[bool] = []
     bytes_held: list[int] = []
     started = time.perf_counter()
-    for index, workload in enumerate(_progress(stream, desc)):
+    for index, workload in enumerate(progress(stream, desc, "call")):
         replays_before = runner.stats()["replays"] if use_graphs else 0
         torch.cuda.synchronize()
         call_started = time.perf_counter()
@@ -358,14 +365,6 @@ def _release_graphs(tower: VisionTower) -> None:
     """Drop the runner, its graphs and pool, so the next scenario starts from an empty cache."""
     tower.disable_graphs()
     _settled_reserved()
-
-
-def _progress(items: list, desc: str) -> Iterable:
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=desc, unit="call", leave=False)
 
 
 def _int_at_least(least: int) -> Callable[[str], int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -236,6 +236,15 @@ def random_pixels(workload: Workload, config: TowerConfig, device: torch.device,
     generator = torch.Generator().manual_seed(seed)
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     return torch.randn(workload.patches, width, generator=generator).to(device)
+
+
+def progress(items: list, desc: str, unit: str) -> Iterable:
+    """``items`` under a tqdm progress bar where tqdm is installed (``rocm-vit[bench]``), else as is."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit=unit, leave=False)
 
 
 def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> float:
