@@ -20,6 +20,7 @@ multiples of 8 (64/72/80/128) run unpadded.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .varlen_args import varlen_offsets
 
@@ -36,6 +37,7 @@ def aiter_varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float,
+    pad_head_dim_to: int | None = None,
 ) -> torch.Tensor:
     """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
 
@@ -44,7 +46,16 @@ def aiter_varlen_attention(
     Returns ``[N, H, D]`` in ``v.dtype``: q and k are cast to it first, since aiter returns
     ``q.dtype``. An int64, non-contiguous or CPU ``cu_seqlens`` from an eager caller is converted
     here (an extra device op, never a host read).
+
+    ``pad_head_dim_to`` (e.g. 128, where aiter has assembly kernels) zero-pads q, k and v to that head
+    dim and returns the first ``D`` columns, contiguous: zero columns add nothing to a score, and
+    padded v columns are cut off; ``scale`` stays the caller's.
     """
+    head_dim = q.shape[-1]
+    if pad_head_dim_to is not None and pad_head_dim_to > head_dim:
+        pad = (0, pad_head_dim_to - head_dim)
+        padded = aiter_varlen_attention(F.pad(q, pad), F.pad(k, pad), F.pad(v, pad), cu_seqlens, max_seqlen, scale)
+        return padded[..., :head_dim].contiguous()
     try:
         import aiter
     except ImportError as err:

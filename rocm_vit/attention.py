@@ -6,22 +6,21 @@ attends within (DESIGN.md, Attention backend); ``layout_args`` builds them all. 
 layout (SGLang's ``VisionAttention``) build the list from a ``cu_seqlens`` tensor with
 ``attn_args_from_tensor``.
 
-Selection (``default_backend_name``): ROCm with aiter and ``SGLANG_USE_AITER=1`` -> ``aiter_attn``;
-ROCm otherwise -> ``triton_attn``; CUDA -> ``auto`` (a kernel per layout, from host-side lengths,
-``fa4`` among them for long segments where flash-attn-4 is installed); CPU -> ``sdpa``.
-``ROCM_VIT_ATTENTION_BACKEND`` or an explicit name overrides it, and a backend that cannot run here
-fails in ``get_backend``, at tower construction, not at the first request.
+Selection is the policy's (``rocm_vit.policy``): without a tuned profile, ROCm with aiter and
+``SGLANG_USE_AITER=1`` -> ``aiter_attn``; ROCm otherwise -> ``triton_attn``; CUDA -> ``auto`` (a kernel
+per layout by the CUDA rule, ``fa4`` among them for long segments where flash-attn-4 is installed);
+CPU -> ``sdpa``. With a profile, ``auto`` on CUDA and ROCm picks per layout what ``rocm-vit tune``
+measured fastest. ``ROCM_VIT_ATTENTION_BACKEND`` or an explicit name overrides it, and a backend
+that cannot run here fails in ``get_backend``, at tower construction, not at the first request.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import importlib.util
 import itertools
 import logging
 import operator
-import os
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
@@ -30,30 +29,10 @@ import torch
 
 from rocm_vit.backends.sdpa import sdpa_varlen
 from rocm_vit.layout import Segmentation, VisionLayout
-from rocm_vit.platform import PlatformName, current_platform, platform_info
-from rocm_vit.settings import Settings, load_settings
+from rocm_vit.platform import PlatformName, platform_info
+from rocm_vit.policy import active_policy, backend_unavailable_reason, current_facts
 
 logger = logging.getLogger(__name__)
-
-# The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` and graph-timed sweeps on an H200
-# (bf16, 16 heads, head dim 72, torch 2.11; docs/benchmarks.md). SDPA's default kernel there is
-# cuDNN's fused attention (the profiler shows cudnn_generated_fort_native_sdpa_sm90_flash_fprop):
-# fastest on long segments (1x1024: 19.7 us vs 23.4 triton_attn; 1x4096: 216 vs 236; 1x12800: 2.0-2.1
-# ms vs 2.14-2.18) and on a few long ragged segments (4 segments >= 1024 tokens: 0.35 ms vs 0.38).
-# Below 1024 tokens triton_attn is as fast or faster (1x196: 8.7 us vs 9.4 plus a memset; 4x196: 8.5
-# vs 11.1; 16x256: 25.0 vs 25.5), and many or short ragged segments pay one SDPA launch each
-# (16 segments: 1.0 ms) where one triton_attn launch takes 0.20 ms (torch_varlen 0.28). SDPA's other
-# cost: cuDNN builds a plan on the first call of each new shape (50-250 ms, 660 ms for 16 ragged
-# lengths); under graphs the warm-up before capture pays it once per layout.
-CUDA_SDPA_MAX_SEGMENTS = 4
-CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
-# FlashAttention-4 (``fa4``, where installed on sm_90+) for layouts whose longest segment has at least
-# this many tokens. H200, head dim 72, graph-timed: 1x12800 1.48 ms vs 2.15 cuDNN SDPA; 2x8192 1.24
-# vs 1.57; 1x4096 188 us vs 211; ragged (4096, 1024, 2048, 512) 244 us vs 335 triton_attn. Shorter
-# layouts lose: 1x1024 23.6 us vs 20.7 SDPA, 16x256 46 vs 27, 1x196 11.2 vs 7.5 triton_attn.
-CUDA_FA4_MIN_LONGEST_TOKENS = 2048
-# The varlen kernel for the other layouts, in order of preference where available.
-CUDA_VARLEN_PREFERENCE = ("triton_attn", "torch_varlen")
 
 # What a tower's ``forward_blocks`` takes: one backend argument list per segmentation of the
 # layout, keyed by its name (``"full"``; ``"window"`` too for a windowed layout).
@@ -66,9 +45,16 @@ class AttentionBackend(ABC):
     name: ClassVar[str]
 
     @classmethod
-    def unavailable_reason(cls, platform: PlatformName) -> str | None:
-        """Why this backend cannot run on ``platform`` (what is missing), or ``None`` when it can."""
-        return None
+    def unavailable_reason(cls, platform: PlatformName | None = None) -> str | None:
+        """Why this backend cannot run on ``platform`` (default: this one), or ``None`` when it can.
+
+        The rules live in the policy (``backend_unavailable_reason``), which also decides what
+        ``auto`` may pick; this machine's modules are found without importing them.
+        """
+        facts = current_facts()
+        if platform is not None:
+            facts = dataclasses.replace(facts, platform=platform)
+        return backend_unavailable_reason(cls.name, facts)
 
     @abstractmethod
     def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
@@ -173,15 +159,21 @@ class AiterAttention(_VarlenAttention):
 
         self._attend = aiter_varlen_attention
 
-    @classmethod
-    def unavailable_reason(cls, platform: PlatformName) -> str | None:
-        if platform != "rocm":
-            return f"aiter_attn needs ROCm on an AMD Instinct GPU; this machine is {platform}"
-        if not _module_available("aiter"):
-            from rocm_vit.backends.aiter_attn import AITER_MISSING
 
-            return AITER_MISSING
-        return None
+class AiterPaddedAttention(_VarlenAttention):
+    """aiter with the head dim zero-padded to 128, where aiter has assembly kernels (72 and 80 have CK).
+
+    Padding q and k with zeros leaves every score unchanged, and padded v columns come out zero and
+    are cut off; the scale stays the model's. Whether the faster kernel pays for the three pads and
+    the slice is for ``rocm-vit tune`` to measure on the GPU, not to assume.
+    """
+
+    name = "aiter_attn_pad128"
+
+    def __init__(self) -> None:
+        from rocm_vit.backends.aiter_attn import aiter_varlen_attention
+
+        self._attend = functools.partial(aiter_varlen_attention, pad_head_dim_to=128)
 
 
 class TritonAttention(_VarlenAttention):
@@ -199,14 +191,6 @@ class TritonAttention(_VarlenAttention):
 
         # The platform's arch picks the tiles: under ROCm emulation an NVIDIA GPU runs the HIP ones.
         self._attend = functools.partial(triton_varlen_attention, arch=platform_info().arch or None)
-
-    @classmethod
-    def unavailable_reason(cls, platform: PlatformName) -> str | None:
-        if not _module_available("triton"):
-            return "triton is not installed (it ships with torch on CUDA and ROCm builds)"
-        if platform == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            return "triton_attn needs a CUDA or ROCm GPU (or TRITON_INTERPRET=1, for tests)"
-        return None
 
     def attn_args_from_tensor(
         self,
@@ -231,14 +215,6 @@ class TorchVarlenAttention(_VarlenAttention):
 
         self._attend = torch_varlen_attention
 
-    @classmethod
-    def unavailable_reason(cls, platform: PlatformName) -> str | None:
-        if platform != "cuda":
-            return f"torch_varlen needs an NVIDIA GPU (CUDA); this machine is {platform}"
-        if not _module_available("torch.nn.attention.varlen"):
-            return f"torch_varlen needs torch >= 2.10 (torch.nn.attention.varlen); this is torch {torch.__version__}"
-        return None
-
 
 class Fa4Attention(_VarlenAttention):
     """FlashAttention-4's varlen kernel (``flash_attn.cute``; NVIDIA sm_90+): imported at the first call."""
@@ -250,40 +226,26 @@ class Fa4Attention(_VarlenAttention):
 
         self._attend = fa4_varlen_attention
 
-    @classmethod
-    def unavailable_reason(cls, platform: PlatformName) -> str | None:
-        if platform != "cuda":
-            return f"fa4 needs an NVIDIA GPU (CUDA); this machine is {platform}"
-        if not _module_available("flash_attn.cute"):
-            from rocm_vit.backends.fa4_attn import FA4_MISSING
 
-            return FA4_MISSING
-        major, minor = torch.cuda.get_device_capability()
-        if major < 9:
-            return f"fa4 is used from sm_90 (Hopper) on; this GPU is sm_{major}{minor}"
-        return None
-
-
-class CudaAutoAttention(AttentionBackend):
-    """CUDA's default: per segmentation, the kernel ``pick_cuda_backend`` names from host-side lengths.
+class AutoAttention(AttentionBackend):
+    """A kernel per segmentation, named by the policy's rule from host-side lengths (and the head dim).
 
     The choice is made in ``runner_args`` from the segmentation alone, so one layout always gets the
     same kernels and a captured graph replays exactly what the eager run computed. Its list is
-    ``[backend, that backend's list]``.
+    ``[backend, that backend's list]``. The rule is the policy's when the backend is built: the CUDA
+    rule, or, with a tuned profile, what ``rocm-vit tune`` measured fastest on this GPU.
     """
 
     name = "auto"
 
-    def __init__(self) -> None:
-        self._sdpa = SdpaAttention()
-        self._varlen = BACKENDS[cuda_varlen_name()]()
-        self._long = Fa4Attention() if Fa4Attention.unavailable_reason("cuda") is None else None
-
-    @classmethod
-    def unavailable_reason(cls, platform: PlatformName) -> str | None:
-        if platform != "cuda":
-            return f"auto picks among CUDA kernels per layout; on {platform} name a backend or use the default"
-        return None
+    def __init__(self, head_dim: int | None = None) -> None:
+        self._rule = active_policy().attention.rule
+        self._head_dim = head_dim
+        self._backends = {name: BACKENDS[name]() for name in self._rule.candidates}
+        # Without host lengths (a device cu_seqlens only) a one-launch varlen kernel runs: triton_attn
+        # needs no max_seqlen at all; the others read it back.
+        varlen = [backend for backend in self._backends.values() if isinstance(backend, _VarlenAttention)]
+        self._varlen = self._backends.get("triton_attn") or (varlen[0] if varlen else SdpaAttention())
 
     def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
         backend = self._pick(segmentation.seq_lens)
@@ -295,8 +257,6 @@ class CudaAutoAttention(AttentionBackend):
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
     ) -> list:
-        # Choosing needs host lengths; without them (a device tensor only) the varlen kernel runs,
-        # since it needs none.
         if seq_lens is None and cu_seqlens.device.type == "cpu":
             seq_lens = _host_seq_lens(self.name, cu_seqlens, None)
         backend = self._varlen if seq_lens is None else self._pick(seq_lens)
@@ -309,11 +269,8 @@ class CudaAutoAttention(AttentionBackend):
         return backend(q, k, v, backend_args, scale)
 
     def _pick(self, seq_lens: Sequence[int]) -> AttentionBackend:
-        name, _ = pick_cuda_backend(seq_lens, self._varlen.name, self._long.name if self._long else None)
-        by_name = {SdpaAttention.name: self._sdpa, self._varlen.name: self._varlen}
-        if self._long is not None:
-            by_name[self._long.name] = self._long
-        return by_name[name]
+        name, _ = self._rule.pick(seq_lens, self._head_dim)
+        return self._backends[name]
 
 
 BACKENDS: dict[str, type[AttentionBackend]] = {
@@ -321,86 +278,30 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
     for backend in (
         SdpaAttention,
         AiterAttention,
+        AiterPaddedAttention,
         TritonAttention,
         TorchVarlenAttention,
         Fa4Attention,
-        CudaAutoAttention,
+        AutoAttention,
     )
 }
 
 
-def pick_cuda_backend(
-    seq_lens: Sequence[int], varlen_name: str = "triton_attn", long_name: str | None = None
-) -> tuple[str, str]:
-    """The CUDA rule: ``("sdpa", varlen_name or long_name, why)`` for a layout's host-side segment lengths.
-
-    ``long_name`` (FlashAttention-4, where installed) when the longest segment has at least
-    ``CUDA_FA4_MIN_LONGEST_TOKENS`` tokens. Otherwise SDPA when every segment has at least
-    ``CUDA_SDPA_MIN_SEGMENT_TOKENS`` tokens and it runs as one batched call (all equally long) or as
-    a few calls; the one-launch varlen kernel otherwise.
-    """
-    lengths = [operator.index(length) for length in seq_lens]
-    if long_name is not None and max(lengths) >= CUDA_FA4_MIN_LONGEST_TOKENS:
-        return long_name, f"longest of {len(lengths)} segments has {max(lengths)} tokens: {long_name}"
-    if min(lengths) < CUDA_SDPA_MIN_SEGMENT_TOKENS:
-        return varlen_name, f"shortest of {len(lengths)} segments has {min(lengths)} tokens: one varlen launch"
-    if len(set(lengths)) == 1:
-        return SdpaAttention.name, f"{len(lengths)} equal segments: one batched SDPA call"
-    if len(lengths) <= CUDA_SDPA_MAX_SEGMENTS:
-        return SdpaAttention.name, f"{len(lengths)} segments of >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens"
-    return varlen_name, f"{len(lengths)} segments of >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens: one varlen launch"
-
-
-def cuda_varlen_name() -> str:
-    """The varlen kernel ``auto`` uses on CUDA: the first available of ``CUDA_VARLEN_PREFERENCE``."""
-    for name in CUDA_VARLEN_PREFERENCE:
-        if BACKENDS[name].unavailable_reason("cuda") is None:
-            return name
-    return SdpaAttention.name
-
-
-def default_backend_name(platform: PlatformName, settings: Settings | None = None) -> tuple[str, str]:
-    """The backend chosen on ``platform`` without an override, and why (for ``rocm-vit doctor``).
-
-    Availability is checked without importing aiter (``importlib.util.find_spec``).
-    """
-    settings = settings or load_settings()
-    if platform == "rocm":
-        has_aiter = _module_available("aiter")
-        if has_aiter and settings.use_aiter:
-            return AiterAttention.name, "ROCm with aiter installed and SGLANG_USE_AITER=1"
-        why = "SGLANG_USE_AITER is off" if has_aiter else "aiter is not installed (pip install rocm-vit[aiter])"
-        if TritonAttention.unavailable_reason(platform) is None:
-            return TritonAttention.name, f"ROCm and {why}: rocm-vit's Triton varlen kernel"
-        return SdpaAttention.name, f"ROCm, {why} and triton is missing"
-    if platform == "cuda":
-        fa4_missing = Fa4Attention.unavailable_reason(platform)
-        long_rule = (
-            f"fa4 when the longest segment has >= {CUDA_FA4_MIN_LONGEST_TOKENS} tokens, else "
-            if fa4_missing is None
-            else f"(fa4 unused: {fa4_missing}) "
-        )
-        return CudaAutoAttention.name, (
-            f"CUDA: per layout, {long_rule}SDPA when every segment has >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens "
-            f"and they are equal or <= {CUDA_SDPA_MAX_SEGMENTS}, else {cuda_varlen_name()}"
-        )
-    return SdpaAttention.name, f"{platform}: per-sequence scaled_dot_product_attention"
-
-
 def resolve_backend_name(name: str | None = None) -> tuple[str, str]:
-    """Apply the explicit ``name``, else ``ROCM_VIT_ATTENTION_BACKEND``, else the platform default."""
+    """The explicit ``name``, else the policy's (``ROCM_VIT_ATTENTION_BACKEND``, tuned or default), and why."""
     if name:
         return name, "requested by the caller"
-    settings = load_settings()
-    if settings.attention_backend:
-        return settings.attention_backend, "set by ROCM_VIT_ATTENTION_BACKEND"
-    return default_backend_name(current_platform(), settings)
+    attention = active_policy().attention
+    return attention.backend, attention.reason
 
 
-def get_backend(name: str | None = None) -> AttentionBackend:
-    """Build the backend to use; fails now, naming backend, platform and what is missing, if it cannot run."""
+def get_backend(name: str | None = None, head_dim: int | None = None) -> AttentionBackend:
+    """Build the backend to use; fails now, naming backend, platform and what is missing, if it cannot run.
+
+    ``head_dim`` lets ``auto`` use what was tuned for that head dim.
+    """
     chosen, reason = resolve_backend_name(name)
-    platform = current_platform()
+    platform = current_facts().platform
     backend_cls = BACKENDS.get(chosen)
     if backend_cls is None:
         raise ValueError(f"attention backend {chosen!r} ({reason}) is unknown; known: {sorted(BACKENDS)}")
@@ -408,16 +309,7 @@ def get_backend(name: str | None = None) -> AttentionBackend:
     if missing:
         raise RuntimeError(f"attention backend {chosen!r} ({reason}) cannot run on {platform}: {missing}")
     logger.debug("attention backend %s (%s)", chosen, reason)
-    return backend_cls()
-
-
-def _module_available(name: str) -> bool:
-    """Whether ``name`` can be imported, found without importing it (aiter's import is heavy)."""
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        # A parent package that fails to import, or a module put in sys.modules without a spec.
-        return sys.modules.get(name) is not None
+    return AutoAttention(head_dim) if backend_cls is AutoAttention else backend_cls()
 
 
 def _host_seq_lens(backend: str, cu_seqlens: torch.Tensor, seq_lens: Sequence[int] | None) -> tuple[int, ...]:

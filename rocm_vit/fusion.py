@@ -2,26 +2,22 @@
 
 The tower is launch-bound at small images (a 224² image on qwen3-vl-8b ran 12 kernels per block for
 196 tokens) and bandwidth-bound around its GEMMs at large ones, so each kernel removed counts.
-Graph replay equals eager bit for bit only if both run the same code, so the choice never depends on
-whether a capture is running: fused on CUDA and ROCm (``ROCM_VIT_FUSED_OPS=0`` turns it off), the
-plain torch ops on CPU and for shapes a kernel does not cover.
+Graph replay equals eager bit for bit only if both run the same code, so the choice is the policy's
+and never depends on whether a capture is running: fused on CUDA and ROCm unless ``rocm-vit tune``
+measured the plain ops faster (``ROCM_VIT_FUSED_OPS=0`` turns it off), the plain torch ops on CPU
+and for shapes a kernel does not cover.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import logging
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rocm_vit.platform import current_platform
-from rocm_vit.settings import ENV_NAMES, load_settings
-
-logger = logging.getLogger(__name__)
+from rocm_vit.policy import active_policy
 
 
 def add_norm(x: torch.Tensor, update: torch.Tensor | None, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +47,7 @@ def linear_gelu_tanh(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     CUDA: the CPU op computes the erf GELU, and on ROCm the hipBLASLt epilogue has not been run by
     this project, so both take the plain pair, as does a torch without this private op.
     """
-    if _gelu_epilogue_available() and x.is_cuda and x.dim() == 2 and linear.bias is not None:
+    if active_policy().gelu_epilogue.value and x.is_cuda and x.dim() == 2 and linear.bias is not None:
         return torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)
     return F.gelu(linear(x), approximate="tanh")
 
@@ -87,13 +83,8 @@ def fused_ops_name() -> str:
     return "fused" if _fused_enabled() else "plain"
 
 
-def fused_ops_status() -> dict[str, str]:
-    """What ``rocm-vit doctor`` prints: the choice and why."""
-    return {"block_ops": fused_ops_name(), "why": _choice()[1]}
-
-
 def _fused_enabled() -> bool:
-    return _choice()[0]
+    return active_policy().fused_ops.value
 
 
 # Imported once the fused path is chosen (never on CPU, where Triton may be missing), and looked up
@@ -110,23 +101,3 @@ def _position_kernels() -> ModuleType:
     from rocm_vit.backends import triton_pos_embed
 
     return triton_pos_embed
-
-
-def _gelu_epilogue_available() -> bool:
-    # torch._addmm_activation is private (torch >= 1.13): checked, never assumed.
-    return _fused_enabled() and current_platform() == "cuda" and hasattr(torch, "_addmm_activation")
-
-
-@functools.cache
-def _choice() -> tuple[bool, str]:
-    platform = current_platform()
-    if platform == "cpu":
-        enabled, reason = False, "no GPU: plain torch ops"
-    elif not load_settings().fused_ops:
-        enabled, reason = False, f"{ENV_NAMES['fused_ops']}=0"
-    elif importlib.util.find_spec("triton") is None:
-        enabled, reason = False, "Triton is not importable"
-    else:
-        enabled, reason = True, f"default on {platform}"
-    logger.info("fused block ops: %s (%s)", "on" if enabled else "off", reason)
-    return enabled, reason

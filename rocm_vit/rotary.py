@@ -1,13 +1,13 @@
 """Vision RoPE dispatch: one implementation per process, the same in eager and graph mode.
 
-Graph replay is bit-identical to eager only if both run the same rotary code, so the choice is made
-once (per platform, or by ``ROCM_VIT_ROTARY``) and never depends on whether a capture is running.
+Graph replay is bit-identical to eager only if both run the same rotary code, so the choice is the
+policy's (per platform, tuned by ``rocm-vit tune``, or ``ROCM_VIT_ROTARY``), fixed for the process,
+and never depends on whether a capture is running.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import types
 from collections.abc import Callable
@@ -15,15 +15,11 @@ from collections.abc import Callable
 import torch
 
 from rocm_vit.backends.rope_torch import rotary_native_, rotated_native
-from rocm_vit.platform import current_platform
-from rocm_vit.settings import ENV_NAMES, load_settings
+from rocm_vit.policy import active_policy
 
 logger = logging.getLogger(__name__)
 
 RotaryFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
-
-ROTARY_IMPLS = ("triton", "compiled", "native")
-_DEFAULT_BY_PLATFORM = {"cuda": "triton", "rocm": "compiled", "cpu": "native"}
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -46,37 +42,22 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     ``apply_rotary_pos_emb_vision`` (bit-identical results); the compiled helper may differ in the
     last bit where Inductor fuses a multiply and an add.
     """
-    _selected()[1](q, k, cos, sin)
+    implementation(rotary_impl_name())(q, k, cos, sin)
 
 
 def rotary_impl_name() -> str:
-    """``"triton"``, ``"compiled"`` or ``"native"``: what ``apply_rotary`` uses in this process.
+    """``"triton"``, ``"compiled"`` or ``"native"``: what ``apply_rotary`` uses (the policy's choice).
 
-    Raises ``ValueError`` when ``ROCM_VIT_ROTARY`` names no implementation. The reason for the choice
-    is logged once at INFO.
+    Raises ``ValueError`` when ``ROCM_VIT_ROTARY`` names no implementation.
     """
-    return _selected()[0]
+    return active_policy().rotary.value
 
 
 @functools.cache
-def _selected() -> tuple[str, RotaryFn]:
-    name, reason = _choose()
-    if name == "triton" and importlib.util.find_spec("triton") is None:
-        logger.warning("rotary: Triton is not importable (%s); using the native helper", reason)
-        name, reason = "native", "Triton missing"
-    logger.info("rotary: using the %s implementation (%s)", name, reason)
+def implementation(name: str) -> RotaryFn:
+    """The rotary function called ``name``, built once per process (the compiled one keeps its cache)."""
     builders = {"triton": _triton_or_native, "compiled": _compiled, "native": lambda: rotary_native_}
-    return name, builders[name]()
-
-
-def _choose() -> tuple[str, str]:
-    requested = load_settings().rotary
-    if requested is None:
-        platform = current_platform()
-        return _DEFAULT_BY_PLATFORM[platform], f"default on {platform}"
-    if requested not in ROTARY_IMPLS:
-        raise ValueError(f"{ENV_NAMES['rotary']} = {requested!r} is not one of {', '.join(ROTARY_IMPLS)}")
-    return requested, f"{ENV_NAMES['rotary']}={requested}"
+    return builders[name]()
 
 
 def _triton_or_native() -> RotaryFn:

@@ -57,7 +57,7 @@ class Settings:
     vit_cuda_graph: bool = False
     graph_cache_capacity: int = 32
     graph_min_hits: int = 2
-    graph_max_tokens: int = 4096
+    graph_max_tokens: int | None = None  # None: the policy's (the tuned crossover, else 4096)
     graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
 
     def as_dict(self) -> dict[str, object]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -19,3 +21,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def generator() -> torch.Generator:
     """A seeded CPU generator: fresh random inputs, reproducible failures."""
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(autouse=True)
+def fresh_policy(monkeypatch):
+    """Each test resolves the policy from its own environment (monkeypatched variables and modules)
+    and ignores any profile ``rocm-vit tune`` left in the user's cache, unless it names one."""
+    from rocm_vit.policy import reset_policy
+
+    if "ROCM_VIT_PROFILE" not in os.environ:
+        monkeypatch.setenv("ROCM_VIT_PROFILE", "off")
+    reset_policy()
+    yield
+    reset_policy()

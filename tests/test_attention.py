@@ -17,20 +17,22 @@ import torch
 from triton_interpreter import run_interpreted
 
 import rocm_vit.attention as attention
+import rocm_vit.policy as policy
 from rocm_vit.attention import (
     AiterAttention,
-    CudaAutoAttention,
+    AutoAttention,
     Fa4Attention,
     SdpaAttention,
     TorchVarlenAttention,
     TritonAttention,
-    default_backend_name,
     get_backend,
-    pick_cuda_backend,
+    resolve_backend_name,
 )
 from rocm_vit.cli import bench_attention
 from rocm_vit.emulation.aiter_signature import PYPI_PARAMETERS, parameter_list
 from rocm_vit.layout import VisionLayout
+from rocm_vit.platform import PlatformInfo
+from rocm_vit.policy import pick_cuda_backend
 
 # Ragged, with a single-token segment (grid (1, 1, 1) has one patch only with merge size 1).
 RAGGED_GRID = [(1, 2, 3), (1, 1, 1), (2, 2, 2), (1, 3, 5)]
@@ -290,10 +292,10 @@ class _AiterFinder(importlib.abc.MetaPathFinder):
 def test_aiter_is_found_without_being_imported_until_the_first_call(generator, monkeypatch):
     monkeypatch.delitem(sys.modules, "aiter", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_AiterFinder(), *sys.meta_path])
-    monkeypatch.setattr(attention, "current_platform", lambda: "rocm")
+    monkeypatch.setattr(policy, "platform_info", lambda: PlatformInfo("rocm", "fake", "", 1))
     monkeypatch.setenv("SGLANG_USE_AITER", "1")
     monkeypatch.delenv("ROCM_VIT_ATTENTION_BACKEND", raising=False)
-    assert default_backend_name("rocm")[0] == "aiter_attn"
+    assert resolve_backend_name()[0] == "aiter_attn"
     backend = get_backend()
     assert isinstance(backend, AiterAttention) and "aiter" not in sys.modules
     layout = _layout(RAGGED_GRID)
@@ -328,7 +330,7 @@ class _NoHostReads(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-ALL_BACKENDS = [SdpaAttention, AiterAttention, TritonAttention, TorchVarlenAttention, CudaAutoAttention]
+ALL_BACKENDS = [SdpaAttention, AiterAttention, TritonAttention, TorchVarlenAttention, AutoAttention]
 
 
 @pytest.mark.parametrize("backend_cls", ALL_BACKENDS, ids=lambda cls: cls.name)
@@ -336,7 +338,7 @@ def test_runner_args_reference_the_buffer_and_hold_only_host_data(backend_cls):
     layout = _layout(RAGGED_GRID)
     cu_seqlens = layout.cu_seqlens_tensor("cpu").as_subclass(_NoHostReads)
     attn_args = backend_cls().runner_args(layout, cu_seqlens)
-    if backend_cls is CudaAutoAttention:
+    if backend_cls is AutoAttention:
         inner, attn_args = attn_args
         assert isinstance(inner, (SdpaAttention, TorchVarlenAttention, TritonAttention))
     tensors = [item for item in attn_args if isinstance(item, torch.Tensor)]
@@ -355,23 +357,26 @@ def test_aiter_attn_list_path_reads_nothing_back(generator, monkeypatch):
 
 
 @pytest.mark.parametrize("backend_cls", ALL_BACKENDS, ids=lambda cls: cls.name)
-def test_tensor_callers_with_host_lengths_read_nothing_back(backend_cls):
+def test_tensor_callers_with_host_lengths_read_nothing_back(backend_cls, machine):
+    if backend_cls is AutoAttention:
+        machine("cuda")  # auto picks among GPU kernels
     layout = _layout(RAGGED_GRID)
     # On "meta": a device tensor whose values cannot be read at all.
     cu_seqlens = torch.empty(len(layout.cu_seqlens), dtype=torch.int32, device="meta").as_subclass(_NoHostReads)
     backend = backend_cls()
     with_lengths = backend.attn_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
-    if backend_cls is CudaAutoAttention:
+    if backend_cls is AutoAttention:
         with_lengths = with_lengths[1]
     assert with_lengths in ([layout.seq_lens], [cu_seqlens, layout.max_seqlen])
     if backend_cls is not SdpaAttention:
         backend.attn_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen)
 
 
-def test_triton_attn_tensor_caller_without_lengths_bounds_the_grid_instead_of_reading():
+def test_triton_attn_tensor_caller_without_lengths_bounds_the_grid_instead_of_reading(machine):
+    machine("cuda")
     cu_seqlens = torch.empty(4, dtype=torch.int32, device="meta").as_subclass(_NoHostReads)
     assert TritonAttention().attn_args_from_tensor(cu_seqlens) == [cu_seqlens, None]
-    backend, attn_args = CudaAutoAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=9)
+    backend, attn_args = AutoAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=9)
     assert attn_args == [cu_seqlens, 9] and backend is not None
 
 
@@ -395,7 +400,8 @@ def machine(monkeypatch):
             return real_find_spec(name, package)
 
         monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-        monkeypatch.setattr(attention, "current_platform", lambda: platform)
+        monkeypatch.setattr(policy, "platform_info", lambda: PlatformInfo(platform, "fake", "", 1))
+        policy.reset_policy()
 
     return configure
 
@@ -403,49 +409,49 @@ def machine(monkeypatch):
 def test_rocm_with_aiter_and_sglang_use_aiter_selects_aiter_attn(machine, monkeypatch):
     machine("rocm", {"aiter", "triton"})
     monkeypatch.setenv("SGLANG_USE_AITER", "1")
-    name, why = default_backend_name("rocm")
+    name, why = resolve_backend_name()
     assert name == "aiter_attn" and "SGLANG_USE_AITER=1" in why
     assert isinstance(get_backend(), AiterAttention)
 
 
 def test_rocm_with_aiter_but_sglang_use_aiter_off_selects_triton_attn(machine):
     machine("rocm", {"aiter", "triton"})
-    name, why = default_backend_name("rocm")
+    name, why = resolve_backend_name()
     assert name == "triton_attn" and "SGLANG_USE_AITER is off" in why
 
 
 def test_rocm_without_aiter_selects_triton_attn_and_says_how_to_get_aiter(machine, monkeypatch):
     machine("rocm", {"triton"})
     monkeypatch.setenv("SGLANG_USE_AITER", "1")
-    name, why = default_backend_name("rocm")
+    name, why = resolve_backend_name()
     assert name == "triton_attn" and "pip install rocm-vit[aiter]" in why
     assert isinstance(get_backend(), TritonAttention)
 
 
 def test_rocm_without_aiter_or_triton_falls_back_to_sdpa(machine):
     machine("rocm", set())
-    assert default_backend_name("rocm")[0] == "sdpa"
+    assert resolve_backend_name()[0] == "sdpa"
 
 
 def test_cpu_selects_sdpa(machine):
     machine("cpu")
-    assert default_backend_name("cpu")[0] == "sdpa"
+    assert resolve_backend_name()[0] == "sdpa"
     assert isinstance(get_backend(), SdpaAttention)
 
 
 def test_cuda_selects_auto_with_triton_attn_for_ragged_layouts(machine):
     machine("cuda")
-    name, why = default_backend_name("cuda")
+    name, why = resolve_backend_name()
     assert name == "auto" and "triton_attn" in why
     backend = get_backend()
-    assert isinstance(backend, CudaAutoAttention)
+    assert isinstance(backend, AutoAttention)
     ragged, _ = backend.runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
     assert isinstance(ragged, TritonAttention)
 
 
 def test_cuda_without_triton_uses_torch_varlen_for_ragged_layouts(machine):
     machine("cuda", {"torch.nn.attention.varlen"})
-    assert "torch_varlen" in default_backend_name("cuda")[1]
+    assert "torch_varlen" in resolve_backend_name()[1]
     ragged, _ = get_backend().runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
     assert isinstance(ragged, TorchVarlenAttention)
 
@@ -530,7 +536,7 @@ def _with_fa4(machine, monkeypatch, capability: tuple[int, int]) -> None:
 
 def test_cuda_auto_sends_long_segments_to_fa4_where_installed(machine, monkeypatch):
     _with_fa4(machine, monkeypatch, (9, 0))
-    name, why = default_backend_name("cuda")
+    name, why = resolve_backend_name()
     assert name == "auto" and "fa4 when the longest segment has >= 2048 tokens" in why
     backend = get_backend()
     picks = {
@@ -542,7 +548,7 @@ def test_cuda_auto_sends_long_segments_to_fa4_where_installed(machine, monkeypat
 
 def test_fa4_is_not_used_before_hopper(machine, monkeypatch):
     _with_fa4(machine, monkeypatch, (8, 0))
-    assert "fa4 unused: fa4 is used from sm_90 (Hopper) on; this GPU is sm_80" in default_backend_name("cuda")[1]
+    assert "fa4 unused: fa4 is used from sm_90 (Hopper) on; this GPU is sm_80" in resolve_backend_name()[1]
     with pytest.raises(RuntimeError, match="sm_80"):
         get_backend("fa4")
     long = _layout([(1, 80, 160)])
@@ -562,7 +568,7 @@ def test_fa4_wrapper_names_the_package_when_it_is_missing_and_refuses_device_len
 
 
 def test_auto_gives_one_layout_the_same_kernel_every_time():
-    backend = CudaAutoAttention()
+    backend = AutoAttention()
     cu_seqlens = torch.zeros(6, dtype=torch.int32)
     picks = {id(backend.runner_args(_layout(RAGGED_GRID), cu_seqlens)[0]) for _ in range(3)}
     assert len(picks) == 1
@@ -581,6 +587,8 @@ import torch
 from rocm_vit.attention import get_backend
 from rocm_vit.backends.triton_attn import TritonAttnConfig, triton_varlen_attention
 from rocm_vit.layout import VisionLayout
+from rocm_vit.platform import PlatformInfo
+from rocm_vit.policy import pick_cuda_backend
 cases = torch.load(sys.argv[1])
 outputs = {}
 for name, case in cases.items():

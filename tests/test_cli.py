@@ -20,9 +20,7 @@ DOCTOR_SECTIONS = {
     "python",
     "platform",
     "versions",
-    "attention",
-    "rotary",
-    "fused_ops",
+    "policy",
     "settings",
     "environment",
 }
@@ -45,10 +43,14 @@ def test_doctor_json_reports_every_section(capsys: pytest.CaptureFixture[str]) -
     assert {"python", "torch", "torch_hip", "torch_cuda", "triton", "aiter", "sglang", "transformers"} <= set(versions)
     assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
     assert versions["torch"] != "not installed"
-    assert {"backend", "why", "known"} <= set(report["attention"])
-    assert report["attention"]["backend"] in report["attention"]["known"]
-    assert report["rotary"]["implementation"] in {"triton", "compiled", "native"}
-    assert report["fused_ops"]["block_ops"] in {"fused", "plain"}
+    policy = report["policy"]
+    assert {"backend", "why", "known"} <= set(policy["attention"])
+    assert policy["attention"]["backend"] in policy["attention"]["known"]
+    assert policy["rotary"]["implementation"] in {"triton", "compiled", "native"}
+    assert policy["fused_ops"]["block_ops"] in {"fused", "plain"}
+    for choice in ("gelu_epilogue", "side_stream", "graph_max_tokens"):
+        assert policy[choice]["why"]
+    assert policy["profile"]["in_force"]
     assert report["settings"]["graph_cache_capacity"] == 32
 
 
@@ -59,6 +61,7 @@ def test_doctor_shows_sglang_and_rocm_vit_environment(
     monkeypatch.setenv("SGLANG_SOMETHING_ELSE", "x")
     monkeypatch.setenv("ROCM_VIT_ATTENTION_BACKEND", "sdpa")
     monkeypatch.setenv("UNRELATED_VARIABLE", "y")
+    monkeypatch.delenv("ROCM_VIT_PROFILE", raising=False)
     rc, report = _doctor_json(capsys)
     assert rc == 0
     assert report["environment"] == {
@@ -67,7 +70,8 @@ def test_doctor_shows_sglang_and_rocm_vit_environment(
         "SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": "5",
     }
     assert report["settings"]["graph_cache_capacity"] == 5
-    assert (report["attention"]["backend"], report["attention"]["why"]) == ("sdpa", "set by ROCM_VIT_ATTENTION_BACKEND")
+    attention = report["policy"]["attention"]
+    assert (attention["backend"], attention["why"]) == ("sdpa", "set by ROCM_VIT_ATTENTION_BACKEND")
 
 
 def test_doctor_reports_bad_settings_and_still_prints(
@@ -98,8 +102,10 @@ def test_plain_doctor_prints_sections(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"rocm-vit {__version__}")
-    for heading in ("platform:", "versions:", "attention:", "rotary:", "fused_ops:", "settings:", "environment:"):
+    for heading in ("platform:", "versions:", "policy:", "settings:", "environment:"):
         assert f"\n{heading}\n" in out
+    for choice in ("attention:", "rotary:", "fused_ops:", "side_stream:", "graph_max_tokens:", "profile:"):
+        assert f"\n  {choice}\n" in out
     assert "torch" in out and "graph_cache_capacity" in out
 
 

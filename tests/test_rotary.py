@@ -3,6 +3,7 @@ interpreter against a float64 reference, and the dispatch (per platform, overrid
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import pytest
@@ -10,7 +11,9 @@ import torch
 from rocm_vit.backends.rope_torch import rotary_native_
 from triton_interpreter import run_interpreted
 
+import rocm_vit.policy as policy
 import rocm_vit.rotary as rotary
+from rocm_vit.platform import PlatformInfo
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision  # noqa: E402
@@ -298,15 +301,15 @@ def fresh_selection(monkeypatch):
     """Each test chooses anew, from a clean environment, and leaves no cached choice behind."""
     monkeypatch.delenv("ROCM_VIT_ROTARY", raising=False)
     monkeypatch.delenv("ROCM_VIT_CONFIG", raising=False)
-    rotary._selected.cache_clear()
+    policy.reset_policy()
     yield
-    rotary._selected.cache_clear()
+    policy.reset_policy()
 
 
 @pytest.fixture
 def on_platform(monkeypatch):
     def set_platform(name: str) -> None:
-        monkeypatch.setattr(rotary, "current_platform", lambda: name)
+        monkeypatch.setattr(policy, "platform_info", lambda: PlatformInfo(name, "fake", "", int(name != "cpu")))
 
     return set_platform
 
@@ -352,11 +355,10 @@ def test_invalid_override_names_variable_and_value(monkeypatch):
 
 def test_cuda_without_triton_degrades_to_native(monkeypatch, on_platform, caplog):
     on_platform("cuda")
-    real_find_spec = rotary.importlib.util.find_spec
-    monkeypatch.setattr(rotary.importlib.util, "find_spec", lambda n: None if n == "triton" else real_find_spec(n))
-    with caplog.at_level(logging.WARNING, logger="rocm_vit.rotary"):
-        assert rotary.rotary_impl_name() == "native"
-    assert "Triton is not importable" in caplog.text
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "triton" else real_find_spec(n, *a))
+    assert rotary.rotary_impl_name() == "native"
+    assert "Triton is not importable" in policy.current_policy().rotary.reason
 
 
 def test_cuda_runs_the_kernel_for_covered_shapes(generator, on_platform, recorded_kernel):
@@ -485,12 +487,12 @@ def test_compiled_helper_compiles_each_call_pattern_apart(generator, on_platform
 
 def test_choice_is_made_once_and_logged_once(generator, on_platform, caplog):
     on_platform("cpu")
-    with caplog.at_level(logging.INFO, logger="rocm_vit.rotary"):
+    with caplog.at_level(logging.INFO, logger="rocm_vit.policy"):
         for _ in range(3):
             rotary.apply_rotary(*_random_args(generator, 3, 2, 2, 64, torch.float32))
         on_platform("cuda")  # a later change of circumstances must not switch implementations
         assert rotary.rotary_impl_name() == "native"
-    assert sum("rotary: using" in r.getMessage() for r in caplog.records) == 1
+    assert sum("rotary native" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_cpu_apply_rotary_is_transformers(generator, on_platform):

@@ -28,7 +28,7 @@ def test_defaults_without_environment() -> None:
         "vit_cuda_graph": False,
         "graph_cache_capacity": 32,
         "graph_min_hits": 2,
-        "graph_max_tokens": 4096,
+        "graph_max_tokens": None,
         "graph_memory_budget_mb": None,
     }
 

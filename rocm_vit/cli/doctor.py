@@ -1,8 +1,9 @@
 """``rocm-vit doctor``: what this machine would run, and why, before anyone files a bug.
 
-Reports the platform, the versions of the packages that matter, the attention backend, rotary
-implementation and fused block ops that would be selected, the settings in effect, and whether SGLang would load the
-rocm-vit plugin, with the verdict on its version and the hooks that apply. Package versions come from
+Reports the platform, the versions of the packages that matter, the resolved policy (attention
+backend, rotary, fused block ops, side stream, graph ceiling, each with its reason, and the tuned
+profile in force), the settings in effect, and whether SGLang would load the rocm-vit plugin, with
+the verdict on its version and the hooks that apply. Package versions come from
 installed metadata, never from importing the package: importing aiter runs rocminfo. Every section
 is computed on its own, so one failure (a bad environment variable, a missing module) is reported
 in place and the rest still prints; the exit status is 1 when anything failed.
@@ -52,9 +53,7 @@ def collect() -> dict[str, Any]:
         "python": f"{python_platform.python_version()} ({sys.executable})",
         "platform": _section("platform", _platform, problems),
         "versions": _versions(),
-        "attention": _section("attention", _attention, problems),
-        "rotary": _section("rotary", _rotary, problems),
-        "fused_ops": _section("fused_ops", _fused_ops, problems),
+        "policy": _section("policy", _policy, problems),
         "settings": _section("settings", _settings, problems),
         "sglang": _section("sglang", _sglang, problems),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
@@ -66,7 +65,7 @@ def collect() -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> str:
     """The report as aligned text sections."""
     lines = [f"rocm-vit {report['rocm_vit']}", f"python   {report['python']}"]
-    for section in ("platform", "versions", "attention", "rotary", "fused_ops", "settings", "sglang", "environment"):
+    for section in ("platform", "versions", "policy", "settings", "sglang", "environment"):
         values = report[section]
         lines.append(f"\n{section}:")
         if not values:
@@ -143,31 +142,20 @@ def _installed_version(import_name: str) -> str:
     return NOT_INSTALLED
 
 
-def _attention() -> dict[str, Any]:
-    from rocm_vit.attention import BACKENDS, resolve_backend_name
-    from rocm_vit.platform import current_platform
+def _policy() -> dict[str, Any]:
+    from rocm_vit.attention import BACKENDS
+    from rocm_vit.policy import active_policy
 
-    name, why = resolve_backend_name()
-    values: dict[str, Any] = {"backend": name, "why": why, "known": sorted(BACKENDS)}
+    policy = active_policy()
+    values = policy.report()
+    name = policy.attention.backend
     backend_cls = BACKENDS.get(name)
-    platform = current_platform()
+    values["attention"]["known"] = sorted(BACKENDS)
     if backend_cls is None:
         values["error"] = f"attention backend {name!r} is unknown"
-    elif missing := backend_cls.unavailable_reason(platform):
-        values["error"] = f"attention backend {name!r} cannot run on {platform}: {missing}"
+    elif missing := backend_cls.unavailable_reason():
+        values["error"] = f"attention backend {name!r} cannot run on {policy.facts.platform}: {missing}"
     return values
-
-
-def _rotary() -> dict[str, Any]:
-    from rocm_vit.rotary import rotary_impl_name
-
-    return {"implementation": rotary_impl_name()}
-
-
-def _fused_ops() -> dict[str, Any]:
-    from rocm_vit.fusion import fused_ops_status
-
-    return fused_ops_status()
 
 
 def _settings() -> dict[str, Any]:

@@ -43,6 +43,7 @@ import torch
 from rocm_vit.attention import AttentionBackend
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
 from rocm_vit.layout import AttentionLayout
+from rocm_vit.policy import DEFAULT_GRAPH_MAX_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +65,9 @@ EAGER_REASONS = (
 DEFAULT_CAPACITY = 32
 # A layout is captured on its second call: one-off layouts (most of a real image mix) never are.
 DEFAULT_MIN_SIGHTINGS = 2
-# Replay beats eager by >= 10 % up to about this many tokens on an H200 (qwen3-vl-8b: 13.7 vs 16.0 ms
-# at 4096, 27.8 vs 28.0 at 6400; qwen3-vl-2b: 8.6 vs 9.9 at 4096; docs/benchmarks.md).
-DEFAULT_MAX_TOKENS = 4096
+# The policy's ceiling without a tuned profile: replay beats eager by >= 10 % up to about this many
+# tokens on an H200 (qwen3-vl-8b: 13.7 vs 16.0 ms at 4096, 27.8 vs 28.0 at 6400; docs/benchmarks.md).
+DEFAULT_MAX_TOKENS = DEFAULT_GRAPH_MAX_TOKENS
 # Default budget: 1/64 of the device's memory, between 256 MiB and 4 GiB (H200: 2.2 GB; MI355X: 4 GiB).
 _BUDGET_FRACTION = 64
 _MIN_DEFAULT_BUDGET = 256 << 20

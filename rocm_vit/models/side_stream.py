@@ -8,7 +8,8 @@ stack: on an H200 the three 8B mergers are ~0.1 ms of a 1.5 ms replay at 224².
 Eager runs and graph captures take the same path: the fork (``wait_stream``) and join are captured as
 graph edges, and ``record_stream`` keeps the caching allocator from handing a tensor of one stream to
 the other while it is still read. Results do not depend on the stream: each kernel computes the same
-thing in either order. Only NVIDIA CUDA, where it was measured; ROCm and CPU run the work inline.
+thing in either order. The policy decides: NVIDIA CUDA, where it was measured; ROCm and CPU run the
+work inline.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from rocm_vit.platform import current_platform
+from rocm_vit.policy import active_policy
 
 
 class SideStream:
@@ -33,7 +34,7 @@ class SideStream:
 
     def launch(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``fn(x)``, on the side stream where enabled; read the result only after ``join``."""
-        if not x.is_cuda or current_platform() != "cuda":
+        if not x.is_cuda or not active_policy().side_stream.value:
             return fn(x)
         main = torch.cuda.current_stream(x.device)
         side = self._stream(x.device, main)
@@ -46,7 +47,7 @@ class SideStream:
     def join(self, outputs: list[torch.Tensor]) -> None:
         """Make the current stream wait for the side stream, which produced ``outputs``."""
         cuda_outputs = [out for out in outputs if out.is_cuda]
-        if not cuda_outputs or current_platform() != "cuda":
+        if not cuda_outputs or not active_policy().side_stream.value:
             return
         device = cuda_outputs[0].device
         main = torch.cuda.current_stream(device)

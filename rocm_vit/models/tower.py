@@ -29,9 +29,10 @@ from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs, get_backend
 from rocm_vit.fusion import add_norm
-from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SIGHTINGS, ViTGraphRunner
+from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MIN_SIGHTINGS, ViTGraphRunner
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.models.config import TowerConfig
+from rocm_vit.policy import active_policy
 from rocm_vit.rotary import apply_rotary
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class VisionTower(nn.Module, ABC):
         if config.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act = {config.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
         self.config = config
-        self.attention: AttentionBackend = get_backend(attention_backend)
+        self.attention: AttentionBackend = get_backend(attention_backend, head_dim=config.head_dim)
         self._layouts: OrderedDict[tuple, PreparedLayout] = OrderedDict()
         self._layouts_lock = threading.Lock()  # several serving threads may share one tower
         self._graph_runner: ViTGraphRunner | None = None
@@ -162,14 +163,15 @@ class VisionTower(nn.Module, ABC):
         self,
         capacity: int = DEFAULT_CAPACITY,
         min_sightings: int = DEFAULT_MIN_SIGHTINGS,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_tokens: int | None = None,
         budget_bytes: int | None = None,
         **runner_options: Any,
     ) -> ViTGraphRunner:
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
         Bounded by default: at most ``capacity`` graphs, each layout captured on its
-        ``min_sightings``-th call and only up to ``max_tokens`` patches, staging plus pool within
+        ``min_sightings``-th call and only up to ``max_tokens`` patches (``None``: the policy's ceiling,
+        the crossover ``rocm-vit tune`` measured, else 4096), staging plus pool within
         ``budget_bytes`` (``None``: 1/64 of the device's memory, 256 MiB .. 4 GiB); least recently
         used graphs are evicted. ``runner_options`` go to the runner (``capture_context``,
         ``mechanism``). On a CPU tower the runner serves every call eagerly and logs that once.
@@ -179,7 +181,7 @@ class VisionTower(nn.Module, ABC):
             self.attention,
             capacity=capacity,
             min_sightings=min_sightings,
-            max_tokens=max_tokens,
+            max_tokens=active_policy().graph_max_tokens.value if max_tokens is None else max_tokens,
             budget_bytes=budget_bytes,
             **runner_options,
         )

@@ -18,6 +18,7 @@ from torch import nn
 from rocm_vit import fusion
 from rocm_vit.models import preset, tower_class
 from rocm_vit.models.tower import RMSNorm
+from rocm_vit.policy import reset_policy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,12 +36,12 @@ def fused_ops(monkeypatch):
 
     def select(enabled: bool) -> str:
         monkeypatch.setenv("ROCM_VIT_FUSED_OPS", "1" if enabled else "0")
-        fusion._choice.cache_clear()
+        reset_policy()
         return fusion.fused_ops_name()
 
     yield select
     monkeypatch.delenv("ROCM_VIT_FUSED_OPS", raising=False)
-    fusion._choice.cache_clear()
+    reset_policy()
 
 
 def _norm(kind: str, hidden: int, dtype: torch.dtype, generator: torch.Generator) -> nn.Module:

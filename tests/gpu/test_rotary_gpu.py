@@ -14,6 +14,7 @@ import torch
 from rocm_vit.backends.rope_torch import rotary_native_
 
 import rocm_vit.rotary as rotary
+from rocm_vit.policy import reset_policy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,11 +48,11 @@ def selection(monkeypatch):
             monkeypatch.delenv("ROCM_VIT_ROTARY", raising=False)
         else:
             monkeypatch.setenv("ROCM_VIT_ROTARY", value)
-        rotary._selected.cache_clear()
+        reset_policy()
         return rotary.rotary_impl_name()
 
     yield select
-    rotary._selected.cache_clear()
+    reset_policy()
 
 
 def _random_args(

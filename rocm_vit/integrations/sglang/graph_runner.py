@@ -36,9 +36,10 @@ import torch
 from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs
-from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
+from rocm_vit.graphs import DEFAULT_MAX_TOKENS, GraphMechanism, ViTGraphRunner
 from rocm_vit.integrations.sglang.imports import original
 from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
+from rocm_vit.policy import active_policy
 from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class ViTGraphRunnerAdapter:
                 _SegmentOffsets(),
                 capacity=settings.graph_cache_capacity,
                 min_sightings=settings.graph_min_hits,
-                max_tokens=settings.graph_max_tokens,
+                max_tokens=_graph_max_tokens(settings),
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
                 capture_context=self._upstream._capture_context,
                 mechanism=mechanism,
@@ -357,6 +358,17 @@ def _warn_device_read() -> None:
         "rocm-vit graph runner: no attention_layout_key from the model; reading cu_seqlens back from "
         "the device on every call (a host sync)"
     )
+
+
+def _graph_max_tokens(settings: Settings) -> int:
+    """``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS``, else the policy's ceiling (tuned crossover, else the default)."""
+    if settings.graph_max_tokens is not None:
+        return settings.graph_max_tokens
+    try:
+        return active_policy().graph_max_tokens.value
+    except ValueError as error:
+        logger.error("rocm-vit graph runner: %s; using the default graph ceiling", error)
+        return DEFAULT_MAX_TOKENS
 
 
 def _settings() -> Settings:

@@ -1,0 +1,470 @@
+"""One resolved Policy: which attention kernel, rotary, fused ops, side stream and graph ceiling, and why.
+
+Every choice rocm-vit makes about the machine comes from ``resolve_policy``, a pure function of
+platform facts (``Facts``), settings and an optional tuned profile (``rocm-vit tune``). The process
+computes it once (``current_policy``); attention, rotary, fused ops, the deepstack side stream,
+the towers' graph defaults and the SGLang adapter read it, and ``rocm-vit doctor`` prints it with
+every reason. Without a profile the rules below hold; they were measured on an H200 and are guesses
+elsewhere, which is why ``rocm-vit tune`` measures the user's GPU and the profile overrides them.
+
+Graph replay equals eager bit for bit only if both run the same code: the policy is fixed for the
+life of a process (``use_policy`` swaps it for ``rocm-vit tune`` and tests, never while graphs exist).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import logging
+import math
+import operator
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from rocm_vit.platform import PlatformName, platform_info
+from rocm_vit.profile import AttentionTiming, TunedProfile, load_profile, profile_summary
+from rocm_vit.settings import ENV_NAMES, Settings, load_settings
+
+logger = logging.getLogger(__name__)
+
+# Modules whose presence changes a choice; found with importlib.util.find_spec, never imported.
+PROBED_MODULES = ("triton", "aiter", "flash_attn.cute", "torch.nn.attention.varlen")
+
+# The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` and graph-timed sweeps on an H200
+# (bf16, 16 heads, head dim 72, torch 2.11; docs/benchmarks.md). SDPA's default kernel there is
+# cuDNN's fused attention: fastest on long segments (1x1024: 19.7 us vs 23.4 triton_attn; 1x4096: 216
+# vs 236; 1x12800: 2.0-2.1 ms vs 2.14-2.18) and on a few long ragged segments (4 segments >= 1024
+# tokens: 0.35 ms vs 0.38). Below 1024 tokens triton_attn is as fast or faster (1x196: 8.7 us vs 9.4
+# plus a memset; 4x196: 8.5 vs 11.1; 16x256: 25.0 vs 25.5), and many or short ragged segments pay one
+# SDPA launch each (16 segments: 1.0 ms) where one triton_attn launch takes 0.20 ms. cuDNN also plans
+# each new shape on its first call (50-250 ms); under graphs the warm-up pays it once per layout.
+CUDA_SDPA_MAX_SEGMENTS = 4
+CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
+# FlashAttention-4 (where installed on sm_90+) when the longest segment has at least this many
+# tokens: 1x12800 1.48 ms vs 2.15 cuDNN; 2x8192 1.24 vs 1.57; 1x4096 188 us vs 211; shorter lose.
+CUDA_FA4_MIN_LONGEST_TOKENS = 2048
+# The varlen kernel for the other layouts, in order of preference where available.
+CUDA_VARLEN_PREFERENCE = ("triton_attn", "torch_varlen")
+# What ``auto`` may pick per layout on each platform, when available (and aiter only with
+# SGLANG_USE_AITER=1). ``aiter_attn_pad128`` pads the head dim to 128, where aiter has assembly kernels.
+AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
+    "cuda": ("fa4", "sdpa", "triton_attn", "torch_varlen"),
+    "rocm": ("aiter_attn", "aiter_attn_pad128", "triton_attn", "sdpa"),
+    "cpu": ("sdpa",),
+}
+# Graph ceiling without a profile: the eager/graph crossover of Qwen3-VL on an H200 (8B gains 14 % at
+# 4096 patches and nothing at 6400; Qwen2.5-VL-7B's is about 2500). `rocm-vit tune` measures it.
+DEFAULT_GRAPH_MAX_TOKENS = 4096
+ROTARY_IMPLS = ("triton", "compiled", "native")
+_DEFAULT_ROTARY = {"cuda": "triton", "rocm": "compiled", "cpu": "native"}
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the machine offers, gathered once: the inputs of ``resolve_policy`` besides settings."""
+
+    platform: PlatformName
+    arch: str = ""
+    device_name: str = ""
+    emulated_on: str = ""
+    modules: frozenset[str] = frozenset()
+    triton_interpret: bool = False
+    gelu_epilogue_op: bool = True  # torch._addmm_activation exists (private, so checked)
+    capability: tuple[int, int] | None = None  # CUDA compute capability, probed only for fa4
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision and the sentence that explains it."""
+
+    value: Any
+    reason: str
+
+
+class AttentionRule(Protocol):
+    """Picks a backend name for one segmentation from its host-side segment lengths."""
+
+    candidates: tuple[str, ...]
+
+    def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]: ...
+
+
+@dataclass(frozen=True)
+class FixedRule:
+    """Every layout on one backend."""
+
+    backend: str
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        return (self.backend,)
+
+    def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
+        return self.backend, f"{self.backend} for every layout"
+
+
+@dataclass(frozen=True)
+class CudaRule:
+    """The hand-written CUDA rule (``pick_cuda_backend``) over the kernels available."""
+
+    varlen: str
+    long: str | None = None
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for name in ("sdpa", self.varlen, self.long) if name))
+
+    def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
+        return pick_cuda_backend(seq_lens, self.varlen, self.long)
+
+
+@dataclass(frozen=True)
+class TunedRule:
+    """The fastest available backend at the measured layout nearest to this one (``rocm-vit tune``).
+
+    Nearness compares the longest segment, the shortest and the count, each on a log scale: these
+    decide which kernel wins (cuDNN's per-length launches, the varlen grid, long-sequence kernels).
+    Head dims the profile did not measure, and layouts none of whose measured backends can run now,
+    use ``fallback``.
+    """
+
+    head_dim: int
+    timings: tuple[AttentionTiming, ...]
+    allowed: tuple[str, ...]
+    fallback: AttentionRule
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.allowed, *self.fallback.candidates)))
+
+    def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
+        if head_dim is not None and head_dim != self.head_dim:
+            name, why = self.fallback.pick(seq_lens, head_dim)
+            return name, f"head dim {head_dim} not tuned (the profile measured {self.head_dim}): {why}"
+        features = _layout_features(seq_lens)
+        nearest = min(self.timings, key=lambda timing: _distance(features, _layout_features(timing.seq_lens)))
+        name = nearest.fastest(self.allowed)
+        if name is None:
+            name, why = self.fallback.pick(seq_lens, head_dim)
+            return name, f"no backend measured at {nearest.name} can run here: {why}"
+        return name, f"tuned: nearest measured layout {nearest.name}, {name} {nearest.ms[name]:.4g} ms"
+
+
+@dataclass(frozen=True)
+class AttentionPolicy:
+    """``backend``: what ``get_backend()`` builds (``auto`` picks per layout with ``rule``)."""
+
+    backend: str
+    reason: str
+    rule: AttentionRule
+
+    def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
+        return self.rule.pick(seq_lens, head_dim)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Every choice, each with its reason; ``report`` is what ``rocm-vit doctor`` prints."""
+
+    facts: Facts
+    attention: AttentionPolicy
+    rotary: Choice
+    fused_ops: Choice
+    gelu_epilogue: Choice
+    side_stream: Choice
+    graph_max_tokens: Choice
+    profile: Choice  # value: the TunedProfile in force, or None
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "attention": {"backend": self.attention.backend, "why": self.attention.reason},
+            "rotary": {"implementation": self.rotary.value, "why": self.rotary.reason},
+            "fused_ops": {"block_ops": "fused" if self.fused_ops.value else "plain", "why": self.fused_ops.reason},
+            "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},
+            "side_stream": {"on": self.side_stream.value, "why": self.side_stream.reason},
+            "graph_max_tokens": {"tokens": self.graph_max_tokens.value, "why": self.graph_max_tokens.reason},
+            "profile": {"in_force": self.profile.reason, **profile_summary(self.profile.value)},
+        }
+
+
+def resolve_policy(
+    facts: Facts, settings: Settings, profile: TunedProfile | None = None, profile_status: str = ""
+) -> Policy:
+    """The policy for ``facts`` under ``settings`` and ``profile``: pure, so tests are tables over it.
+
+    Raises ``ValueError`` naming the variable when a setting names no known implementation.
+    """
+    fused = _fused_ops(facts, settings, profile)
+    return Policy(
+        facts=facts,
+        attention=_attention(facts, settings, profile),
+        rotary=_rotary(facts, settings, profile),
+        fused_ops=fused,
+        gelu_epilogue=_gelu_epilogue(facts, fused.value),
+        side_stream=_side_stream(facts),
+        graph_max_tokens=_graph_max_tokens(settings, profile),
+        profile=Choice(profile, profile_status or ("none" if profile is None else profile.path)),
+    )
+
+
+@functools.cache
+def current_facts() -> Facts:
+    """The facts of this process: ``platform_info`` and which modules can be imported (none is)."""
+    info = platform_info()
+    modules = frozenset(name for name in PROBED_MODULES if _module_available(name))
+    capability = None
+    if info.name == "cuda" and "flash_attn.cute" in modules:
+        capability = tuple(torch.cuda.get_device_capability())
+    return Facts(
+        platform=info.name,
+        arch=info.arch,
+        device_name=info.device_name,
+        emulated_on=info.emulated_on,
+        modules=modules,
+        triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
+        gelu_epilogue_op=hasattr(torch, "_addmm_activation"),
+        capability=capability,
+    )
+
+
+@functools.cache
+def current_policy() -> Policy:
+    """This process's policy, resolved once from the environment, the platform and the tuned profile.
+
+    Raises ``ValueError`` when a setting cannot be parsed or names nothing known, or when the
+    profile ``ROCM_VIT_PROFILE`` names cannot be read.
+    """
+    facts = current_facts()
+    profile, status = load_profile(platform_info())
+    policy = resolve_policy(facts, load_settings(), profile, status)
+    logger.info(
+        "policy: attention %s, rotary %s, fused ops %s, graph ceiling %d patches; profile: %s",
+        policy.attention.backend,
+        policy.rotary.value,
+        "on" if policy.fused_ops.value else "off",
+        policy.graph_max_tokens.value,
+        status,
+    )
+    return policy
+
+
+def reset_policy() -> None:
+    """Forget the resolved policy: the next ``current_policy()`` reads the environment again (tests)."""
+    current_policy.cache_clear()
+    current_facts.cache_clear()
+    _active.clear()
+
+
+@contextlib.contextmanager
+def use_policy(policy: Policy) -> Iterator[Policy]:
+    """Run the body under ``policy`` (``rocm-vit tune`` compares choices in one process).
+
+    Not for serving: a graph captured under one policy replays its code whatever the policy is later.
+    """
+    _active.append(policy)
+    try:
+        yield policy
+    finally:
+        _active.remove(policy)
+
+
+def active_policy() -> Policy:
+    """The policy in force now: the innermost ``use_policy``, else ``current_policy()``."""
+    return _active[-1] if _active else current_policy()
+
+
+_active: list[Policy] = []
+
+
+def backend_unavailable_reason(name: str, facts: Facts) -> str | None:
+    """Why attention backend ``name`` cannot run with ``facts`` (what is missing), or ``None``."""
+    platform = facts.platform
+    if name in ("aiter_attn", "aiter_attn_pad128"):
+        if platform != "rocm":
+            return f"{name} needs ROCm on an AMD Instinct GPU; this machine is {platform}"
+        if "aiter" not in facts.modules:
+            from rocm_vit.backends.aiter_attn import AITER_MISSING
+
+            return AITER_MISSING
+        return None
+    if name == "triton_attn":
+        if "triton" not in facts.modules:
+            return "triton is not installed (it ships with torch on CUDA and ROCm builds)"
+        if platform == "cpu" and not facts.triton_interpret:
+            return "triton_attn needs a CUDA or ROCm GPU (or TRITON_INTERPRET=1, for tests)"
+        return None
+    if name == "torch_varlen":
+        if platform != "cuda":
+            return f"torch_varlen needs an NVIDIA GPU (CUDA); this machine is {platform}"
+        if "torch.nn.attention.varlen" not in facts.modules:
+            return f"torch_varlen needs torch >= 2.10 (torch.nn.attention.varlen); this is torch {torch.__version__}"
+        return None
+    if name == "fa4":
+        if platform != "cuda":
+            return f"fa4 needs an NVIDIA GPU (CUDA); this machine is {platform}"
+        if "flash_attn.cute" not in facts.modules:
+            from rocm_vit.backends.fa4_attn import FA4_MISSING
+
+            return FA4_MISSING
+        major, minor = facts.capability or (0, 0)
+        if major < 9:
+            return f"fa4 is used from sm_90 (Hopper) on; this GPU is sm_{major}{minor}"
+        return None
+    if name == "auto" and platform == "cpu":
+        return "auto picks among GPU kernels per layout; on cpu name a backend or use the default"
+    return None
+
+
+def pick_cuda_backend(
+    seq_lens: Sequence[int], varlen_name: str = "triton_attn", long_name: str | None = None
+) -> tuple[str, str]:
+    """The CUDA rule: ``(backend, why)`` for a layout's host-side segment lengths.
+
+    ``long_name`` (FlashAttention-4, where installed) when the longest segment has at least
+    ``CUDA_FA4_MIN_LONGEST_TOKENS`` tokens. Otherwise SDPA when every segment has at least
+    ``CUDA_SDPA_MIN_SEGMENT_TOKENS`` tokens and it runs as one batched call (all equally long) or as
+    a few calls; the one-launch varlen kernel otherwise.
+    """
+    lengths = [operator.index(length) for length in seq_lens]
+    if long_name is not None and max(lengths) >= CUDA_FA4_MIN_LONGEST_TOKENS:
+        return long_name, f"longest of {len(lengths)} segments has {max(lengths)} tokens: {long_name}"
+    if min(lengths) < CUDA_SDPA_MIN_SEGMENT_TOKENS:
+        return varlen_name, f"shortest of {len(lengths)} segments has {min(lengths)} tokens: one varlen launch"
+    if len(set(lengths)) == 1:
+        return "sdpa", f"{len(lengths)} equal segments: one batched SDPA call"
+    if len(lengths) <= CUDA_SDPA_MAX_SEGMENTS:
+        return "sdpa", f"{len(lengths)} segments of >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens"
+    return varlen_name, f"{len(lengths)} segments of >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens: one varlen launch"
+
+
+def _attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -> AttentionPolicy:
+    if settings.attention_backend:
+        name = settings.attention_backend
+        return AttentionPolicy(name, f"set by {ENV_NAMES['attention_backend']}", FixedRule(name))
+    base, base_reason = _default_attention(facts, settings)
+    if profile is None or facts.platform == "cpu":
+        backend = "auto" if isinstance(base, CudaRule) else base.backend
+        return AttentionPolicy(backend, base_reason, base)
+    allowed = tuple(
+        name
+        for name in AUTO_CANDIDATES[facts.platform]
+        if backend_unavailable_reason(name, facts) is None and (settings.use_aiter or not name.startswith("aiter"))
+    )
+    rule = TunedRule(profile.head_dim, profile.attention, allowed, base)
+    reason = (
+        f"tuned: per layout the fastest of {', '.join(allowed)} at the nearest of {len(profile.attention)} layouts "
+        f"measured at head dim {profile.head_dim}; other head dims: {base_reason}"
+    )
+    return AttentionPolicy("auto", reason, rule)
+
+
+def _default_attention(facts: Facts, settings: Settings) -> tuple[FixedRule | CudaRule, str]:
+    platform = facts.platform
+    if platform == "rocm":
+        has_aiter = "aiter" in facts.modules
+        if has_aiter and settings.use_aiter:
+            return FixedRule("aiter_attn"), "ROCm with aiter installed and SGLANG_USE_AITER=1"
+        why = "SGLANG_USE_AITER is off" if has_aiter else "aiter is not installed (pip install rocm-vit[aiter])"
+        if backend_unavailable_reason("triton_attn", facts) is None:
+            return FixedRule("triton_attn"), f"ROCm and {why}: rocm-vit's Triton varlen kernel"
+        return FixedRule("sdpa"), f"ROCm, {why} and triton is missing"
+    if platform == "cuda":
+        varlen = next(
+            (name for name in CUDA_VARLEN_PREFERENCE if backend_unavailable_reason(name, facts) is None), "sdpa"
+        )
+        fa4_missing = backend_unavailable_reason("fa4", facts)
+        long_rule = (
+            f"fa4 when the longest segment has >= {CUDA_FA4_MIN_LONGEST_TOKENS} tokens, else "
+            if fa4_missing is None
+            else f"(fa4 unused: {fa4_missing}) "
+        )
+        reason = (
+            f"CUDA: per layout, {long_rule}SDPA when every segment has >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens "
+            f"and they are equal or <= {CUDA_SDPA_MAX_SEGMENTS}, else {varlen}"
+        )
+        return CudaRule(varlen, "fa4" if fa4_missing is None else None), reason
+    return FixedRule("sdpa"), f"{platform}: per-sequence scaled_dot_product_attention"
+
+
+def _rotary(facts: Facts, settings: Settings, profile: TunedProfile | None) -> Choice:
+    available = [name for name in ROTARY_IMPLS if name != "triton" or "triton" in facts.modules]
+    if facts.platform == "cpu":
+        available = [name for name in available if name != "triton" or facts.triton_interpret]
+    if settings.rotary is not None:
+        if settings.rotary not in ROTARY_IMPLS:
+            raise ValueError(f"{ENV_NAMES['rotary']} = {settings.rotary!r} is not one of {', '.join(ROTARY_IMPLS)}")
+        choice = Choice(settings.rotary, f"{ENV_NAMES['rotary']}={settings.rotary}")
+    elif profile is not None and (timed := {n: ms for n, ms in profile.rotary_ms.items() if n in available}):
+        fastest = min(timed, key=timed.__getitem__)
+        choice = Choice(fastest, f"tuned: {_timings(timed)}")
+    else:
+        choice = Choice(_DEFAULT_ROTARY[facts.platform], f"default on {facts.platform}")
+    if choice.value == "triton" and "triton" not in facts.modules:
+        return Choice("native", f"{choice.reason}, but Triton is not importable: the native helper")
+    return choice
+
+
+def _fused_ops(facts: Facts, settings: Settings, profile: TunedProfile | None) -> Choice:
+    if facts.platform == "cpu":
+        return Choice(False, "no GPU: plain torch ops")
+    if not settings.fused_ops:
+        return Choice(False, f"{ENV_NAMES['fused_ops']}=0")
+    if "triton" not in facts.modules:
+        return Choice(False, "Triton is not importable")
+    timed = profile.fused_ops_ms if profile is not None else {}
+    if "fused" in timed and "plain" in timed:
+        return Choice(timed["fused"] <= timed["plain"], f"tuned with {profile.preset}: {_timings(timed)}")
+    return Choice(True, f"default on {facts.platform}")
+
+
+def _gelu_epilogue(facts: Facts, fused: bool) -> Choice:
+    if facts.platform != "cuda":
+        why = "emulated ROCm" if facts.emulated_on else facts.platform
+        return Choice(False, f"{why}: cuBLASLt's GELU epilogue is NVIDIA's; hipBLASLt's has not been run")
+    if not fused:
+        return Choice(False, "fused ops are off")
+    if not facts.gelu_epilogue_op:
+        return Choice(False, "this torch has no torch._addmm_activation")
+    return Choice(True, "CUDA: fc1 and its tanh-GELU in one cuBLASLt GEMM")
+
+
+def _side_stream(facts: Facts) -> Choice:
+    if facts.platform == "cuda":
+        return Choice(True, "CUDA: deepstack mergers overlap the blocks on a second stream (measured on an H200)")
+    return Choice(False, f"{facts.platform}: deepstack mergers run inline (the overlap was measured only on CUDA)")
+
+
+def _graph_max_tokens(settings: Settings, profile: TunedProfile | None) -> Choice:
+    if settings.graph_max_tokens is not None:
+        return Choice(settings.graph_max_tokens, f"set by {ENV_NAMES['graph_max_tokens']}")
+    if profile is not None and profile.graph_max_tokens is not None:
+        return Choice(profile.graph_max_tokens, f"tuned: eager/graph crossover of {profile.preset}")
+    return Choice(DEFAULT_GRAPH_MAX_TOKENS, "default: Qwen3-VL's eager/graph crossover on an H200")
+
+
+def _layout_features(seq_lens: Sequence[int]) -> tuple[float, float, float]:
+    lengths = [max(1, operator.index(n)) for n in seq_lens] or [1]
+    return math.log2(max(lengths)), math.log2(min(lengths)), math.log2(len(lengths))
+
+
+def _distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def _timings(ms: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {value:.4g} ms" for name, value in sorted(ms.items(), key=lambda item: item[1]))
+
+
+def _module_available(name: str) -> bool:
+    """Whether ``name`` can be imported, found without importing it (aiter's import is heavy)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        # A parent package that fails to import, or a module put in sys.modules without a spec.
+        return sys.modules.get(name) is not None

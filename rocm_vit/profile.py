@@ -1,0 +1,215 @@
+"""Tuned profiles: what ``rocm-vit tune`` measured on one GPU, stored as YAML for every later process.
+
+A profile is only valid for the hardware and software it was measured with, so it carries a key
+(device name, arch, the emulated-on arch, and the versions of torch, Triton, aiter, flash-attn-4 and
+rocm-vit). ``load_profile`` ignores a profile whose key differs from this process's, with one log
+line naming the first difference: a kernel upgrade can reorder the backends, and stale numbers
+would silently pick a slower one.
+
+Where: ``ROCM_VIT_PROFILE`` names a file, or ``off`` to use none; unset, the per-user cache
+directory holds one file per device and arch (``$XDG_CACHE_HOME/rocm-vit/profiles`` or
+``~/.cache/rocm-vit/profiles``), which ``rocm-vit tune`` writes by default.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rocm_vit.platform import PlatformInfo
+
+logger = logging.getLogger(__name__)
+
+PROFILE_ENV = "ROCM_VIT_PROFILE"
+PROFILE_FORMAT = 1
+# distribution names whose versions key a profile (installed metadata: nothing is imported)
+_KEYED_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
+    "aiter": ("amd-aiter", "aiter"),
+    "flash_attn_4": ("flash-attn-4",),
+    "rocm_vit": ("rocm-vit",),
+}
+
+
+@dataclass(frozen=True)
+class AttentionTiming:
+    """One measured layout: its segment lengths and the median milliseconds of each backend that ran."""
+
+    name: str
+    seq_lens: tuple[int, ...]
+    ms: Mapping[str, float]
+
+    def fastest(self, allowed: Sequence[str]) -> str | None:
+        """The fastest backend among ``allowed`` (those that can run now), or ``None``."""
+        timed = [(ms, name) for name, ms in self.ms.items() if name in allowed]
+        return min(timed)[1] if timed else None
+
+
+@dataclass(frozen=True)
+class GraphTiming:
+    """Eager against graph replay at one patch count of the tuned preset."""
+
+    patches: int
+    eager_ms: float
+    graph_ms: float
+
+
+@dataclass(frozen=True)
+class TunedProfile:
+    """What ``rocm-vit tune`` measured, and the choices it derived.
+
+    ``attention`` holds timings for one head dim (the tuned preset's); ``rotary`` and ``fused_ops``
+    the milliseconds of each implementation; ``graph_max_tokens`` the largest patch count at which
+    graph replay beat eager by the tune's margin (0: never).
+    """
+
+    key: Mapping[str, str]
+    preset: str
+    created: str
+    head_dim: int
+    attention: tuple[AttentionTiming, ...]
+    rotary_ms: Mapping[str, float] = field(default_factory=dict)
+    fused_ops_ms: Mapping[str, float] = field(default_factory=dict)
+    graphs: tuple[GraphTiming, ...] = ()
+    graph_max_tokens: int | None = None
+    path: str = ""
+
+    def as_yaml(self) -> str:
+        document = asdict(self)
+        document.pop("path")
+        document["format"] = PROFILE_FORMAT
+        for timing in document["attention"]:
+            timing["seq_lens"] = list(timing["seq_lens"])
+            timing["ms"] = dict(timing["ms"])
+        document["key"] = dict(self.key)
+        return yaml.safe_dump(document, sort_keys=False)
+
+
+def profile_key(info: PlatformInfo) -> dict[str, str]:
+    """What a profile must match to be used: the device, its arch and the versions that run kernels."""
+    key = {"device": info.device_name, "arch": info.arch, "emulated_on": info.emulated_on}
+    key.update({name: _installed_version(dists) for name, dists in _KEYED_DISTRIBUTIONS.items()})
+    return key
+
+
+def default_profile_path(info: PlatformInfo) -> Path:
+    """The per-user file ``rocm-vit tune`` writes for this device (one per device name and arch)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    emulated = f"-on-{info.emulated_on}" if info.emulated_on else ""
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{info.device_name}-{info.arch}{emulated}".lower()).strip("-")
+    return cache / "rocm-vit" / "profiles" / f"{slug}.yaml"
+
+
+def profile_path(info: PlatformInfo, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The profile file this process reads: ``ROCM_VIT_PROFILE``, or the default; ``None`` for ``off``."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(PROFILE_ENV, "").strip()
+    if value.lower() in ("off", "0", "none", "false"):
+        return None
+    return Path(value) if value else default_profile_path(info)
+
+
+def load_profile(info: PlatformInfo, environ: Mapping[str, str] | None = None) -> tuple[TunedProfile | None, str]:
+    """The profile in force for this process and a sentence saying which (or why none).
+
+    A missing default file is normal (never tuned); a file named by ``ROCM_VIT_PROFILE`` that cannot
+    be read raises ``ValueError``; a profile measured elsewhere (another device, arch or versions) is
+    ignored with one warning.
+    """
+    if info.name == "cpu":
+        return None, "none (no GPU)"
+    path = profile_path(info, environ)
+    if path is None:
+        return None, f"none ({PROFILE_ENV}=off)"
+    explicit = bool((os.environ if environ is None else environ).get(PROFILE_ENV, "").strip())
+    if not path.exists():
+        if explicit:
+            raise ValueError(f"{PROFILE_ENV} = {str(path)!r} does not exist")
+        return None, f"none (no profile at {path}; run rocm-vit tune)"
+    profile = read_profile(path)
+    mismatch = _key_mismatch(profile.key, profile_key(info))
+    if mismatch:
+        _warn_stale(str(path), mismatch)
+        return None, f"none ({path} ignored: {mismatch})"
+    return profile, f"{path} (tuned {profile.created} with {profile.preset})"
+
+
+def read_profile(path: Path) -> TunedProfile:
+    """Parse a profile file; ``ValueError`` naming the file when it is not one."""
+    try:
+        document = yaml.safe_load(path.read_text())
+        if not isinstance(document, dict) or document.get("format") != PROFILE_FORMAT:
+            raise ValueError(f"not a format-{PROFILE_FORMAT} rocm-vit profile")
+        return TunedProfile(
+            key={str(k): str(v) for k, v in document["key"].items()},
+            preset=str(document["preset"]),
+            created=str(document["created"]),
+            head_dim=int(document["head_dim"]),
+            attention=tuple(
+                AttentionTiming(
+                    str(row["name"]),
+                    tuple(int(n) for n in row["seq_lens"]),
+                    {str(k): float(v) for k, v in row["ms"].items()},
+                )
+                for row in document["attention"]
+            ),
+            rotary_ms={str(k): float(v) for k, v in (document.get("rotary_ms") or {}).items()},
+            fused_ops_ms={str(k): float(v) for k, v in (document.get("fused_ops_ms") or {}).items()},
+            graphs=tuple(GraphTiming(**row) for row in document.get("graphs") or ()),
+            graph_max_tokens=document.get("graph_max_tokens"),
+            path=str(path),
+        )
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
+        raise ValueError(f"{str(path)!r} is not a usable rocm-vit profile: {type(err).__name__}: {err}") from err
+
+
+def write_profile(profile: TunedProfile, path: Path) -> None:
+    """Write ``profile`` to ``path`` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(profile.as_yaml())
+    partial.replace(path)
+
+
+def _key_mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str:
+    for name, value in current.items():
+        if stored.get(name) != value:
+            return f"measured with {name} {stored.get(name)!r}, this process has {value!r}"
+    return ""
+
+
+@functools.cache
+def _warn_stale(path: str, mismatch: str) -> None:
+    logger.warning("tuned profile %s is ignored: %s; run rocm-vit tune again", path, mismatch)
+
+
+def _installed_version(distributions: tuple[str, ...]) -> str:
+    for distribution in distributions:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "-"
+
+
+def profile_summary(profile: TunedProfile | None) -> dict[str, Any]:
+    """What doctor prints about a profile: where, when, what it measured."""
+    if profile is None:
+        return {}
+    return {
+        "path": profile.path,
+        "preset": profile.preset,
+        "created": profile.created,
+        "attention_layouts": len(profile.attention),
+        "graph_max_tokens": profile.graph_max_tokens,
+    }
