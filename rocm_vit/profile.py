@@ -92,7 +92,7 @@ class TunedProfile:
             timing["seq_lens"] = list(timing["seq_lens"])
             timing["ms"] = dict(timing["ms"])
         document["key"] = dict(self.key)
-        return yaml.safe_dump(document, sort_keys=False)
+        return yaml.safe_dump(document, sort_keys=False, default_flow_style=None)
 
 
 def profile_key(info: PlatformInfo) -> dict[str, str]:
@@ -169,7 +169,7 @@ def read_profile(path: Path) -> TunedProfile:
             graph_max_tokens=document.get("graph_max_tokens"),
             path=str(path),
         )
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
+    except (OSError, AttributeError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
         raise ValueError(f"{str(path)!r} is not a usable rocm-vit profile: {type(err).__name__}: {err}") from err
 
 

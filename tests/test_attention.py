@@ -20,6 +20,7 @@ import rocm_vit.attention as attention
 import rocm_vit.policy as policy
 from rocm_vit.attention import (
     AiterAttention,
+    AiterPaddedAttention,
     AutoAttention,
     Fa4Attention,
     SdpaAttention,
@@ -159,7 +160,9 @@ def _stand_in_aiter(host_cu_seqlens: tuple[int, ...] | None = None) -> types.Mod
         if max_seqlen_q != max(seq_lens) or max_seqlen_k != max(seq_lens):
             raise ValueError(f"max_seqlen {max_seqlen_q}/{max_seqlen_k} does not match offsets {offsets}")
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-        module.calls.append({"cu_seqlens_q": cu_seqlens_q, "max_seqlen_q": max_seqlen_q, "scale": scale})
+        module.calls.append(
+            {"cu_seqlens_q": cu_seqlens_q, "max_seqlen_q": max_seqlen_q, "scale": scale, "head_dim": q.shape[-1]}
+        )
         return _reference(q, k, v, seq_lens, scale).to(q.dtype)
 
     module.flash_attn_varlen_func = flash_attn_varlen_func
@@ -193,6 +196,21 @@ def test_aiter_attn_list_layout_matches_float64_reference(generator, stand_in_ai
     (call,) = stand_in_aiter.calls
     assert call["cu_seqlens_q"] is cu_seqlens, "the runner's static cu_seqlens buffer must reach aiter as is"
     assert call["scale"] == 0.1
+
+
+@pytest.mark.parametrize("head_dim", [72, 80])
+def test_aiter_attn_padded_to_128_matches_float64_reference(generator, stand_in_aiter, head_dim):
+    """Zero columns change no score and padded v columns are cut: the result is the unpadded one,
+    computed by aiter at head dim 128 with the model's scale."""
+    layout = _layout(RAGGED_GRID)
+    q, k, v = _qkv(generator, layout.num_patches, 4, 2, head_dim)
+    backend = AiterPaddedAttention()
+    out = backend(q, k, v, backend.runner_args(layout, layout.cu_seqlens_tensor("cpu")), head_dim**-0.5)
+    assert out.shape == q.shape and out.is_contiguous()
+    reference = _reference(q, k, v, layout.seq_lens, head_dim**-0.5)
+    torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=0)
+    (call,) = stand_in_aiter.calls
+    assert (call["head_dim"], call["scale"]) == (128, head_dim**-0.5)
 
 
 def test_aiter_attn_output_dtype_follows_v(generator, stand_in_aiter):

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("rocm_vit.cli.doctor", "report platform, versions, selected backends and settings"),
+    "doctor": ("rocm_vit.cli.doctor", "report platform, versions, the resolved policy and settings"),
     "bench": ("rocm_vit.cli.bench", "time a tower from a preset over a sweep of image layouts"),
     "verify": ("rocm_vit.cli.verify", "check graph output against eager on this machine"),
     "bench-rope": ("rocm_vit.cli.bench_rope", "time the rotary implementations"),
@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "rocm_vit.cli.bench_memory",
         "graph runner defaults under serving streams: hit rate, bytes held, latency",
     ),
+    "tune": ("rocm_vit.cli.tune", "measure this GPU and write the profile the policy loads"),
 }
 
 

@@ -1,0 +1,340 @@
+"""``rocm-vit tune``: measure this GPU and write the profile every later process on it loads.
+
+The policy's rules were measured on one H200; on any other GPU they are guesses. This command times,
+on the user's GPU and for one preset: every attention backend that can run here (on ROCm also aiter
+with the head dim padded to 128) over single images, batches and ragged mixes; each rotary
+implementation over fused-qkv views; the tower eagerly with the fused block ops on and off; and eager
+against graph replay per patch count, whose crossover becomes the graph ceiling. The profile
+(``rocm_vit.profile``) is keyed by device, arch and library versions: another version's is ignored.
+
+Measurements run under ``inference_mode`` with random weights and inputs (speed does not depend on
+the values); each graph's output is checked bitwise against eager before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from rocm_vit.cli.bench_attention import LAYOUTS as BENCH_ATTN_LAYOUTS
+from rocm_vit.cli.workload import build_tower, median_ms, parse_layouts, progress, random_pixels
+from rocm_vit.layout import VisionLayout
+from rocm_vit.models import preset, preset_names
+from rocm_vit.platform import platform_info
+from rocm_vit.policy import (
+    AUTO_CANDIDATES,
+    Facts,
+    Policy,
+    backend_unavailable_reason,
+    current_facts,
+    resolve_policy,
+    use_policy,
+)
+from rocm_vit.profile import (
+    AttentionTiming,
+    GraphTiming,
+    TunedProfile,
+    default_profile_path,
+    profile_key,
+    write_profile,
+)
+from rocm_vit.settings import Settings, load_settings
+
+GridTHW = tuple[int, int, int]
+
+# Attention layouts: bench-attn's twelve, and the small images a serving mix is mostly made of.
+ATTENTION_LAYOUTS: dict[str, list[GridTHW]] = {
+    **BENCH_ATTN_LAYOUTS,
+    "1x196": [(1, 14, 14)],
+    "4x196": [(1, 14, 14)] * 4,
+    "1x576": [(1, 24, 24)],
+    "1x2304": [(1, 48, 48)],
+}
+CPU_ATTENTION_LAYOUTS = ("1x196", "4x196", "1x576")
+ROTARY_TOKENS = (196, 1024, 4096, 16384)
+CPU_ROTARY_TOKENS = (64, 256)
+# Tower layouts timed with fused ops on and off (eager; what fusion changes is launches and bytes).
+FUSED_LAYOUTS = "1x512,1x1024"
+# Patch counts 196 .. 9216 for eager against graph replay.
+GRAPH_LAYOUTS = "1x224,1x448,1x640,1x896,1x1024,1x1152,1x1280,1x1536"
+# Replay must beat eager by this share for its patch count to stay under the ceiling: below it the
+# capture, staging and pool memory buy nothing measurable.
+GRAPH_MIN_GAIN = 0.03
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``rocm-vit tune``."""
+    parser.add_argument("--preset", choices=preset_names(), help="tower to tune for (default qwen3-vl-8b; tiny on CPU)")
+    parser.add_argument("--out", type=Path, help="profile file (default: the per-user file this device loads)")
+    parser.add_argument("--plot", type=Path, help="write the measurements as a PNG (needs matplotlib)")
+    parser.add_argument("--rep-ms", type=int, default=25, help="timing window per attention/rotary cell (default 25)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed tower calls per cell (default 10)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, write the profile, print what it measured and what it changes against the defaults."""
+    started = time.perf_counter()
+    info = platform_info()
+    facts = current_facts()
+    on_gpu = facts.platform != "cpu"
+    device = torch.device("cuda" if on_gpu else "cpu")
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    preset_name = args.preset or ("qwen3-vl-8b" if on_gpu else "tiny")
+    settings = dataclasses.replace(load_settings(), attention_backend=None, rotary=None)
+    defaults = resolve_policy(facts, settings)
+    config = preset(preset_name)
+    timer = _Timer(device, args.rep_ms)
+
+    with torch.inference_mode():
+        attention = _tune_attention(timer, facts, config.num_heads, config.head_dim, dtype, device)
+        rotary_ms = _tune_rotary(timer, facts, config.num_heads, config.head_dim, dtype, device)
+        draft = _profile(info, preset_name, config.head_dim, attention, rotary_ms)
+        fused_ms = {}
+        if defaults.fused_ops.value:  # nothing to compare where fused ops cannot run
+            fused_ms = _tune_fused_ops(facts, settings, draft, preset_name, dtype, device, args.repeats)
+        draft = dataclasses.replace(draft, fused_ops_ms=fused_ms)
+        graphs = _tune_graphs(resolve_policy(facts, settings, draft), preset_name, dtype, device, args.repeats)
+    profile = dataclasses.replace(draft, graphs=graphs, graph_max_tokens=_ceiling(graphs) if on_gpu else None)
+    out = args.out or default_profile_path(info)
+    write_profile(profile, out)
+    tuned = resolve_policy(facts, settings, profile)
+    print(_report(profile, defaults, tuned, out, time.perf_counter() - started))
+    if args.plot:
+        _plot(profile, args.plot)
+    return 0
+
+
+class _Timer:
+    """Median milliseconds of a callable: ``triton.testing.do_bench`` on a GPU (flushes L2), wall time on CPU."""
+
+    def __init__(self, device: torch.device, rep_ms: int) -> None:
+        self._device = device
+        self._rep_ms = rep_ms
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        if self._device.type == "cuda":
+            import triton.testing
+
+            return float(triton.testing.do_bench(fn, warmup=self._rep_ms // 4, rep=self._rep_ms, return_mode="median"))
+        return median_ms(fn, self._device, repeats=5)
+
+
+def _tune_attention(
+    timer: _Timer, facts: Facts, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> tuple[AttentionTiming, ...]:
+    from rocm_vit.attention import BACKENDS
+
+    names = [
+        name
+        for name in AUTO_CANDIDATES[facts.platform]
+        if backend_unavailable_reason(name, facts) is None and not (name.endswith("pad128") and head_dim >= 128)
+    ]
+    backends = {name: BACKENDS[name]() for name in names}
+    layouts = ATTENTION_LAYOUTS if facts.platform != "cpu" else {n: ATTENTION_LAYOUTS[n] for n in CPU_ATTENTION_LAYOUTS}
+    timings = []
+    for layout_name, grid in progress(list(layouts.items()), "attention", "layout"):
+        layout = VisionLayout.from_grid_thw(grid, spatial_merge_size=1)
+        generator = torch.Generator(device=device).manual_seed(0)
+        packed = torch.randn(layout.num_patches, 3, heads, head_dim, generator=generator, device=device)
+        q, k, v = packed.to(dtype).unbind(1)
+        cu_seqlens = layout.cu_seqlens_tensor(device)
+        ms = {}
+        for name, backend in backends.items():
+            attn_args = backend.runner_args(layout, cu_seqlens)
+            ms[name] = round(timer(functools.partial(backend, q, k, v, attn_args, head_dim**-0.5)), 5)
+        timings.append(AttentionTiming(layout_name, tuple(layout.seq_lens), ms))
+    return tuple(timings)
+
+
+def _tune_rotary(
+    timer: _Timer, facts: Facts, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> dict[str, float]:
+    """Geometric mean over token counts of each implementation's time on fused-qkv views."""
+    from rocm_vit.rotary import implementation
+
+    on_gpu = facts.platform != "cpu"
+    # On a CPU only the native helper is a serving candidate (tests run tune there).
+    names = [
+        name
+        for name in ("triton", "compiled", "native")
+        if (on_gpu or name == "native") and (name != "triton" or "triton" in facts.modules)
+    ]
+    token_counts = ROTARY_TOKENS if on_gpu else CPU_ROTARY_TOKENS
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for tokens in progress(list(token_counts), "rotary", "size"):
+        generator = torch.Generator(device=device).manual_seed(tokens)
+        qkv = torch.randn(tokens, 3, heads, head_dim, generator=generator, device=device).to(dtype)
+        cos = torch.randn(tokens, head_dim, generator=generator, device=device)
+        sin = torch.randn(tokens, head_dim, generator=generator, device=device)
+        q, k, _ = qkv.unbind(1)
+        for name in names:
+            samples[name].append(timer(functools.partial(implementation(name), q, k, cos, sin)))
+    return {name: round(math.exp(statistics.fmean(map(math.log, ms))), 5) for name, ms in samples.items()}
+
+
+def _tune_fused_ops(
+    facts: Facts,
+    settings: Settings,
+    draft: TunedProfile,
+    preset_name: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+) -> dict[str, float]:
+    """Eager tower milliseconds, summed over ``FUSED_LAYOUTS``, with the fused block ops on and off."""
+    totals = {}
+    for label, fused in progress([("fused", True), ("plain", False)], "fused ops", "setting"):
+        policy = resolve_policy(facts, dataclasses.replace(settings, fused_ops=fused), draft)
+        with use_policy(policy):
+            tower = build_tower(preset_name, device, dtype, None, seed=0)
+            workloads = parse_layouts(FUSED_LAYOUTS, tower.config)
+            total = 0.0
+            for index, workload in enumerate(workloads):
+                pixels = random_pixels(workload, tower.config, device, index).to(dtype)
+                grid = list(workload.grid_thw)
+                total += median_ms(functools.partial(tower, pixels, grid, use_graphs=False), device, repeats)
+        totals[label] = round(total, 4)
+    return totals
+
+
+def _tune_graphs(
+    policy: Policy, preset_name: str, dtype: torch.dtype, device: torch.device, repeats: int
+) -> tuple[GraphTiming, ...]:
+    """Eager against replay per patch count, under the tuned choices; every graph checked bitwise."""
+    if device.type != "cuda":
+        return ()
+    rows = []
+    with use_policy(policy):
+        tower = build_tower(preset_name, device, dtype, None, seed=0)
+        workloads = parse_layouts(GRAPH_LAYOUTS, tower.config)
+        budget = torch.cuda.get_device_properties(device).total_memory // 4
+        tower.enable_graphs(
+            capacity=len(workloads),
+            min_sightings=1,
+            max_tokens=max(w.patches for w in workloads),
+            budget_bytes=budget,
+        )
+        for index, workload in enumerate(progress(workloads, "graphs", "layout")):
+            pixels = random_pixels(workload, tower.config, device, index).to(dtype)
+            grid = list(workload.grid_thw)
+            eager = tower(pixels, grid, use_graphs=False)
+            if not torch.equal(tower(pixels, grid), eager):
+                raise RuntimeError(f"graph output differs from eager at {workload.spec}: run rocm-vit verify")
+            eager_ms = median_ms(functools.partial(tower, pixels, grid, use_graphs=False), device, repeats)
+            graph_ms = median_ms(functools.partial(tower, pixels, grid), device, repeats)
+            rows.append(GraphTiming(workload.patches, round(eager_ms, 4), round(graph_ms, 4)))
+    return tuple(rows)
+
+
+def _ceiling(graphs: tuple[GraphTiming, ...]) -> int:
+    """The largest patch count at which replay beat eager by ``GRAPH_MIN_GAIN`` (0: nowhere)."""
+    winning = [row.patches for row in graphs if row.graph_ms <= row.eager_ms * (1 - GRAPH_MIN_GAIN)]
+    return max(winning, default=0)
+
+
+def _profile(
+    info, preset_name: str, head_dim: int, attention: tuple[AttentionTiming, ...], rotary_ms: dict[str, float]
+) -> TunedProfile:
+    return TunedProfile(
+        key=profile_key(info),
+        preset=preset_name,
+        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        head_dim=head_dim,
+        attention=attention,
+        rotary_ms=rotary_ms,
+    )
+
+
+def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, seconds: float) -> str:
+    """What was measured and what the profile changes against the defaults."""
+    lines = [
+        f"rocm-vit tune: {profile.key['device']} ({profile.key['arch']}), preset {profile.preset}, {seconds:.0f} s"
+    ]
+    names = sorted({name for timing in profile.attention for name in timing.ms})
+    lines.append("\nattention (median ms; * fastest, d = default pick, t = tuned pick)")
+    lines.append(f"  {'layout':<10}" + "".join(f"{name:>20}" for name in names))
+    for timing in profile.attention:
+        default_pick = defaults.attention.pick(timing.seq_lens, profile.head_dim)[0]
+        tuned_pick = tuned.attention.pick(timing.seq_lens, profile.head_dim)[0]
+        fastest = min(timing.ms, key=timing.ms.__getitem__)
+        cells = []
+        for name in names:
+            marks = (
+                ("*" if name == fastest else "")
+                + ("d" if name == default_pick else "")
+                + ("t" if name == tuned_pick else "")
+            )
+            cells.append(f"{timing.ms[name]:>16.4f} {marks:<3}" if name in timing.ms else f"{'-':>20}")
+        lines.append(f"  {timing.name:<10}" + "".join(cells))
+    lines.append("\nrotary (geometric mean ms over token counts, fused-qkv views)")
+    lines.extend(f"  {name:<10}{ms:.4f}" for name, ms in sorted(profile.rotary_ms.items(), key=lambda i: i[1]))
+    if profile.fused_ops_ms:
+        lines.append(f"\nfused block ops (eager ms, {FUSED_LAYOUTS})")
+        lines.extend(f"  {name:<10}{ms:.3f}" for name, ms in profile.fused_ops_ms.items())
+    if profile.graphs:
+        lines.append(f"\neager against graph replay (ms); ceiling: last patch count gaining >= {GRAPH_MIN_GAIN:.0%}")
+        lines.append(f"  {'patches':>8}{'eager':>10}{'graph':>10}{'gain':>8}")
+        for row in profile.graphs:
+            lines.append(
+                f"  {row.patches:>8}{row.eager_ms:>10.3f}{row.graph_ms:>10.3f}{1 - row.graph_ms / row.eager_ms:>8.1%}"
+            )
+    lines.append("\npolicy: default -> tuned")
+    for label, before, after in (
+        ("attention", defaults.attention.backend, tuned.attention.backend),
+        ("rotary", defaults.rotary.value, tuned.rotary.value),
+        ("fused ops", defaults.fused_ops.value, tuned.fused_ops.value),
+        ("graph ceiling", defaults.graph_max_tokens.value, tuned.graph_max_tokens.value),
+    ):
+        lines.append(f"  {label:<14}{before!s:>12} -> {after}")
+    lines.append(f"\nprofile written to {out}")
+    lines.append(
+        "every later process on this device loads it (ROCM_VIT_PROFILE=off ignores it; rocm-vit doctor shows it)"
+    )
+    return "\n".join(lines)
+
+
+def _plot(profile: TunedProfile, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot needs matplotlib (pip install rocm-vit[bench])", file=sys.stderr)
+        return
+    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    names = sorted({name for timing in profile.attention for name in timing.ms})
+    width = 0.8 / max(1, len(names))
+    for offset, name in enumerate(names):
+        xs = [i + offset * width for i, timing in enumerate(profile.attention) if name in timing.ms]
+        ys = [timing.ms[name] for timing in profile.attention if name in timing.ms]
+        left.bar(xs, ys, width=width, label=name)
+    left.set_xticks([i + 0.4 - width / 2 for i in range(len(profile.attention))])
+    left.set_xticklabels([timing.name for timing in profile.attention], rotation=60, fontsize=8)
+    left.set_yscale("log")
+    left.set_ylabel("ms (median)")
+    left.set_title(f"attention, head dim {profile.head_dim}")
+    left.legend(fontsize=8)
+    if profile.graphs:
+        patches = [row.patches for row in profile.graphs]
+        right.plot(patches, [row.eager_ms for row in profile.graphs], "o-", label="eager")
+        right.plot(patches, [row.graph_ms for row in profile.graphs], "s-", label="graph replay")
+        if profile.graph_max_tokens:
+            right.axvline(profile.graph_max_tokens, color="gray", linestyle="--", label="tuned ceiling")
+        right.set_xlabel("patches")
+        right.set_ylabel("ms (median)")
+        right.set_title(f"{profile.preset}: eager against graph")
+        right.legend()
+    figure.suptitle(f"rocm-vit tune: {profile.key['device']} ({profile.key['arch']}), {profile.created}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)

@@ -1,0 +1,229 @@
+"""The policy as tables over ``resolve_policy``, tuned profiles on disk, and ``rocm-vit tune`` on a CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import rocm_vit.policy as policy
+from rocm_vit.attention import AutoAttention, SdpaAttention, TritonAttention, get_backend
+from rocm_vit.cli.main import main
+from rocm_vit.layout import VisionLayout
+from rocm_vit.platform import PlatformInfo
+from rocm_vit.policy import Facts, resolve_policy
+from rocm_vit.profile import (
+    AttentionTiming,
+    GraphTiming,
+    TunedProfile,
+    default_profile_path,
+    load_profile,
+    profile_key,
+    read_profile,
+    write_profile,
+)
+from rocm_vit.settings import Settings
+
+GPU_MODULES = frozenset({"triton", "torch.nn.attention.varlen"})
+CUDA = Facts("cuda", "sm_90", "NVIDIA H200", modules=GPU_MODULES)
+ROCM = Facts("rocm", "gfx950", "AMD Instinct MI355X", modules=frozenset({"triton", "aiter"}))
+EMULATED = dataclasses.replace(ROCM, device_name="NVIDIA H200", emulated_on="sm_90")
+CPU = Facts("cpu")
+AITER_ON = Settings(use_aiter=True)
+
+
+@pytest.mark.parametrize(
+    ("facts", "settings", "expected"),
+    [
+        (CPU, Settings(), ("sdpa", "native", False, False, False, 4096)),
+        (CUDA, Settings(), ("auto", "triton", True, True, True, 4096)),
+        (dataclasses.replace(CUDA, modules=frozenset()), Settings(), ("auto", "native", False, False, True, 4096)),
+        (ROCM, AITER_ON, ("aiter_attn", "compiled", True, False, False, 4096)),
+        (ROCM, Settings(), ("triton_attn", "compiled", True, False, False, 4096)),
+        (dataclasses.replace(ROCM, modules=frozenset()), AITER_ON, ("sdpa", "compiled", False, False, False, 4096)),
+        (EMULATED, AITER_ON, ("aiter_attn", "compiled", True, False, False, 4096)),
+        (CUDA, Settings(rotary="native", fused_ops=False), ("auto", "native", False, False, True, 4096)),
+        (
+            ROCM,
+            Settings(attention_backend="sdpa", graph_max_tokens=1024),
+            ("sdpa", "compiled", True, False, False, 1024),
+        ),
+    ],
+    ids=[
+        "cpu",
+        "cuda",
+        "cuda-no-triton",
+        "rocm-aiter",
+        "rocm-aiter-off",
+        "rocm-bare",
+        "emulated",
+        "cuda-env",
+        "rocm-env",
+    ],
+)
+def test_defaults_per_platform_and_settings(facts, settings, expected):
+    resolved = resolve_policy(facts, settings)
+    assert (
+        resolved.attention.backend,
+        resolved.rotary.value,
+        resolved.fused_ops.value,
+        resolved.gelu_epilogue.value,
+        resolved.side_stream.value,
+        resolved.graph_max_tokens.value,
+    ) == expected
+    for choice in (resolved.rotary, resolved.fused_ops, resolved.gelu_epilogue, resolved.side_stream):
+        assert choice.reason  # every choice says why
+
+
+def test_reasons_name_what_decided():
+    assert resolve_policy(ROCM, Settings()).attention.reason.startswith("ROCm and SGLANG_USE_AITER is off")
+    assert "emulated ROCm" in resolve_policy(EMULATED, AITER_ON).gelu_epilogue.reason
+    bare = resolve_policy(dataclasses.replace(CUDA, modules=frozenset()), Settings())
+    assert "Triton is not importable" in bare.rotary.reason and "torch_varlen" not in bare.attention.reason
+    assert resolve_policy(CUDA, Settings(graph_max_tokens=0)).graph_max_tokens.reason.startswith("set by SGLANG_VIT")
+
+
+def test_unknown_rotary_setting_names_the_variable():
+    with pytest.raises(ValueError, match=r"ROCM_VIT_ROTARY = 'fast' is not one of triton, compiled, native"):
+        resolve_policy(CUDA, Settings(rotary="fast"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuned profiles
+
+
+def _profile(**overrides) -> TunedProfile:
+    values = {
+        "key": {"device": "NVIDIA H200"},
+        "preset": "qwen3-vl-8b",
+        "created": "2026-11-30T00:00:00Z",
+        "head_dim": 72,
+        "attention": (
+            AttentionTiming("1x196", (196,), {"sdpa": 0.010, "triton_attn": 0.008, "fa4": 0.006}),
+            AttentionTiming("1x4096", (4096,), {"sdpa": 0.20, "triton_attn": 0.25, "torch_varlen": 0.30}),
+            AttentionTiming("16x256", (256,) * 16, {"sdpa": 1.0, "triton_attn": 0.2, "torch_varlen": 0.1}),
+        ),
+        "rotary_ms": {"triton": 0.02, "compiled": 0.01, "native": 0.05},
+        "fused_ops_ms": {"fused": 10.0, "plain": 9.0},
+        "graphs": (GraphTiming(196, 10.0, 1.5), GraphTiming(2048, 12.0, 9.0), GraphTiming(4096, 15.0, 14.9)),
+        "graph_max_tokens": 2048,
+    }
+    return TunedProfile(**{**values, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "expected"),
+    [
+        ((196,), "triton_attn"),  # fa4 measured fastest, but it is not installed: the next fastest
+        ((256,), "triton_attn"),  # nearest is 1x196
+        ((4096,), "sdpa"),
+        ((3000,), "sdpa"),
+        ((256,) * 16, "torch_varlen"),
+        ((256,) * 12, "torch_varlen"),
+    ],
+)
+def test_tuned_attention_picks_the_fastest_available_at_the_nearest_measured_layout(seq_lens, expected):
+    resolved = resolve_policy(CUDA, Settings(), _profile())
+    assert resolved.attention.backend == "auto"
+    name, why = resolved.attention.pick(seq_lens, head_dim=72)
+    assert name == expected and why.startswith("tuned: nearest measured layout")
+
+
+def test_tuned_attention_falls_back_to_the_rule_for_other_head_dims():
+    resolved = resolve_policy(CUDA, Settings(), _profile())
+    name, why = resolved.attention.pick((256,) * 16, head_dim=80)
+    assert name == "triton_attn" and "head dim 80 not tuned" in why  # the CUDA rule's varlen choice
+
+
+def test_tuned_aiter_needs_sglang_use_aiter():
+    timings = (AttentionTiming("1x4096", (4096,), {"aiter_attn_pad128": 0.1, "aiter_attn": 0.2, "triton_attn": 0.3}),)
+    profile = _profile(attention=timings)
+    assert resolve_policy(ROCM, AITER_ON, profile).attention.pick((4096,), 72)[0] == "aiter_attn_pad128"
+    assert resolve_policy(ROCM, Settings(), profile).attention.pick((4096,), 72)[0] == "triton_attn"
+
+
+def test_tuned_rotary_fused_ops_and_ceiling_and_settings_still_win():
+    tuned = resolve_policy(CUDA, Settings(), _profile())
+    assert (tuned.rotary.value, tuned.fused_ops.value, tuned.graph_max_tokens.value) == ("compiled", False, 2048)
+    assert not tuned.gelu_epilogue.value  # follows the fused ops
+    assert "tuned" in tuned.rotary.reason and "plain 9 ms" in tuned.fused_ops.reason
+    pinned = resolve_policy(CUDA, Settings(rotary="triton", attention_backend="sdpa", graph_max_tokens=512), _profile())
+    assert (pinned.attention.backend, pinned.rotary.value, pinned.graph_max_tokens.value) == ("sdpa", "triton", 512)
+
+
+def test_auto_attention_follows_the_tuned_policy(monkeypatch):
+    monkeypatch.setattr(policy, "platform_info", lambda: PlatformInfo("cuda", "NVIDIA H200", "sm_90", 1))
+    with policy.use_policy(resolve_policy(CUDA, Settings(), _profile())):
+        backend = get_backend(head_dim=72)
+        assert isinstance(backend, AutoAttention)
+        picks = {
+            name: type(backend.runner_args(VisionLayout.from_grid_thw(grid, 1), torch.zeros(len(grid) + 1))[0])
+            for name, grid in {"one": [(1, 64, 64)], "many": [(1, 16, 16)] * 16}.items()
+        }
+    assert picks["one"] is SdpaAttention and picks["many"].name == "torch_varlen"
+    assert type(get_backend("triton_attn")) is TritonAttention  # an explicit name still wins
+
+
+def test_profile_round_trip(tmp_path):
+    path = tmp_path / "profile.yaml"
+    profile = _profile()
+    write_profile(profile, path)
+    assert read_profile(path) == dataclasses.replace(profile, path=str(path))
+
+
+@pytest.fixture
+def h200(monkeypatch) -> PlatformInfo:
+    info = PlatformInfo("cuda", "NVIDIA H200", "sm_90", 1)
+    monkeypatch.setattr(policy, "platform_info", lambda: info)
+    return info
+
+
+def test_a_matching_profile_is_in_force_and_doctor_shows_it(h200, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "h200.yaml"
+    write_profile(_profile(key=profile_key(h200)), path)
+    monkeypatch.setenv("ROCM_VIT_PROFILE", str(path))
+    resolved = policy.current_policy()
+    assert resolved.profile.value is not None and resolved.graph_max_tokens.value == 2048
+    assert main(["doctor", "--json"]) in (0, 1)
+    assert str(path) in capsys.readouterr().out
+
+
+def test_a_profile_from_other_versions_is_ignored_with_one_warning(h200, tmp_path, caplog):
+    path = tmp_path / "old.yaml"
+    write_profile(_profile(key={**profile_key(h200), "torch": "2.0.0"}), path)
+    with caplog.at_level(logging.WARNING, logger="rocm_vit.profile"):
+        for _ in range(3):
+            profile, status = load_profile(h200, {"ROCM_VIT_PROFILE": str(path)})
+            assert profile is None and "measured with torch '2.0.0'" in status
+    assert sum("is ignored" in record.getMessage() for record in caplog.records) == 1
+
+
+def test_profile_location_rules(h200, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_profile_path(h200) == tmp_path / "rocm-vit" / "profiles" / "nvidia-h200-sm-90.yaml"
+    emulated = dataclasses.replace(h200, name="rocm", arch="gfx950", emulated_on="sm_90")
+    assert default_profile_path(emulated).name == "nvidia-h200-gfx950-on-sm-90.yaml"
+    assert load_profile(h200, {})[0] is None  # never tuned: the defaults, no error
+    assert "ROCM_VIT_PROFILE=off" in load_profile(h200, {"ROCM_VIT_PROFILE": "off"})[1]
+    with pytest.raises(ValueError, match="does not exist"):
+        load_profile(h200, {"ROCM_VIT_PROFILE": str(tmp_path / "missing.yaml")})
+    (tmp_path / "bad.yaml").write_text("format: 1\nkey: [1, 2]\n")
+    with pytest.raises(ValueError, match="not a usable rocm-vit profile"):
+        load_profile(h200, {"ROCM_VIT_PROFILE": str(tmp_path / "bad.yaml")})
+
+
+def test_tune_on_a_cpu_writes_a_profile_the_policy_reads(tmp_path: Path, capsys):
+    out = tmp_path / "tuned.yaml"
+    assert main(["tune", "--preset", "tiny", "--out", str(out), "--repeats", "1"]) == 0
+    report = capsys.readouterr().out
+    assert f"profile written to {out}" in report
+    profile = read_profile(out)
+    assert profile.preset == "tiny" and profile.head_dim == 64
+    assert [timing.name for timing in profile.attention] == ["1x196", "4x196", "1x576"]
+    assert all(set(timing.ms) == {"sdpa"} and timing.ms["sdpa"] > 0 for timing in profile.attention)
+    assert set(profile.rotary_ms) == {"native"} and profile.graph_max_tokens is None
+    tuned = resolve_policy(dataclasses.replace(CUDA, modules=frozenset()), Settings(), profile)
+    assert tuned.attention.pick((196,), 64)[0] == "sdpa"
