@@ -4,7 +4,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__version__ = "0.1.0"
+from rocm_vit.version import __version__ as __version__
 
 
 def _alias_checkout_backends() -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from rocm_vit.platform import PlatformInfo
+from rocm_vit.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,6 @@ _KEYED_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
     "aiter": ("amd-aiter", "aiter"),
     "flash_attn_4": ("flash-attn-4",),
-    "rocm_vit": ("rocm-vit",),
 }
 
 
@@ -99,6 +99,7 @@ def profile_key(info: PlatformInfo) -> dict[str, str]:
     """What a profile must match to be used: the device, its arch and the versions that run kernels."""
     key = {"device": info.device_name, "arch": info.arch, "emulated_on": info.emulated_on}
     key.update({name: _installed_version(dists) for name, dists in _KEYED_DISTRIBUTIONS.items()})
+    key["rocm_vit"] = __version__
     return key
 
 

@@ -13,6 +13,7 @@ import pytest
 from rocm_vit import __version__
 from rocm_vit.cli import main as cli_main
 from rocm_vit.cli.main import build_parser, main
+from rocm_vit.version import build_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCTOR_SECTIONS = {
@@ -36,7 +37,7 @@ def test_doctor_json_reports_every_section(capsys: pytest.CaptureFixture[str]) -
     assert set(report) >= DOCTOR_SECTIONS | {"problems"}
     assert report["problems"] == []
     assert rc == 0
-    assert report["rocm_vit"] == __version__
+    assert report["rocm_vit"] == {"version": __version__, "commit": build_commit()}
     assert report["platform"]["name"] in {"cpu", "cuda", "rocm"}
     assert set(report["platform"]) == {"name", "device_name", "arch", "device_count"}
     versions = report["versions"]
@@ -101,7 +102,7 @@ def test_doctor_never_imports_aiter(
 def test_plain_doctor_prints_sections(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"rocm-vit {__version__}")
+    assert out.startswith(f"rocm-vit {__version__}  commit {build_commit()}\n")
     for heading in ("platform:", "versions:", "policy:", "settings:", "environment:"):
         assert f"\n{heading}\n" in out
     for choice in ("attention:", "rotary:", "fused_ops:", "side_stream:", "graph_max_tokens:", "profile:"):
@@ -206,6 +207,20 @@ def test_bench_runs_a_qwen25_preset_on_cpu(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert "preset qwen2.5-vl-tiny" in out
     assert out.count("finite") == 2
+
+
+def test_bench_json_and_table_name_the_version_and_the_build_commit(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rocm_vit import version
+    from rocm_vit.cli.bench import format_report
+
+    monkeypatch.setattr(version, "build_commit", lambda: "0123abcd-stamped")
+    assert main(["bench", "--layouts", "1x64", "--repeats", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["rocm_vit"], report["commit"]) == (__version__, "0123abcd-stamped")
+    assert format_report(report).startswith(f"rocm-vit {__version__} bench  ")
+    assert "  commit 0123abcd-stamped  " in format_report(report).splitlines()[0]
 
 
 # bench-memory -----------------------------------------------------------------------------------
@@ -320,6 +335,8 @@ def _bench_memory_report(hit_rate: float = 0.787, max_bytes_held: int = 600 << 2
     runs = {"captures": 20, "evictions": 0, "pool_releases": 0, "graphs_held": 20}
     timed = {"mean_ms": 6.0, "median_ms": 3.0, "total_s": 9.0, "peak_reserved_growth_bytes": 2 << 30}
     return {
+        "rocm_vit": "0.1.0",
+        "commit": "0123abcd-stamped",
         "date": "2026-01-01",
         "device": "NVIDIA H200",
         "torch": "2.9.0",
@@ -386,6 +403,7 @@ def test_bench_memory_table_shows_every_target_met() -> None:
 
     report = _bench_memory_report()
     table = format_table(report)
+    assert table.startswith("rocm-vit 0.1.0 bench-memory  2026-01-01  NVIDIA H200  commit 0123abcd-stamped  ")
     assert _met_column(table, "hit rate (replays / calls)") == "yes"
     assert "78.7% (1180 replays)" in table
     assert _met_column(table, "mixed     max bytes held") == "yes"

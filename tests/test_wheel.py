@@ -2,7 +2,7 @@
 
 Catches what an editable install or a checkout on PYTHONPATH hides: a package missing from
 pyproject's list, ``backends/`` not shipped as ``rocm_vit.backends``, presets.yaml left out, no
-console script.
+console script, the commit not stamped into the wheel (``build_stamp.py``).
 """
 
 from __future__ import annotations
@@ -13,17 +13,30 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
+from git_tree import commit_all
 
 pytest.importorskip("build")
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the build reads; copying only these keeps stale build/ output and caches out of the wheel.
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "setup.cfg", "rocm_vit", "backends")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "MANIFEST.in",
+    "setup.cfg",
+    "build_stamp.py",
+    "rocm_vit",
+    "backends",
+)
+GIT = shutil.which("git")
+needs_git = pytest.mark.skipif(GIT is None, reason="git is not installed: the build stamps 'unknown'")
 
 _PROBE = """
 import importlib.resources, json, sys
@@ -41,32 +54,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    source = tmp_path_factory.mktemp("source")
-    for name in SOURCES:
-        path = ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        elif path.is_file():
-            shutil.copy2(path, source / name)
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the build reads, committed to a fresh git repository where git is installed."""
+    return _committed_sources(tmp_path_factory.mktemp("source"))
+
+
+@pytest.fixture(scope="module")
+def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
-    # --skip-dependency-check: recent setuptools builds wheels without the `wheel` package listed in
-    # build-system.requires; a missing setuptools still fails the build loudly.
-    done = _run(
-        [
-            sys.executable,
-            "-m",
-            "build",
-            "--wheel",
-            "--no-isolation",
-            "--skip-dependency-check",
-            "--outdir",
-            dist,
-            source,
-        ],
-        cwd=source,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    _build(source, dist, "--wheel")
     (built,) = dist.glob("rocm_vit-*.whl")
     return built
 
@@ -135,6 +131,78 @@ def test_installed_wheel_has_the_console_script(installed: Path, tmp_path: Path)
     done = _run([script, "doctor", "--json"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["problems"] == []
+
+
+@needs_git
+def test_wheel_is_stamped_with_the_commit_it_was_built_from(wheel: Path, source: Path) -> None:
+    stamp = zipfile.ZipFile(wheel).read("rocm_vit/_build.py").decode()
+    assert _stamped_commit(stamp) == _head(source)
+
+
+@needs_git
+def test_installed_wheel_reports_its_version_and_commit(installed: Path, source: Path, tmp_path: Path) -> None:
+    probe = "import json, rocm_vit.version; print(json.dumps(rocm_vit.version.build_info()))"
+    done = _run([installed / "bin" / "python", "-c", probe], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (dist_info,) = next(installed.glob("lib/python*/site-packages")).glob("rocm_vit-*.dist-info")
+    assert json.loads(done.stdout) == {
+        "rocm_vit": dist_info.name.removeprefix("rocm_vit-").removesuffix(".dist-info"),
+        "commit": _head(source),
+    }
+    doctor = _run([installed / "bin" / "rocm-vit", "doctor", "--json"], cwd=tmp_path)
+    assert doctor.returncode == 0, doctor.stderr
+    assert json.loads(doctor.stdout)["rocm_vit"]["commit"] == _head(source)
+
+
+@needs_git
+def test_wheel_built_through_the_sdist_keeps_the_stamp(tmp_path: Path) -> None:
+    """``python -m build`` builds the sdist, then the wheel from the unpacked sdist, where there is no git."""
+    source = _committed_sources(tmp_path / "source")
+    _build(source, tmp_path / "dist")
+    (sdist,) = (tmp_path / "dist").glob("rocm_vit-*.tar.gz")
+    (wheel,) = (tmp_path / "dist").glob("rocm_vit-*.whl")
+    with tarfile.open(sdist) as archive:
+        (member,) = (name for name in archive.getnames() if name.endswith("/rocm_vit/_build.py"))
+        sdist_stamp = archive.extractfile(member).read().decode()
+    assert _stamped_commit(sdist_stamp) == _head(source)
+    assert _stamped_commit(zipfile.ZipFile(wheel).read("rocm_vit/_build.py").decode()) == _head(source)
+
+
+def _committed_sources(source: Path) -> Path:
+    """SOURCES copied into ``source`` (no stale build/ output, caches or stamp), then committed where git is."""
+    source.mkdir(parents=True, exist_ok=True)
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_build.py")
+            shutil.copytree(path, source / name, ignore=ignore)
+        elif path.is_file():
+            shutil.copy2(path, source / name)
+    if GIT is not None:
+        commit_all(source)
+    return source
+
+
+def _build(source: Path, dist: Path, *only: str) -> None:
+    """``python -m build`` of ``source`` into ``dist``; ``only`` is ``--wheel`` or ``--sdist`` (default: both)."""
+    # --skip-dependency-check: recent setuptools builds wheels without the `wheel` package listed in
+    # build-system.requires; a missing setuptools still fails the build loudly.
+    command = [sys.executable, "-m", "build", *only, "--no-isolation", "--skip-dependency-check", "--outdir", dist]
+    done = _run([*command, source], cwd=source)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _head(source: Path) -> str:
+    done = _run(["git", "rev-parse", "HEAD"], cwd=source)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _stamped_commit(stamp: str) -> str:
+    """The value of ``COMMIT`` in a ``rocm_vit/_build.py``."""
+    namespace: dict = {}
+    exec(stamp, namespace)
+    return namespace["COMMIT"]
 
 
 def _wheel_paths_of_packages(source: Path, prefix: str) -> set[str]:

@@ -7,7 +7,6 @@ import dataclasses
 import importlib
 import json
 import logging
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from rocm_vit.cli.workload import (
 )
 from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
+from rocm_vit.version import build_info
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
             pixels = random_pixels(workload, tower.config, device, args.seed + index).to(dtype)
             rows.append(_measure(tower, baseline, workload, pixels, repeats, graphs))
     report = {
+        **build_info(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "device": info.device_name,
         "platform": info.name,
-        "commit": _commit(),
         "torch": torch.__version__,
         "preset": preset_name,
         "dtype": str(dtype).removeprefix("torch."),
@@ -167,7 +167,8 @@ def format_report(report: dict) -> str:
     cells = [[fmt.format(row[key]) for key, _, fmt in columns] for row in rows]
     widths = [max(len(title), *(len(line[i]) for line in cells)) for i, (_, title, _) in enumerate(columns)]
     lines = [
-        f"rocm-vit bench  {report['date']}  {report['device']}  commit {report['commit']}  torch {report['torch']}",
+        f"rocm-vit {report['rocm_vit']} bench  {report['date']}  {report['device']}  commit {report['commit']}  "
+        f"torch {report['torch']}",
         f"preset {report['preset']}  {report['dtype']}  attention {report['attention_backend']}  "
         f"median of {report['repeats']}",
         "  ".join(title.rjust(width) for (_, title, _), width in zip(columns, widths, strict=True)),
@@ -208,17 +209,3 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     logger.info("plot written to %s", path)
-
-
-def _commit() -> str:
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return result.stdout.strip()

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     import triton.testing
 
     from rocm_vit.platform import current_platform, platform_info
+    from rocm_vit.version import build_info
 
     started = time.perf_counter()
     platform = current_platform()
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     rule = _cuda_rule_check(results, args.head_dims[0]) if platform == "cuda" else []
     info = platform_info()
     header = {
+        **build_info(),
         "device": info.device_name,
         "arch": info.arch,
         "heads": args.heads,
@@ -305,7 +307,8 @@ def _print_tables(
     layouts: list[str],
 ) -> None:
     print(
-        f"\n{header['device']} ({header['arch']}), torch {header['torch']}, triton {header['triton']}: "
+        f"\nrocm-vit {header['rocm_vit']} commit {header['commit']}\n"
+        f"{header['device']} ({header['arch']}), torch {header['torch']}, triton {header['triton']}: "
         f"bf16 matmul {MATMUL_SIZE}^3 = {header['matmul_bf16_tflops']} TFLOP/s; {header['seconds']} s"
     )
     for name, why in header["skipped_backends"].items():

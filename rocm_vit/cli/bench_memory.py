@@ -50,6 +50,7 @@ from rocm_vit.cli.workload import (
 from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SIGHTINGS
 from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
+from rocm_vit.version import build_info
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             scenarios["streams"] = _streams(tower, budget_bytes, args.max_side, args.seed)
             _release_graphs(tower)
     report = {
+        **build_info(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "device": info.device_name,
         "platform": info.name,
@@ -499,7 +501,8 @@ def format_table(report: dict) -> str:
     widths = [max(len(title), *(len(line[i]) for line in cells)) for i, title in enumerate(ROW_FIELDS)]
     defaults = report["graph_defaults"]
     lines = [
-        f"rocm-vit bench-memory  {report['date']}  {report['device']}  torch {report['torch']}",
+        f"rocm-vit {report['rocm_vit']} bench-memory  {report['date']}  {report['device']}  "
+        f"commit {report['commit']}  torch {report['torch']}",
         f"preset {report['preset']}  {report['dtype']}  attention {report['attention_backend']}  "
         f"budget {_mib(report['budget_bytes'])}  graph defaults: capacity {defaults['capacity']}, "
         f"min sightings {defaults['min_sightings']}, max tokens {defaults['max_tokens']}  "

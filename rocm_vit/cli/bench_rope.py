@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     import triton
 
     from rocm_vit.backends import triton_rope
+    from rocm_vit.version import build_info
 
     kv_heads = args.kv_heads or args.heads
     copy_bytes_per_s = _copy_bytes_per_s(args.copy_mib)
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             if args.sweep:
                 sweep.append(_sweep(triton_rope, input_sets))
     report = {
+        **build_info(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,

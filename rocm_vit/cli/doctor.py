@@ -64,7 +64,8 @@ def collect() -> dict[str, Any]:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as aligned text sections."""
-    lines = [f"rocm-vit {report['rocm_vit']}", f"python   {report['python']}"]
+    rocm_vit = report["rocm_vit"]
+    lines = [f"rocm-vit {rocm_vit['version']}  commit {rocm_vit['commit']}", f"python   {report['python']}"]
     for section in ("platform", "versions", "policy", "settings", "sglang", "environment"):
         values = report[section]
         lines.append(f"\n{section}:")
@@ -172,10 +173,12 @@ def _sglang() -> dict[str, Any]:
     return plugin_status()
 
 
-def _rocm_vit_version() -> str:
-    from rocm_vit import __version__
+def _rocm_vit_version() -> dict[str, str]:
+    """``{"version", "commit"}``: the commit as rocm_vit/version.py finds it (stamped when built)."""
+    from rocm_vit.version import build_info
 
-    return __version__
+    info = build_info()
+    return {"version": info["rocm_vit"], "commit": info["commit"]}
 
 
 def _text(value: Any) -> str:

@@ -16,6 +16,7 @@ import torch
 from rocm_vit.cli.workload import bench_graph_options, build_tower, random_pixels, random_workloads
 from rocm_vit.models import preset_names
 from rocm_vit.platform import platform_info
+from rocm_vit.version import build_info
 
 _GRAD_MODES = {"inference": torch.inference_mode, "no_grad": torch.no_grad}
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     mismatches = sum(not row["exact"] for row in rows)
     where = f"{info.device_name}" + (f" emulating ROCm {info.arch}" if info.emulated_on else "")
     if args.json:
-        report = {"device": where, "grad_mode": args.grad_mode, "rows": rows, "runner": stats}
+        report = {**build_info(), "device": where, "grad_mode": args.grad_mode, "rows": rows, "runner": stats}
         print(json.dumps(report, indent=2))
     else:
         print(f"{'layout':<48} {'patches':>8}  result")

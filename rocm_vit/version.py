@@ -1,0 +1,90 @@
+"""The rocm-vit version and the commit it was built from, named by every report (bench, doctor).
+
+``build_commit()`` answers from, in this order:
+
+1. The stamp, ``rocm_vit/_build.py``, written into the build when the package is built (a wheel,
+   ``pip install .``, an sdist and the wheel built from it) by ``build_stamp.py`` at the repository
+   root. An installed wheel therefore knows its commit wherever it is installed.
+2. Git, for a source checkout without a stamp (``PYTHONPATH`` on the checkout, an editable install,
+   which is never stamped because the next commit would make the stamp wrong): asked about the
+   package's own source tree, and only when that tree is a repository's root, that is when the folder
+   above ``rocm_vit/`` holds the ``pyproject.toml`` of rocm-vit and is the folder that
+   ``git rev-parse --show-toplevel`` names. A copy of the tree placed inside another repository would
+   otherwise report that repository's HEAD.
+3. Otherwise ``"unknown (not stamped)"``.
+
+A commit is ``git rev-parse HEAD`` with ``-dirty`` appended when tracked files differ from it (as
+``git describe --dirty``: untracked files do not count). The build step stamps ``"unknown"`` where git
+gives no answer. This module uses the standard library only: the build step loads it by path, before
+anything is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+NOT_STAMPED = "unknown (not stamped)"
+
+# Environment variables that would point git at another repository than the one asked about.
+_GIT_REDIRECTS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")
+
+
+def build_info() -> dict[str, str]:
+    """``{"rocm_vit": version, "commit": build commit}``: what every JSON report starts with."""
+    return {"rocm_vit": __version__, "commit": build_commit()}
+
+
+@functools.cache
+def build_commit() -> str:
+    """The commit this rocm-vit was built from, by the rule in the module docstring."""
+    try:
+        from rocm_vit._build import COMMIT
+    except ImportError:
+        return checkout_commit(Path(__file__).resolve().parents[1]) or NOT_STAMPED
+    return COMMIT
+
+
+def checkout_commit(root: Path) -> str | None:
+    """``git rev-parse HEAD`` of ``root`` (plus ``-dirty``), or None unless ``root`` is the root of a
+    git repository and holds rocm-vit's ``pyproject.toml``; None too where git is missing or fails."""
+    root = root.resolve()
+    if not _names_rocm_vit(root / "pyproject.toml"):
+        return None
+    toplevel = _git(root, "rev-parse", "--show-toplevel")
+    if toplevel is None or Path(toplevel).resolve() != root:
+        return None
+    head = _git(root, "rev-parse", "--verify", "HEAD")
+    changes = _git(root, "status", "--porcelain", "--untracked-files=no")
+    if head is None or changes is None:
+        return None
+    return f"{head}-dirty" if changes else head
+
+
+def _names_rocm_vit(pyproject: Path) -> bool:
+    """Whether ``pyproject``'s ``[project]`` table says ``name = "rocm-vit"`` (no tomllib on Python 3.10)."""
+    try:
+        text = pyproject.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    project = re.search(r"^\[project\][ \t]*$(.*?)(?=^\[|\Z)", text, re.MULTILINE | re.DOTALL)
+    return bool(project and re.search(r"^name\s*=\s*[\"']rocm-vit[\"']\s*$", project.group(1), re.MULTILINE))
+
+
+def _git(cwd: Path, *arguments: str) -> str | None:
+    """Stripped stdout of ``git <arguments>`` run in ``cwd``, or None when it cannot run or fails."""
+    env = {key: value for key, value in os.environ.items() if key not in _GIT_REDIRECTS}
+    # No index refresh written back: the tree may be read-only, or another git command may hold the lock.
+    env["GIT_OPTIONAL_LOCKS"] = "0"
+    try:
+        done = subprocess.run(
+            ["git", *arguments], cwd=cwd, env=env, capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
