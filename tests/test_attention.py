@@ -703,6 +703,19 @@ def test_bench_attn_parses_its_arguments_and_declines_without_a_gpu(monkeypatch,
     assert "needs a CUDA or ROCm GPU" in capsys.readouterr().err
 
 
+def test_bench_attn_keeps_its_first_twelve_layouts_and_adds_real_photo_sizes():
+    from rocm_vit.layout import VisionLayout
+
+    first_twelve = ["1x1024", "1x3072", "1x4096", "1x8192", "1x12800", "1x16384", "2x8192", "4x1024", "8x1024"]
+    first_twelve += ["16x256", "ragged4", "ragged16"]
+    assert list(bench_attention.LAYOUTS)[:12] == first_twelve, "earlier results are keyed by these names"
+    tokens = {name: VisionLayout.from_grid_thw(grid).seq_lens for name, grid in bench_attention.LAYOUTS.items()}
+    # 1920x1080 and 4032x3024 after Qwen3-VL's resize (32-pixel merge blocks): docs/long-sequences.md.
+    assert {name: tokens[name] for name in list(bench_attention.LAYOUTS)[12:]} == {
+        "1x8160": (8160,), "2x8160": (8160, 8160), "1x14400": (14400,), "1x47376": (47376,),
+    }  # fmt: skip
+
+
 def test_triton_config_uses_smaller_query_tiles_only_when_few_tiles_would_run():
     triton_attn = pytest.importorskip("rocm_vit.backends.triton_attn")
     config = functools.partial(triton_attn.default_config, arch="sm_90")

@@ -202,6 +202,14 @@ def test_layouts_round_to_each_towers_merge_blocks() -> None:
     assert parse_layouts("1x448x224", preset("qwen2.5-vl-tiny"))[0].grid_thw == ((1, 32, 16),)
 
 
+def test_photos_sweep_holds_the_real_sizes_of_long_sequence_attention():
+    from rocm_vit.cli.workload import parse_layouts
+    from rocm_vit.models import preset
+
+    patches = [workload.patches for workload in parse_layouts("photos", preset("qwen3-vl-8b"))]
+    assert patches == [8160, 16320, 14400, 12800, 47376]
+
+
 def test_bench_runs_a_qwen25_preset_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--preset", "qwen2.5-vl-tiny", "--layouts", "1x224,1x64+1x300x200", "--repeats", "1"]) == 0
     out = capsys.readouterr().out

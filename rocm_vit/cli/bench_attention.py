@@ -1,12 +1,13 @@
 """``rocm-vit bench-attn``: every available attention kernel per image layout, against the matmul rate.
 
 Measures, on one GPU, bf16 ``q``/``k``/``v`` of 16 heads at head dims 72, 64 and 80 over single
-images of 1024..16384 tokens, batches of equal images and two ragged batches: median milliseconds,
-TFLOP/s (``4 * L**2 * H * D`` per segment of ``L`` tokens) and the share of the measured bf16 matmul
-rate; the error against torch's default SDPA; the cold first call per layout (cuDNN plans each new
-shape); then what the CUDA ``auto`` rule picks per layout and whether that is the fastest kernel
-measured. ``--sweep-triton`` also times a grid of Triton launch configurations, the data behind
-``default_config``. Tables last; ``--json`` keeps every number.
+images of 1024..16384 tokens, batches of equal images, two ragged batches and real photo sizes up to
+a 12 MP photo's 47,376 tokens: median milliseconds, TFLOP/s (``4 * L**2 * H * D`` per segment of
+``L`` tokens) and the share of the measured bf16 matmul rate; the error against torch's default
+SDPA; the cold first call per layout (cuDNN plans each new shape); then what the CUDA ``auto`` rule
+picks per layout and whether that is the fastest kernel measured. ``--sweep-triton`` also times a
+grid of Triton launch configurations, the data behind ``default_config``. Tables last; ``--json``
+keeps every number.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ LAYOUTS: dict[str, list[GridTHW]] = {
     "16x256": [(1, 16, 16)] * 16,
     "ragged4": [(1, 64, 64), (1, 48, 48), (1, 32, 32), (1, 16, 16)],
     "ragged16": [(1, 16 + 2 * (i % 13), 16 + 2 * ((3 * i) % 13)) for i in range(16)],
+    # Real photos at Qwen3-VL's default pixel limits (16-pixel patches, merge 2), where attention is
+    # most of the tower: a 1920x1080 screenshot, two of them in one call, a 2560x1440 one, and a
+    # 12 MP (4032x3024) phone photo. docs/long-sequences.md has the numbers.
+    "1x8160": [(1, 68, 120)],
+    "2x8160": [(1, 68, 120)] * 2,
+    "1x14400": [(1, 90, 160)],
+    "1x47376": [(1, 188, 252)],
 }
 SWEEP_LAYOUTS = ("1x1024", "1x4096", "1x16384", "2x8192", "16x256")
 SWEEP_CONFIGS = [

@@ -21,6 +21,9 @@ NAMED_SWEEPS: dict[str, str] = {
     "small": "1x224,1x336,1x512,2x512,4x224",
     "large": "1x1024,1x1536,1x2048x1600,1x2048,2x1600x1200",
     "tiny": "1x64,1x128,2x96,1x64+1x128,1x64f4",
+    # Real photos, where attention is most of the tower (docs/long-sequences.md): a 1080p screenshot
+    # (8,160 patches), two in one call, 1440p (14,400), 2048x1600 (12,800), a 12 MP photo (47,376).
+    "photos": "1x1080x1920,2x1080x1920,1x1440x2560,1x2048x1600,1x3024x4032",
 }
 
 
