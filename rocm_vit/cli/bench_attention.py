@@ -4,8 +4,9 @@ Measures, on one GPU, bf16 ``q``/``k``/``v`` of 16 heads at head dims 72, 64 and
 images of 1024..16384 tokens, batches of equal images, two ragged batches and real photo sizes up to
 a 12 MP photo's 47,376 tokens: median milliseconds, TFLOP/s (``4 * L**2 * H * D`` per segment of
 ``L`` tokens) and the share of the measured bf16 matmul rate; the error against torch's default
-SDPA; the cold first call per layout (cuDNN plans each new shape); then what the CUDA ``auto`` rule
-picks per layout and whether that is the fastest kernel measured. ``--sweep-triton`` also times a
+SDPA; the cold first call per layout (cuDNN plans each new shape); then what the policy picks per
+layout (the default rule, or the tuned profile in force) and whether that is the fastest kernel
+measured, within 3 %. ``--sweep-triton`` also times a
 grid of Triton launch configurations, the data behind ``default_config``. Tables last; ``--json``
 keeps every number.
 """
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             results += _measure_layout(bench, variants, layout_name, head_dim, args.heads, device, matmul_tflops)
             print(f"  measured d{head_dim} {layout_name}", file=sys.stderr, flush=True)
     sweep = _sweep_triton(bench, args, device) if args.sweep_triton and "triton_attn" in variants else []
-    rule = _cuda_rule_check(results, args.head_dims[0]) if platform == "cuda" else []
+    rule = _policy_check(results, args.head_dims[0])
     info = platform_info()
     header = {
         **build_info(),
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(time.perf_counter() - started, 1),
     }
     if args.json:
-        document = json.dumps({**header, "results": results, "triton_sweep": sweep, "cuda_rule": rule}, indent=1)
+        document = json.dumps({**header, "results": results, "triton_sweep": sweep, "policy_picks": rule}, indent=1)
         if args.json == "-":
             print(document)
         else:
@@ -166,7 +167,7 @@ def _variants(platform: str) -> dict[str, Callable]:
         return run
 
     variants: dict[str, Callable] = {"sdpa": backend_variant(SdpaAttention.name)}
-    if platform == "cuda":  # measured for reference; the rule does not use it (see rocm_vit.attention)
+    if platform == "cuda":  # measured for reference; the rule does not use it (see rocm_vit.policy)
         variants["sdpa_cudnn"] = sdpa_cudnn
     for name in _VARLEN_NAMES:
         if BACKENDS[name].unavailable_reason(platform) is None:
@@ -175,7 +176,7 @@ def _variants(platform: str) -> dict[str, Callable]:
 
 
 # The one-launch varlen kernels measured beside SDPA, where each can run.
-_VARLEN_NAMES = ("torch_varlen", "triton_attn", "fa4", "aiter_attn")
+_VARLEN_NAMES = ("torch_varlen", "triton_attn", "fa4", "aiter_attn", "aiter_attn_pad128")
 
 
 def _unavailable(platform: str) -> dict[str, str]:
@@ -273,13 +274,14 @@ def _sweep_triton(bench: _Timer, args: argparse.Namespace, device: torch.device)
     return rows
 
 
-def _cuda_rule_check(results: list[dict], head_dim: int) -> list[dict]:
-    """Per layout: the backend ``auto`` would pick, and the fastest of the kernels it chooses from."""
-    from rocm_vit.attention import Fa4Attention, cuda_varlen_name, pick_cuda_backend
+def _policy_check(results: list[dict], head_dim: int) -> list[dict]:
+    """Per layout: the backend the policy picks (the default rule, or the tuned profile in force), and
+    the fastest measured of the kernels ``auto`` could pick on this platform."""
     from rocm_vit.layout import VisionLayout
+    from rocm_vit.policy import AUTO_CANDIDATES, active_policy
 
-    varlen = cuda_varlen_name()
-    long_name = Fa4Attention.name if Fa4Attention.unavailable_reason("cuda") is None else None
+    policy = active_policy()
+    attention = policy.attention
     rows = []
     for layout_name in dict.fromkeys(row["layout"] for row in results if row["head_dim"] == head_dim):
         times = {
@@ -287,9 +289,9 @@ def _cuda_rule_check(results: list[dict], head_dim: int) -> list[dict]:
             for row in results
             if row["head_dim"] == head_dim and row["layout"] == layout_name and "ms" in row
         }
-        candidates = {name: times[name] for name in ("sdpa", "torch_varlen", "triton_attn", "fa4") if name in times}
+        candidates = {name: times[name] for name in AUTO_CANDIDATES[policy.facts.platform] if name in times}
         seq_lens = VisionLayout.from_grid_thw(LAYOUTS[layout_name]).seq_lens
-        picked, why = pick_cuda_backend(seq_lens, varlen, long_name)
+        picked, why = attention.pick(seq_lens, head_dim)
         fastest = min(candidates, key=candidates.get) if candidates else None
         rows.append(
             {
@@ -369,8 +371,11 @@ def _print_tables(
     if any(r.get("rel_err", 0) > 2e-2 for r in results):
         print("  ! = relative error against torch's default SDPA (fp32) above 2e-2")
     if rule:
-        candidates = "sdpa/torch_varlen/triton_attn/fa4"
-        print(f"\nCUDA auto rule, head dim {rule[0]['head_dim']}: its pick vs the fastest of {candidates}")
+        within = sum(row["picked_ms"] is not None and row["picked_ms"] <= 1.03 * row["fastest_ms"] for row in rule)
+        print(
+            f"\npolicy's attention pick, head dim {rule[0]['head_dim']}, against the fastest it may pick: "
+            f"within 3 % on {within} of {len(rule)} layouts"
+        )
         for row in rule:
             picked_ms, fastest_ms = row["picked_ms"], row["fastest_ms"]
             if picked_ms is None or fastest_ms is None:
