@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 import torch
 
+from rocm_vit.cli.workload import device_ms
+
 GridTHW = tuple[int, int, int]
 
 LAYOUTS: dict[str, list[GridTHW]] = {
@@ -67,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rep-ms", type=int, default=100, help="timing window per measurement (default 100)")
     parser.add_argument(
+        "--timer",
+        choices=["graph", "launches"],
+        default="graph",
+        help="graph: calls replayed from a CUDA/HIP graph, the host left out (default); "
+        "launches: one launch at a time, L2 flushed between",
+    )
+    parser.add_argument(
         "--sweep-triton", action="store_true", help="also time Triton launch configs (adds about a minute per head dim)"
     )
     parser.add_argument(
@@ -83,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown layouts {unknown}; known: {list(LAYOUTS)}", file=sys.stderr)
         return 2
-    import triton.testing
+    import triton
 
     from rocm_vit.platform import current_platform, platform_info
     from rocm_vit.version import build_info
@@ -91,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     platform = current_platform()
     device = torch.device("cuda")
-    bench = _Timer(triton.testing.do_bench, args.rep_ms)
+    bench = _Timer(args.rep_ms, graph=args.timer == "graph")
     matmul_tflops = _matmul_tflops(bench, device)
     variants = _variants(platform)
     results = []
@@ -110,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "matmul_bf16_tflops": round(matmul_tflops, 1),
+        "timer": args.timer,
         "skipped_backends": {name: why for name, why in _unavailable(platform).items()},
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -125,15 +135,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Timer:
-    """Median milliseconds of a callable (``triton.testing.do_bench``; it flushes L2 between runs)."""
+    """Median milliseconds of a callable (``workload.device_ms``: replayed from a graph, or, with
+    ``--timer launches``, launch by launch with L2 flushed between, the method before 2026-11-30)."""
 
-    def __init__(self, do_bench: Callable, rep_ms: int) -> None:
-        self._do_bench = do_bench
+    def __init__(self, rep_ms: int, graph: bool) -> None:
         self._rep_ms = rep_ms
+        self._graph = graph
 
     def __call__(self, fn: Callable[[], object], rep_ms: int | None = None) -> float:
-        rep = rep_ms or self._rep_ms
-        return float(self._do_bench(fn, warmup=max(10, rep // 4), rep=rep, return_mode="median"))
+        return device_ms(fn, rep_ms or self._rep_ms, graph=self._graph)
 
 
 def _matmul_tflops(bench: _Timer, device: torch.device) -> float:

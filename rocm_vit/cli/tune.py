@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from rocm_vit.cli.bench_attention import LAYOUTS as BENCH_ATTN_LAYOUTS
-from rocm_vit.cli.workload import build_tower, median_ms, parse_layouts, progress, random_pixels
+from rocm_vit.cli.workload import build_tower, device_ms, median_ms, parse_layouts, progress, random_pixels
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import preset, preset_names
 from rocm_vit.platform import platform_info
@@ -63,8 +63,8 @@ ATTENTION_LAYOUTS: dict[str, list[GridTHW]] = {
 CPU_ATTENTION_LAYOUTS = ("1x196", "4x196", "1x576")
 ROTARY_TOKENS = (196, 1024, 4096, 16384)
 CPU_ROTARY_TOKENS = (64, 256)
-# Tower layouts timed with fused ops on and off (eager; what fusion changes is launches and bytes).
-FUSED_LAYOUTS = "1x512,1x1024"
+# Tower layouts timed with fused ops on and off (graph replays: what fusion changes is device work).
+FUSED_LAYOUTS = "1x224,1x512,1x1024"
 # Patch counts 196 .. 9216 for eager against graph replay.
 GRAPH_LAYOUTS = "1x224,1x448,1x640,1x896,1x1024,1x1152,1x1280,1x1536"
 # Replay must beat eager by this share for its patch count to stay under the ceiling: below it the
@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Timer:
-    """Median milliseconds of a callable: ``triton.testing.do_bench`` on a GPU (flushes L2), wall time on CPU."""
+    """Median milliseconds of one call: replayed from a graph on a GPU (``workload.device_ms``: the
+    host's launch cost out, as in a replay), wall time on a CPU."""
 
     def __init__(self, device: torch.device, rep_ms: int) -> None:
         self._device = device
@@ -123,9 +124,7 @@ class _Timer:
 
     def __call__(self, fn: Callable[[], object]) -> float:
         if self._device.type == "cuda":
-            import triton.testing
-
-            return float(triton.testing.do_bench(fn, warmup=self._rep_ms // 4, rep=self._rep_ms, return_mode="median"))
+            return device_ms(fn, self._rep_ms)
         return median_ms(fn, self._device, repeats=5)
 
 
@@ -191,48 +190,63 @@ def _tune_fused_ops(
     device: torch.device,
     repeats: int,
 ) -> dict[str, float]:
-    """Eager tower milliseconds, summed over ``FUSED_LAYOUTS``, with the fused block ops on and off."""
+    """Tower milliseconds, summed over ``FUSED_LAYOUTS``, with the fused block ops on and off.
+
+    Timed as graph replays: fusion changes the device's work, and eager calls of small images measure
+    the host (on the H200 an eager 8B call took 10-20 ms from one run to the next for 1.5 ms of GPU
+    work, which once made the plain ops look faster).
+    """
     totals = {}
     for label, fused in progress([("fused", True), ("plain", False)], "fused ops", "setting"):
-        policy = resolve_policy(facts, dataclasses.replace(settings, fused_ops=fused), draft)
-        with use_policy(policy):
-            tower = build_tower(preset_name, device, dtype, None, seed=0)
-            workloads = parse_layouts(FUSED_LAYOUTS, tower.config)
-            total = 0.0
-            for index, workload in enumerate(workloads):
-                pixels = random_pixels(workload, tower.config, device, index).to(dtype)
-                grid = list(workload.grid_thw)
-                total += median_ms(functools.partial(tower, pixels, grid, use_graphs=False), device, repeats)
-        totals[label] = round(total, 4)
+        with use_policy(resolve_policy(facts, dataclasses.replace(settings, fused_ops=fused), draft)):
+            totals[label] = round(
+                sum(
+                    row.graph_ms
+                    for row in _eager_and_graph(preset_name, FUSED_LAYOUTS, dtype, device, repeats, eager=False)
+                ),
+                4,
+            )
     return totals
 
 
 def _tune_graphs(
     policy: Policy, preset_name: str, dtype: torch.dtype, device: torch.device, repeats: int
 ) -> tuple[GraphTiming, ...]:
-    """Eager against replay per patch count, under the tuned choices; every graph checked bitwise."""
+    """Eager against replay per patch count of ``GRAPH_LAYOUTS``, under the tuned choices."""
     if device.type != "cuda":
         return ()
-    rows = []
     with use_policy(policy):
-        tower = build_tower(preset_name, device, dtype, None, seed=0)
-        workloads = parse_layouts(GRAPH_LAYOUTS, tower.config)
-        budget = torch.cuda.get_device_properties(device).total_memory // 4
-        tower.enable_graphs(
-            capacity=len(workloads),
-            min_sightings=1,
-            max_tokens=max(w.patches for w in workloads),
-            budget_bytes=budget,
+        return _eager_and_graph(preset_name, GRAPH_LAYOUTS, dtype, device, repeats, eager=True)
+
+
+def _eager_and_graph(
+    preset_name: str, layouts: str, dtype: torch.dtype, device: torch.device, repeats: int, eager: bool
+) -> tuple[GraphTiming, ...]:
+    """Per layout, the eager call (when ``eager``) and the graph replay, timed under the active policy.
+
+    Each layout is captured at its first call and its output checked bitwise against eager: a tune
+    that timed wrong results would be worse than none.
+    """
+    tower = build_tower(preset_name, device, dtype, None, seed=0)
+    workloads = parse_layouts(layouts, tower.config)
+    tower.enable_graphs(
+        capacity=len(workloads),
+        min_sightings=1,
+        max_tokens=max(w.patches for w in workloads),
+        budget_bytes=torch.cuda.get_device_properties(device).total_memory // 4,
+    )
+    rows = []
+    for index, workload in enumerate(progress(workloads, "graphs", "layout")):
+        pixels = random_pixels(workload, tower.config, device, index).to(dtype)
+        grid = list(workload.grid_thw)
+        expected = tower(pixels, grid, use_graphs=False)
+        if not torch.equal(tower(pixels, grid), expected):
+            raise RuntimeError(f"graph output differs from eager at {workload.spec}: run rocm-vit verify")
+        eager_ms = (
+            median_ms(functools.partial(tower, pixels, grid, use_graphs=False), device, repeats) if eager else 0.0
         )
-        for index, workload in enumerate(progress(workloads, "graphs", "layout")):
-            pixels = random_pixels(workload, tower.config, device, index).to(dtype)
-            grid = list(workload.grid_thw)
-            eager = tower(pixels, grid, use_graphs=False)
-            if not torch.equal(tower(pixels, grid), eager):
-                raise RuntimeError(f"graph output differs from eager at {workload.spec}: run rocm-vit verify")
-            eager_ms = median_ms(functools.partial(tower, pixels, grid, use_graphs=False), device, repeats)
-            graph_ms = median_ms(functools.partial(tower, pixels, grid), device, repeats)
-            rows.append(GraphTiming(workload.patches, round(eager_ms, 4), round(graph_ms, 4)))
+        graph_ms = median_ms(functools.partial(tower, pixels, grid), device, repeats)
+        rows.append(GraphTiming(workload.patches, round(eager_ms, 4), round(graph_ms, 4)))
     return tuple(rows)
 
 
@@ -279,7 +293,7 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
     lines.append("\nrotary (geometric mean ms over token counts, fused-qkv views)")
     lines.extend(f"  {name:<10}{ms:.4f}" for name, ms in sorted(profile.rotary_ms.items(), key=lambda i: i[1]))
     if profile.fused_ops_ms:
-        lines.append(f"\nfused block ops (eager ms, {FUSED_LAYOUTS})")
+        lines.append(f"\nfused block ops (graph replay ms, summed over {FUSED_LAYOUTS})")
         lines.extend(f"  {name:<10}{ms:.3f}" for name, ms in profile.fused_ops_ms.items())
     if profile.graphs:
         lines.append(f"\neager against graph replay (ms); ceiling: last patch count gaining >= {GRAPH_MIN_GAIN:.0%}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import statistics
 import time
@@ -12,6 +13,8 @@ import torch
 
 from rocm_vit.graphs import DEFAULT_MAX_TOKENS
 from rocm_vit.models import TowerConfig, VisionTower, preset, tower_class
+
+logger = logging.getLogger(__name__)
 
 GridTHW = tuple[int, int, int]
 
@@ -262,6 +265,25 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warm
         _synchronize(device)
         samples.append((time.perf_counter() - started) * 1e3)
     return statistics.median(samples)
+
+
+def device_ms(fn: Callable[[], object], rep_ms: int = 20, graph: bool = True) -> float:
+    """Median milliseconds of one call of ``fn`` on the GPU, the host's launch cost left out.
+
+    ``graph``: as many calls as fill ``rep_ms`` captured in one CUDA/HIP graph and replayed
+    (Triton's ``do_bench_cudagraph``), which is how a replayed tower runs its kernels and what
+    the eager path approaches on large inputs; small kernels timed one launch at a time measure the
+    host instead (the H200's host made a 12 us attention call look like 40-135 us). Where capture
+    fails, or with ``graph=False``: ``do_bench``, events around each call with L2 flushed between.
+    """
+    import triton.testing
+
+    if graph:
+        try:
+            return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
+        except Exception as error:  # a kernel that cannot be captured is still timed
+            logger.warning("graph timing failed (%s: %s); timing launch by launch", type(error).__name__, error)
+    return float(triton.testing.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="median"))
 
 
 def _synchronize(device: torch.device) -> None:
