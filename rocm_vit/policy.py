@@ -58,6 +58,10 @@ AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
     "rocm": ("aiter_attn", "aiter_attn_pad128", "triton_attn", "sdpa"),
     "cpu": ("sdpa",),
 }
+# A tuned attention pick replaces the default rule's only where that was measured this much slower.
+TUNED_MARGIN = 0.03
+# Tile size whose multiples attention kernels handle without a ragged last tile (a nearness feature).
+ALIGNMENT_TOKENS = 128
 # Graph ceiling without a profile: the eager/graph crossover of Qwen3-VL on an H200 (8B gains 14 % at
 # 4096 patches and nothing at 6400; Qwen2.5-VL-7B's is about 2500). `rocm-vit tune` measures it.
 DEFAULT_GRAPH_MAX_TOKENS = 4096
@@ -128,10 +132,13 @@ class CudaRule:
 class TunedRule:
     """The fastest available backend at the measured layout nearest to this one (``rocm-vit tune``).
 
-    Nearness compares the longest segment, the shortest and the count, each on a log scale: these
-    decide which kernel wins (cuDNN's per-length launches, the varlen grid, long-sequence kernels).
-    Head dims the profile did not measure, and layouts none of whose measured backends can run now,
-    use ``fallback``.
+    Nearness compares the longest segment, the shortest and the count, each on a log scale, and
+    whether the longest is a whole number of 128-token tiles: these decide which kernel wins (cuDNN's
+    per-length launches, the varlen grid, long-sequence kernels; on an H200 cuDNN led at 8192 and
+    16384 tokens and trailed at 8160 and 14400). The tuned pick replaces ``fallback``'s only where
+    ``fallback``'s was measured more than ``TUNED_MARGIN`` slower there: closer than that is noise
+    between runs, and a near neighbour is not the layout itself. Head dims the profile did not
+    measure, and layouts none of whose measured backends can run now, use ``fallback``.
     """
 
     head_dim: int
@@ -150,9 +157,14 @@ class TunedRule:
         features = _layout_features(seq_lens)
         nearest = min(self.timings, key=lambda timing: _distance(features, _layout_features(timing.seq_lens)))
         name = nearest.fastest(self.allowed)
+        default, why = self.fallback.pick(seq_lens, head_dim)
         if name is None:
-            name, why = self.fallback.pick(seq_lens, head_dim)
-            return name, f"no backend measured at {nearest.name} can run here: {why}"
+            return default, f"no backend measured at {nearest.name} can run here: {why}"
+        if default in nearest.ms and nearest.ms[default] <= nearest.ms[name] * (1 + TUNED_MARGIN):
+            return (
+                default,
+                f"tuned: at {nearest.name} the default {default} is within {TUNED_MARGIN:.0%} of the fastest",
+            )
         return name, f"tuned: nearest measured layout {nearest.name}, {name} {nearest.ms[name]:.4g} ms"
 
 
@@ -448,9 +460,10 @@ def _graph_max_tokens(settings: Settings, profile: TunedProfile | None) -> Choic
     return Choice(DEFAULT_GRAPH_MAX_TOKENS, "default: Qwen3-VL's eager/graph crossover on an H200")
 
 
-def _layout_features(seq_lens: Sequence[int]) -> tuple[float, float, float]:
+def _layout_features(seq_lens: Sequence[int]) -> tuple[float, float, float, float]:
     lengths = [max(1, operator.index(n)) for n in seq_lens] or [1]
-    return math.log2(max(lengths)), math.log2(min(lengths)), math.log2(len(lengths))
+    aligned = float(max(lengths) % ALIGNMENT_TOKENS == 0)
+    return math.log2(max(lengths)), math.log2(min(lengths)), math.log2(len(lengths)), aligned
 
 
 def _distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:

@@ -52,13 +52,19 @@ from rocm_vit.settings import Settings, load_settings
 
 GridTHW = tuple[int, int, int]
 
-# Attention layouts: bench-attn's twelve, and the small images a serving mix is mostly made of.
+# Attention layouts: bench-attn's, the small images a serving mix is mostly made of, video frames,
+# and lengths that are not whole 128-token tiles (most real images; cuDNN's speed depends on it).
 ATTENTION_LAYOUTS: dict[str, list[GridTHW]] = {
     **BENCH_ATTN_LAYOUTS,
     "1x196": [(1, 14, 14)],
     "4x196": [(1, 14, 14)] * 4,
     "1x576": [(1, 24, 24)],
+    "4x576": [(1, 24, 24)] * 4,
+    "4x784": [(1, 28, 28)] * 4,
+    "1x1600": [(1, 40, 40)],
     "1x2304": [(1, 48, 48)],
+    "1x3136": [(1, 56, 56)],
+    "1x5184": [(1, 72, 72)],
 }
 CPU_ATTENTION_LAYOUTS = ("1x196", "4x196", "1x576")
 ROTARY_TOKENS = (196, 1024, 4096, 16384)
@@ -66,7 +72,7 @@ CPU_ROTARY_TOKENS = (64, 256)
 # Tower layouts timed with fused ops on and off (graph replays: what fusion changes is device work).
 FUSED_LAYOUTS = "1x224,1x512,1x1024"
 # Patch counts 196 .. 9216 for eager against graph replay.
-GRAPH_LAYOUTS = "1x224,1x448,1x640,1x896,1x1024,1x1152,1x1280,1x1536"
+GRAPH_LAYOUTS = "1x224,1x448,1x640,1x768,1x896,1x1024,1x1152,1x1280,1x1536"
 # Replay must beat eager by this share for its patch count to stay under the ceiling: below it the
 # capture, staging and pool memory buy nothing measurable.
 GRAPH_MIN_GAIN = 0.03
