@@ -337,12 +337,13 @@ def _plot(profile: TunedProfile, path: Path) -> None:
     width = 0.8 / max(1, len(names))
     for offset, name in enumerate(names):
         xs = [i + offset * width for i, timing in enumerate(profile.attention) if name in timing.ms]
-        ys = [timing.ms[name] for timing in profile.attention if name in timing.ms]
+        ys = [timing.ms[name] / min(timing.ms.values()) for timing in profile.attention if name in timing.ms]
         left.bar(xs, ys, width=width, label=name)
     left.set_xticks([i + 0.4 - width / 2 for i in range(len(profile.attention))])
     left.set_xticklabels([timing.name for timing in profile.attention], rotation=60, fontsize=8)
-    left.set_yscale("log")
-    left.set_ylabel("ms (median)")
+    left.set_ylim(0.9, None)
+    left.axhline(1.03, color="gray", linestyle=":", linewidth=1)
+    left.set_ylabel("time / fastest at that layout (dotted: 3 %)")
     left.set_title(f"attention, head dim {profile.head_dim}")
     left.legend(fontsize=8)
     if profile.graphs:
