@@ -242,10 +242,9 @@ class AutoAttention(AttentionBackend):
         self._rule = active_policy().attention.rule
         self._head_dim = head_dim
         self._backends = {name: BACKENDS[name]() for name in self._rule.candidates}
-        # Without host lengths (a device cu_seqlens only) a one-launch varlen kernel runs: triton_attn
-        # needs no max_seqlen at all; the others read it back.
-        varlen = [backend for backend in self._backends.values() if isinstance(backend, _VarlenAttention)]
-        self._varlen = self._backends.get("triton_attn") or (varlen[0] if varlen else SdpaAttention())
+        # Without host lengths (a device cu_seqlens only) the default rule's one-launch kernel runs.
+        self._without_lengths = self._backends[self._rule.without_lengths]
+        self._picks: dict[tuple[int, ...], AttentionBackend] = {}  # host lengths -> backend
 
     def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
         backend = self._pick(segmentation.seq_lens)
@@ -259,7 +258,7 @@ class AutoAttention(AttentionBackend):
     ) -> list:
         if seq_lens is None and cu_seqlens.device.type == "cpu":
             seq_lens = _host_seq_lens(self.name, cu_seqlens, None)
-        backend = self._varlen if seq_lens is None else self._pick(seq_lens)
+        backend = self._without_lengths if seq_lens is None else self._pick(seq_lens)
         return [backend, backend.attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)]
 
     def __call__(
@@ -269,8 +268,18 @@ class AutoAttention(AttentionBackend):
         return backend(q, k, v, backend_args, scale)
 
     def _pick(self, seq_lens: Sequence[int]) -> AttentionBackend:
-        name, _ = self._rule.pick(seq_lens, self._head_dim)
-        return self._backends[name]
+        # Remembered per layout: eager callers ask for every layer of every call.
+        key = tuple(seq_lens)
+        backend = self._picks.get(key)
+        if backend is None:
+            if len(self._picks) >= _PICKS_KEPT:
+                self._picks.clear()
+            backend = self._picks[key] = self._backends[self._rule.pick(key, self._head_dim)[0]]
+        return backend
+
+
+# Layouts whose pick AutoAttention remembers (a serving mix has far fewer distinct ones).
+_PICKS_KEPT = 4096
 
 
 BACKENDS: dict[str, type[AttentionBackend]] = {
@@ -301,7 +310,7 @@ def get_backend(name: str | None = None, head_dim: int | None = None) -> Attenti
     ``head_dim`` lets ``auto`` use what was tuned for that head dim.
     """
     chosen, reason = resolve_backend_name(name)
-    platform = current_facts().platform
+    platform = active_policy().facts.platform
     backend_cls = BACKENDS.get(chosen)
     if backend_cls is None:
         raise ValueError(f"attention backend {chosen!r} ({reason}) is unknown; known: {sorted(BACKENDS)}")

@@ -94,7 +94,8 @@ class Choice:
 class AttentionRule(Protocol):
     """Picks a backend name for one segmentation from its host-side segment lengths."""
 
-    candidates: tuple[str, ...]
+    candidates: tuple[str, ...]  # every name ``pick`` may return
+    without_lengths: str  # what runs for a caller with a device ``cu_seqlens`` and no host lengths
 
     def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]: ...
 
@@ -108,6 +109,10 @@ class FixedRule:
     @property
     def candidates(self) -> tuple[str, ...]:
         return (self.backend,)
+
+    @property
+    def without_lengths(self) -> str:
+        return self.backend
 
     def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
         return self.backend, f"{self.backend} for every layout"
@@ -123,6 +128,10 @@ class CudaRule:
     @property
     def candidates(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name for name in ("sdpa", self.varlen, self.long) if name))
+
+    @property
+    def without_lengths(self) -> str:
+        return self.varlen
 
     def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
         return pick_cuda_backend(seq_lens, self.varlen, self.long)
@@ -149,6 +158,10 @@ class TunedRule:
     @property
     def candidates(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*self.allowed, *self.fallback.candidates)))
+
+    @property
+    def without_lengths(self) -> str:
+        return self.fallback.without_lengths
 
     def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
         if head_dim is not None and head_dim != self.head_dim:

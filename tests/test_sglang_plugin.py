@@ -152,6 +152,20 @@ def test_graph_path_through_the_adapter_equals_eager_bitwise(report: dict[str, A
 
 
 @needs_sglang
+def test_tuned_profile_on_rocm_picks_a_kernel_per_layout_in_sglangs_aiter_slot(report: dict[str, Any]) -> None:
+    tuned = report["tuned"]
+    assert tuned["backend"] == "rocm_vit.attention.AutoAttention"
+    # 6 calls x 3 blocks: the four single-segment layouts on SDPA, the two of three segments on aiter.
+    assert tuned["eager_calls"] == {"sdpa": 12, "aiter": 6}
+    assert tuned["graph_calls"]["sdpa"] > 0 and tuned["graph_calls"]["aiter"] > 0
+    assert all(tuned["bitwise_equal"]) and len(tuned["bitwise_equal"]) == 12
+    assert tuned["vs_sdpa"] < 1e-5
+    # Eager with SGLang's metadata (device offsets on a GPU): one host read per forward, not per layer.
+    assert tuned["host_reads_after_each_forward"] == [1, 2]
+    assert tuned["metadata_path_vs_sdpa"] < 1e-5
+
+
+@needs_sglang
 def test_adapter_leaves_a_tower_it_does_not_fit_to_sglang(report: dict[str, Any]) -> None:
     assert report["adapter_safety"]["refused"] == {"deferred": True, "graphs": None}
 

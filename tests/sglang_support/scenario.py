@@ -15,7 +15,8 @@ CPU steps, in order (each can only happen once per process):
    a probe plugin that reports which hooks the child has.
 5. The model again, under the plugin: eager output unchanged; with ``aiter_attn`` (rocm-vit's
    backend, its kernel replaced by a CPU stand-in) through SGLang's own ``forward_with_cuda_graph``
-   and the adapter with stand-in graphs: graph output == eager output, bit for bit.
+   and the adapter with stand-in graphs: graph output == eager output, bit for bit; and again under
+   a tuned ROCm policy, where the slot picks a kernel per layout.
 6. The same for SGLang's windowed ``Qwen2_5_VisionTransformer`` (partial windows, two images, a
    video, two layouts that share a graph but not a window permutation), and its ``_is_cuda`` graph
    gate with ROCm simulated: lifted under the plugin with a capturable backend, kept otherwise
@@ -184,6 +185,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     report["aiter_vs_sdpa"] = _max_difference(eager, eager_before)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
     report["adapter_safety"] = _adapter_safety(model, inputs)
+    report["tuned"] = _tuned_aiter_slot(state, inputs, eager_before)
 
     # 6. Qwen2.5-VL: eager unchanged, the gate, and windowed graph == eager.
     model = _tiny_qwen2_5_vl("cpu")
@@ -415,6 +417,95 @@ def _stand_in_aiter_kernel() -> None:
 
     aiter_attn.aiter_varlen_attention = attend
     AiterAttention.unavailable_reason = classmethod(lambda cls, platform: None)
+
+
+def _tuned_aiter_slot(state: dict, inputs: list, eager_before: list[torch.Tensor]) -> dict:
+    """With a tuned profile in force on ROCm, SGLang's aiter_attn slot runs the policy's ``auto``: each
+    layout on the kernel the profile measured fastest, eagerly and through the adapter's graphs alike.
+
+    The profile makes SDPA 2x faster than aiter for one 32-token segment and aiter 2x faster for
+    three short ones; calls to each kernel are counted.
+    """
+    from rocm_vit.backends import aiter_attn
+
+    from rocm_vit import policy
+    from rocm_vit.attention import SdpaAttention
+    from rocm_vit.profile import AttentionTiming, TunedProfile
+    from rocm_vit.settings import Settings
+
+    facts = policy.Facts("rocm", "gfx950", "stand-in", modules=frozenset({"aiter"}))
+    timings = (
+        AttentionTiming("1x32", (32,), {"aiter_attn": 1.0, "sdpa": 0.5}),
+        AttentionTiming("16+8+8", (16, 8, 8), {"aiter_attn": 0.5, "sdpa": 1.0}),
+    )
+    profile = TunedProfile(key={}, preset="tiny", created="-", head_dim=16, attention=timings)
+    calls: dict[str, int] = {"sdpa": 0, "aiter": 0}
+    sdpa_call, aiter_kernel = SdpaAttention.__call__, aiter_attn.aiter_varlen_attention
+
+    def counted_sdpa(self, *args):
+        calls["sdpa"] += 1
+        return sdpa_call(self, *args)
+
+    def counted_aiter(*args, **kwargs):
+        calls["aiter"] += 1
+        return aiter_kernel(*args, **kwargs)
+
+    SdpaAttention.__call__, aiter_attn.aiter_varlen_attention = counted_sdpa, counted_aiter
+    try:
+        with policy.use_policy(policy.resolve_policy(facts, Settings(use_aiter=True), profile)):
+            model = _tiny_model("cpu", attention="aiter_attn")
+            model.load_state_dict(state)
+            backend = _qualname(type(model.blocks[0].attn.qkv_backend.attention))
+            eager = _run(model, inputs, graphs=False)
+            eager_calls = dict(calls)
+            calls.update(sdpa=0, aiter=0)
+            graphs = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
+            graph_calls = dict(calls)
+            reads, metadata_vs_sdpa = _host_reads_per_forward()
+    finally:
+        SdpaAttention.__call__, aiter_attn.aiter_varlen_attention = sdpa_call, aiter_kernel
+    return {
+        "backend": backend,
+        "eager_calls": eager_calls,
+        "graph_calls": graph_calls,
+        "bitwise_equal": graphs["bitwise_equal"],
+        "vs_sdpa": _max_difference(eager, eager_before),
+        "host_reads_after_each_forward": reads,
+        "metadata_path_vs_sdpa": metadata_vs_sdpa,
+    }
+
+
+class _CountedReads(torch.Tensor):
+    """Offsets whose host reads are counted (on a GPU each is a sync)."""
+
+    reads = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "tolist":
+            cls.reads += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _host_reads_per_forward() -> tuple[list[int], float]:
+    """Three tuned aiter_attn layers given SGLang's metadata, as its eager forward passes it, twice."""
+    from sglang.srt.layers.attention.vision import VisionAttentionMetadata
+
+    from rocm_vit.integrations.sglang.attention import AiterVisionAttention
+
+    layers = [AiterVisionAttention(head_dim=16) for _ in range(3)]
+    q, k, v = torch.randn(3, 32, 4, 16, generator=torch.Generator().manual_seed(3)).unbind(0)
+    expected = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)))
+    reads, difference = [], 0.0
+    _CountedReads.reads = 0
+    for _ in range(2):
+        offsets = torch.tensor([0, 32], dtype=torch.int32).as_subclass(_CountedReads)
+        metadata = VisionAttentionMetadata(cu_seqlens=offsets, seq_lens=offsets[1:] - offsets[:-1], max_seqlen=32)
+        for layer in layers:
+            out = layer(q, k, v, None, 1, 32, forward_metadata=metadata)
+            difference = max(difference, float((out - expected.transpose(0, 1)).abs().max()))
+        reads.append(_CountedReads.reads)
+    return reads, difference
 
 
 class _UpstreamCalled(Exception):

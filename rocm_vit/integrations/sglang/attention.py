@@ -1,10 +1,13 @@
 """SGLang's vision attention on rocm-vit: the ``aiter_attn`` backend and the rotary policy.
 
 ``AiterVisionAttention`` takes SGLang's constructor and forward signature and runs rocm-vit's
-``aiter_attn``. SGLang's own ``VisionAiterAttention`` computes ``max_seqlen`` with ``.item()`` (a
-host sync in every layer, fatal inside a graph capture) and does not accept the ``[cu_seqlens,
-max_seqlen]`` list a graph runner passes; this one takes that list, SGLang's precomputed metadata,
-or a bare ``cu_seqlens`` tensor, and reads nothing back from the device when host data is given.
+``aiter_attn``, or, where a tuned profile is in force on ROCm, the policy's ``auto``: per layout the
+kernel ``rocm-vit tune`` measured fastest on this GPU (aiter, aiter padded to head dim 128,
+triton_attn or SDPA). SGLang's own ``VisionAiterAttention`` computes ``max_seqlen`` with ``.item()``
+(a host sync in every layer, fatal inside a graph capture) and does not accept the list a graph
+runner passes; this one takes that list (``[cu_seqlens, max_seqlen]``, or with the host segment
+lengths appended, as rocm-vit's graph runner passes them), SGLang's precomputed metadata, or a bare
+``cu_seqlens`` tensor, and reads nothing back from the device when host data is given.
 
 ``rotary_pos_emb`` replaces both rotary helpers ``VisionAttention.forward`` chooses between, so the
 same rocm-vit implementation (``rocm_vit.rotary.apply_rotary``) runs in eager and in graph mode.
@@ -12,6 +15,7 @@ same rocm-vit implementation (``rocm_vit.rotary.apply_rotary``) runs in eager an
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -19,20 +23,25 @@ from sglang.srt.layers.attention.vision import VisionAttentionMetadata, resolve_
 from sglang.srt.layers.rotary_embedding.utils import apply_rotary_pos_emb_native_eager
 from torch import nn
 
-from rocm_vit.attention import AiterAttention, get_backend
+from rocm_vit.attention import AiterAttention, AutoAttention, get_backend
+from rocm_vit.policy import active_policy
 from rocm_vit.rotary import apply_rotary
 
 
 class AiterVisionAttention(nn.Module):
-    """SGLang's ``aiter_attn`` slot, backed by rocm-vit's aiter varlen attention.
+    """SGLang's ``aiter_attn`` slot, backed by rocm-vit's aiter varlen attention or the tuned ``auto``.
 
     Construction fails, naming what is missing, where aiter cannot run (as SGLang's does). Window
-    sizes and attention sinks are ignored, as SGLang's aiter backend ignores them.
+    sizes and attention sinks are ignored, as SGLang's aiter backend ignores them. Under ``auto``,
+    SGLang's eager path (graphs off) reads the segment lengths back once per forward to choose as
+    the graph path does, so both compute the same bits.
     """
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        self.attention = get_backend(AiterAttention.name)
+        policy = active_policy()
+        tuned = policy.attention.backend == AutoAttention.name and policy.facts.platform == "rocm"
+        self.attention = get_backend(AutoAttention.name if tuned else AiterAttention.name, kwargs.get("head_dim"))
 
     def forward(
         self,
@@ -53,9 +62,10 @@ class AiterVisionAttention(nn.Module):
         ``forward_metadata.max_seqlen`` or a host ``max_seqlen`` keyword spares the device read.
         """
         if isinstance(cu_seqlens, list):
-            attn_args = cu_seqlens
+            attn_args = self.attention.attn_args_from_tensor(*cu_seqlens)
         elif forward_metadata is not None:
-            attn_args = self.attention.attn_args_from_tensor(forward_metadata.cu_seqlens, forward_metadata.max_seqlen)
+            offsets, max_seqlen = forward_metadata.cu_seqlens, forward_metadata.max_seqlen
+            attn_args = self.attention.attn_args_from_tensor(offsets, max_seqlen, self._host_lengths(forward_metadata))
         else:
             offsets = resolve_seqlens(cu_seqlens, bsz, seq_len, device=q.device)
             max_seqlen = kwargs.get("max_seqlen")
@@ -63,6 +73,23 @@ class AiterVisionAttention(nn.Module):
             attn_args = self.attention.attn_args_from_tensor(offsets, host_max)
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
         return self.attention(q, k, v, attn_args, scale)
+
+    def _host_lengths(self, metadata: VisionAttentionMetadata) -> tuple[int, ...] | None:
+        """The segment lengths ``auto`` chooses by: read once per forward (every layer gets the same
+        metadata object), none for aiter, which needs only ``max_seqlen``."""
+        global _last_lengths
+        if not isinstance(self.attention, AutoAttention):
+            return None
+        last = _last_lengths  # one read: another thread may replace it, never change it
+        if last[0] is not metadata:
+            offsets = metadata.cu_seqlens.tolist()  # one host read per forward, not per layer
+            last = _last_lengths = (metadata, tuple(end - start for start, end in itertools.pairwise(offsets)))
+        return last[1]
+
+
+# The metadata of the latest forward and its host segment lengths, shared by every layer. Holding
+# the metadata keeps it alive, so the identity check cannot match a newer object at its address.
+_last_lengths: tuple[VisionAttentionMetadata | None, tuple[int, ...]] = (None, ())
 
 
 def rotary_pos_emb(

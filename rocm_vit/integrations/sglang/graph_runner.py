@@ -54,20 +54,26 @@ _LAYOUT_CACHE_SIZE = 256
 class _GraphArgs:
     """How one SGLang vision attention backend reads ``cu_seqlens`` when graphs are on.
 
-    ``build(cu_seqlens, max_seqlen)`` turns the int32 device offsets and the host maximum into the
-    list the backend's forward takes; it runs inside the captured function, so whatever it derives
-    on the device belongs to the graph. ``output_workspace``: the backend writes into ``output_ws``.
+    ``build(cu_seqlens, max_seqlen, seq_lens)`` turns the int32 device offsets, the host maximum and
+    the host segment lengths into the list the backend's forward takes; it runs inside the captured
+    function, so whatever it derives on the device belongs to the graph. ``output_workspace``: the
+    backend writes into ``output_ws``.
     """
 
-    build: Callable[[torch.Tensor, int], list]
+    build: Callable[[torch.Tensor, int, tuple[int, ...]], list]
     output_workspace: bool = False
 
 
-def _offsets_and_max(cu_seqlens: torch.Tensor, max_seqlen: int) -> list:
+def _offsets_and_max(cu_seqlens: torch.Tensor, max_seqlen: int, seq_lens: tuple[int, ...]) -> list:
     return [cu_seqlens, max_seqlen]
 
 
-def _offsets_lengths_and_max(cu_seqlens: torch.Tensor, max_seqlen: int) -> list:
+def _offsets_max_and_host_lengths(cu_seqlens: torch.Tensor, max_seqlen: int, seq_lens: tuple[int, ...]) -> list:
+    # rocm-vit's AiterVisionAttention: under a tuned profile it picks a kernel per layout by these.
+    return [cu_seqlens, max_seqlen, seq_lens]
+
+
+def _offsets_lengths_and_max(cu_seqlens: torch.Tensor, max_seqlen: int, seq_lens: tuple[int, ...]) -> list:
     return [cu_seqlens, cu_seqlens[1:] - cu_seqlens[:-1], max_seqlen]
 
 
@@ -78,7 +84,7 @@ SGLANG_GRAPH_ARGS: dict[str, _GraphArgs] = {
     "triton_attn": _GraphArgs(_offsets_lengths_and_max, output_workspace=True),
     "fa3": _GraphArgs(_offsets_and_max),
     "fa4": _GraphArgs(_offsets_and_max),
-    "aiter_attn": _GraphArgs(_offsets_and_max),
+    "aiter_attn": _GraphArgs(_offsets_max_and_host_lengths),
 }
 
 
@@ -267,7 +273,7 @@ class ViTGraphRunnerAdapter:
 
 
 class _SegmentOffsets(AttentionBackend):
-    """The list the runner builds per segmentation for an SGLang tower: ``[cu_seqlens, max_seqlen]``.
+    """The list the runner builds per segmentation for an SGLang tower: ``[cu_seqlens, max_seqlen, seq_lens]``.
 
     The kernel is SGLang's (each block's ``VisionAttention``); ``_forward_blocks`` turns this list
     into the one that backend reads. The runner never attends itself, so only ``runner_args`` runs.
@@ -276,7 +282,7 @@ class _SegmentOffsets(AttentionBackend):
     name = "sglang"
 
     def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        return [cu_seqlens, segmentation.max_seqlen]
+        return [cu_seqlens, segmentation.max_seqlen, segmentation.seq_lens]
 
     def attn_args_from_tensor(
         self, cu_seqlens: torch.Tensor, max_seqlen: int | None = None, seq_lens: Sequence[int] | None = None
