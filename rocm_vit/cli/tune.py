@@ -30,7 +30,7 @@ from rocm_vit.cli.bench_attention import LAYOUTS as BENCH_ATTN_LAYOUTS
 from rocm_vit.cli.workload import build_tower, device_ms, median_ms, parse_layouts, progress, random_pixels
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import preset, preset_names
-from rocm_vit.platform import platform_info
+from rocm_vit.platform import PlatformInfo, platform_info
 from rocm_vit.policy import (
     AUTO_CANDIDATES,
     Facts,
@@ -263,7 +263,11 @@ def _ceiling(graphs: tuple[GraphTiming, ...]) -> int:
 
 
 def _profile(
-    info, preset_name: str, head_dim: int, attention: tuple[AttentionTiming, ...], rotary_ms: dict[str, float]
+    info: PlatformInfo,
+    preset_name: str,
+    head_dim: int,
+    attention: tuple[AttentionTiming, ...],
+    rotary_ms: dict[str, float],
 ) -> TunedProfile:
     return TunedProfile(
         key=profile_key(info),
