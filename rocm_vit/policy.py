@@ -146,11 +146,11 @@ class TunedRule:
     per-length launches, the varlen grid, long-sequence kernels; on an H200 cuDNN led at 8192 and
     16384 tokens and trailed at 8160 and 14400). The tuned pick replaces ``fallback``'s only where
     ``fallback``'s was measured more than ``TUNED_MARGIN`` slower there: closer than that is noise
-    between runs, and a near neighbour is not the layout itself. Head dims the profile did not
-    measure, and layouts none of whose measured backends can run now, use ``fallback``.
+    between runs, and a near neighbour is not the layout itself. Only timings of the caller's head
+    dim count (all of them when it is unknown); head dims the profile did not measure, and layouts
+    none of whose measured backends can run now, use ``fallback``.
     """
 
-    head_dim: int
     timings: tuple[AttentionTiming, ...]
     allowed: tuple[str, ...]
     fallback: AttentionRule
@@ -164,11 +164,13 @@ class TunedRule:
         return self.fallback.without_lengths
 
     def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
-        if head_dim is not None and head_dim != self.head_dim:
+        timings = [timing for timing in self.timings if head_dim is None or timing.head_dim == head_dim]
+        if not timings:
             name, why = self.fallback.pick(seq_lens, head_dim)
-            return name, f"head dim {head_dim} not tuned (the profile measured {self.head_dim}): {why}"
+            measured = ", ".join(str(d) for d in sorted({timing.head_dim for timing in self.timings}))
+            return name, f"head dim {head_dim} not tuned (the profile measured {measured}): {why}"
         features = _layout_features(seq_lens)
-        nearest = min(self.timings, key=lambda timing: _distance(features, _layout_features(timing.seq_lens)))
+        nearest = min(timings, key=lambda timing: _distance(features, _layout_features(timing.seq_lens)))
         name = nearest.fastest(self.allowed)
         default, why = self.fallback.pick(seq_lens, head_dim)
         if name is None:
@@ -381,10 +383,11 @@ def _attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -
         for name in AUTO_CANDIDATES[facts.platform]
         if backend_unavailable_reason(name, facts) is None and (settings.use_aiter or not name.startswith("aiter"))
     )
-    rule = TunedRule(profile.head_dim, profile.attention, allowed, base)
+    rule = TunedRule(profile.attention, allowed, base)
+    head_dims = ", ".join(str(head_dim) for head_dim in profile.head_dims)
     reason = (
         f"tuned: per layout the fastest of {', '.join(allowed)} at the nearest of {len(profile.attention)} layouts "
-        f"measured at head dim {profile.head_dim}; other head dims: {base_reason}"
+        f"measured at head dim {head_dims}; other head dims: {base_reason}"
     )
     return AttentionPolicy("auto", reason, rule)
 

@@ -43,11 +43,13 @@ _KEYED_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class AttentionTiming:
-    """One measured layout: its segment lengths and the median milliseconds of each backend that ran."""
+    """One measured layout at one head dim: its segment lengths and the median milliseconds of each
+    backend that ran."""
 
     name: str
     seq_lens: tuple[int, ...]
     ms: Mapping[str, float]
+    head_dim: int
 
     def fastest(self, allowed: Sequence[str]) -> str | None:
         """The fastest backend among ``allowed`` (those that can run now), or ``None``."""
@@ -68,21 +70,25 @@ class GraphTiming:
 class TunedProfile:
     """What ``rocm-vit tune`` measured, and the choices it derived.
 
-    ``attention`` holds timings for one head dim (the tuned preset's); ``rotary`` and ``fused_ops``
-    the milliseconds of each implementation; ``graph_max_tokens`` the largest patch count at which
-    graph replay beat eager by the tune's margin (0: never).
+    ``attention`` holds timings per head dim (the tuned preset's, and any ``--head-dims`` named);
+    ``rotary`` and ``fused_ops`` the milliseconds of each implementation; ``graph_max_tokens`` the
+    largest patch count at which graph replay beat eager by the tune's margin (0: never).
     """
 
     key: Mapping[str, str]
     preset: str
     created: str
-    head_dim: int
     attention: tuple[AttentionTiming, ...]
     rotary_ms: Mapping[str, float] = field(default_factory=dict)
     fused_ops_ms: Mapping[str, float] = field(default_factory=dict)
     graphs: tuple[GraphTiming, ...] = ()
     graph_max_tokens: int | None = None
     path: str = ""
+
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        """The head dims whose attention was measured."""
+        return tuple(sorted({timing.head_dim for timing in self.attention}))
 
     def as_yaml(self) -> str:
         document = asdict(self)
@@ -155,12 +161,12 @@ def read_profile(path: Path) -> TunedProfile:
             key={str(k): str(v) for k, v in document["key"].items()},
             preset=str(document["preset"]),
             created=str(document["created"]),
-            head_dim=int(document["head_dim"]),
             attention=tuple(
                 AttentionTiming(
                     str(row["name"]),
                     tuple(int(n) for n in row["seq_lens"]),
                     {str(k): float(v) for k, v in row["ms"].items()},
+                    int(row["head_dim"]),
                 )
                 for row in document["attention"]
             ),
@@ -212,5 +218,6 @@ def profile_summary(profile: TunedProfile | None) -> dict[str, Any]:
         "preset": profile.preset,
         "created": profile.created,
         "attention_layouts": len(profile.attention),
+        "head_dims": list(profile.head_dims),
         "graph_max_tokens": profile.graph_max_tokens,
     }

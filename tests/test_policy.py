@@ -100,14 +100,13 @@ def _profile(**overrides) -> TunedProfile:
         "key": {"device": "NVIDIA H200"},
         "preset": "qwen3-vl-8b",
         "created": "2026-11-30T00:00:00Z",
-        "head_dim": 72,
         "attention": (
-            AttentionTiming("1x196", (196,), {"sdpa": 0.006, "triton_attn": 0.008, "fa4": 0.004}),
-            AttentionTiming("1x4096", (4096,), {"sdpa": 0.20, "triton_attn": 0.25, "torch_varlen": 0.30}),
-            AttentionTiming("4x1024", (1024,) * 4, {"sdpa": 0.0647, "triton_attn": 0.0659}),
-            AttentionTiming("1x8160", (8160,), {"sdpa": 0.96, "triton_attn": 0.91}),
-            AttentionTiming("1x8192", (8192,), {"sdpa": 0.89, "triton_attn": 0.95}),
-            AttentionTiming("16x256", (256,) * 16, {"sdpa": 1.0, "triton_attn": 0.2, "torch_varlen": 0.1}),
+            AttentionTiming("1x196", (196,), {"sdpa": 0.006, "triton_attn": 0.008, "fa4": 0.004}, 72),
+            AttentionTiming("1x4096", (4096,), {"sdpa": 0.20, "triton_attn": 0.25, "torch_varlen": 0.30}, 72),
+            AttentionTiming("4x1024", (1024,) * 4, {"sdpa": 0.0647, "triton_attn": 0.0659}, 72),
+            AttentionTiming("1x8160", (8160,), {"sdpa": 0.96, "triton_attn": 0.91}, 72),
+            AttentionTiming("1x8192", (8192,), {"sdpa": 0.89, "triton_attn": 0.95}, 72),
+            AttentionTiming("16x256", (256,) * 16, {"sdpa": 1.0, "triton_attn": 0.2, "torch_varlen": 0.1}, 72),
         ),
         "rotary_ms": {"triton": 0.02, "compiled": 0.01, "native": 0.05},
         "fused_ops_ms": {"fused": 10.0, "plain": 9.0},
@@ -142,8 +141,21 @@ def test_tuned_attention_falls_back_to_the_rule_for_other_head_dims():
     assert name == "triton_attn" and "head dim 80 not tuned" in why  # the CUDA rule's varlen choice
 
 
+def test_each_head_dim_is_picked_from_its_own_timings():
+    timings = (
+        AttentionTiming("1x4096", (4096,), {"sdpa": 0.20, "triton_attn": 0.25}, 72),
+        AttentionTiming("1x4096", (4096,), {"sdpa": 0.30, "triton_attn": 0.25}, 80),
+    )
+    resolved = resolve_policy(CUDA, Settings(), _profile(attention=timings))
+    assert [resolved.attention.pick((4096,), d)[0] for d in (72, 80)] == ["sdpa", "triton_attn"]
+    name, why = resolved.attention.pick((4096,), 64)
+    assert name == "sdpa" and "head dim 64 not tuned (the profile measured 72, 80)" in why
+
+
 def test_tuned_aiter_needs_sglang_use_aiter():
-    timings = (AttentionTiming("1x4096", (4096,), {"aiter_attn_pad128": 0.1, "aiter_attn": 0.2, "triton_attn": 0.3}),)
+    timings = (
+        AttentionTiming("1x4096", (4096,), {"aiter_attn_pad128": 0.1, "aiter_attn": 0.2, "triton_attn": 0.3}, 72),
+    )
     profile = _profile(attention=timings)
     assert resolve_policy(ROCM, AITER_ON, profile).attention.pick((4096,), 72)[0] == "aiter_attn_pad128"
     assert resolve_policy(ROCM, Settings(), profile).attention.pick((4096,), 72)[0] == "triton_attn"
@@ -221,12 +233,13 @@ def test_profile_location_rules(h200, tmp_path, monkeypatch):
 
 def test_tune_on_a_cpu_writes_a_profile_the_policy_reads(tmp_path: Path, capsys):
     out = tmp_path / "tuned.yaml"
-    assert main(["tune", "--preset", "tiny", "--out", str(out), "--repeats", "1"]) == 0
+    assert main(["tune", "--preset", "tiny", "--out", str(out), "--repeats", "1", "--head-dims", "64,32"]) == 0
     report = capsys.readouterr().out
     assert f"profile written to {out}" in report
     profile = read_profile(out)
-    assert profile.preset == "tiny" and profile.head_dim == 64
-    assert [timing.name for timing in profile.attention] == ["1x196", "4x196", "1x576"]
+    assert profile.preset == "tiny" and profile.head_dims == (32, 64)
+    names = [(timing.head_dim, timing.name) for timing in profile.attention]
+    assert names == [(64, "1x196"), (64, "4x196"), (64, "1x576"), (32, "1x196"), (32, "4x196"), (32, "1x576")]
     assert all(set(timing.ms) == {"sdpa"} and timing.ms["sdpa"] > 0 for timing in profile.attention)
     assert set(profile.rotary_ms) == {"native"} and profile.graph_max_tokens is None
     tuned = resolve_policy(dataclasses.replace(CUDA, modules=frozenset()), Settings(), profile)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from rocm_vit.cli.workload import device_ms
+from rocm_vit.cli.workload import device_ms, int_list
 
 GridTHW = tuple[int, int, int]
 
@@ -61,7 +61,7 @@ MATMUL_SIZE = 8192
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``rocm-vit bench-attn``."""
     parser.add_argument(
-        "--head-dims", type=_int_list, default=[72, 64, 80], help="comma-separated head dims (default 72,64,80)"
+        "--head-dims", type=int_list, default=[72, 64, 80], help="comma-separated head dims (default 72,64,80)"
     )
     parser.add_argument("--heads", type=int, default=16, help="attention heads (default 16, Qwen3-VL)")
     parser.add_argument(
@@ -396,13 +396,6 @@ def _print_tables(
                 verdict = f"{picked_ms / fastest_ms:.2f}x slower than {row['fastest']} ({fastest_ms:.3f} ms)"
             picked_text = f"{picked_ms:.3f} ms" if picked_ms is not None else "-"
             print(f"{row['layout']:>9}: {row['picked']:>12} {picked_text:>10}  {verdict}  ({row['why']})")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
 def _name_list(text: str) -> list[str]:

@@ -27,7 +27,15 @@ from pathlib import Path
 import torch
 
 from rocm_vit.cli.bench_attention import LAYOUTS as BENCH_ATTN_LAYOUTS
-from rocm_vit.cli.workload import build_tower, device_ms, median_ms, parse_layouts, progress, random_pixels
+from rocm_vit.cli.workload import (
+    build_tower,
+    device_ms,
+    int_list,
+    median_ms,
+    parse_layouts,
+    progress,
+    random_pixels,
+)
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import preset, preset_names
 from rocm_vit.platform import PlatformInfo, platform_info
@@ -83,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=preset_names(), help="tower to tune for (default qwen3-vl-8b; tiny on CPU)")
     parser.add_argument("--out", type=Path, help="profile file (default: the per-user file this device loads)")
     parser.add_argument("--plot", type=Path, help="write the measurements as a PNG (needs matplotlib)")
+    parser.add_argument(
+        "--head-dims",
+        type=int_list,
+        default=None,
+        help="comma-separated head dims whose attention to time (default: the preset's; e.g. 72,80 for "
+        "Qwen3-VL and Qwen2.5-VL on one GPU)",
+    )
     parser.add_argument("--rep-ms", type=int, default=25, help="timing window per attention/rotary cell (default 25)")
     parser.add_argument("--repeats", type=int, default=10, help="timed tower calls per cell (default 10)")
 
@@ -101,10 +116,15 @@ def run(args: argparse.Namespace) -> int:
     config = preset(preset_name)
     timer = _Timer(device, args.rep_ms)
 
+    head_dims = list(dict.fromkeys([config.head_dim, *(args.head_dims or ())]))
     with torch.inference_mode():
-        attention = _tune_attention(timer, facts, config.num_heads, config.head_dim, dtype, device)
+        attention = tuple(
+            timing
+            for head_dim in head_dims
+            for timing in _tune_attention(timer, facts, config.num_heads, head_dim, dtype, device)
+        )
         rotary_ms = _tune_rotary(timer, facts, config.num_heads, config.head_dim, dtype, device)
-        draft = _profile(info, preset_name, config.head_dim, attention, rotary_ms)
+        draft = _profile(info, preset_name, attention, rotary_ms)
         fused_ms = {}
         if defaults.fused_ops.value:  # nothing to compare where fused ops cannot run
             fused_ms = _tune_fused_ops(facts, settings, draft, preset_name, dtype, device, args.repeats)
@@ -147,7 +167,7 @@ def _tune_attention(
     backends = {name: BACKENDS[name]() for name in names}
     layouts = ATTENTION_LAYOUTS if facts.platform != "cpu" else {n: ATTENTION_LAYOUTS[n] for n in CPU_ATTENTION_LAYOUTS}
     timings = []
-    for layout_name, grid in progress(list(layouts.items()), "attention", "layout"):
+    for layout_name, grid in progress(list(layouts.items()), f"attention d{head_dim}", "layout"):
         layout = VisionLayout.from_grid_thw(grid, spatial_merge_size=1)
         generator = torch.Generator(device=device).manual_seed(0)
         packed = torch.randn(layout.num_patches, 3, heads, head_dim, generator=generator, device=device)
@@ -157,7 +177,7 @@ def _tune_attention(
         for name, backend in backends.items():
             attn_args = backend.runner_args(layout, cu_seqlens)
             ms[name] = round(timer(functools.partial(backend, q, k, v, attn_args, head_dim**-0.5)), 5)
-        timings.append(AttentionTiming(layout_name, tuple(layout.seq_lens), ms))
+        timings.append(AttentionTiming(layout_name, tuple(layout.seq_lens), ms, head_dim))
     return tuple(timings)
 
 
@@ -265,7 +285,6 @@ def _ceiling(graphs: tuple[GraphTiming, ...]) -> int:
 def _profile(
     info: PlatformInfo,
     preset_name: str,
-    head_dim: int,
     attention: tuple[AttentionTiming, ...],
     rotary_ms: dict[str, float],
 ) -> TunedProfile:
@@ -273,7 +292,6 @@ def _profile(
         key=profile_key(info),
         preset=preset_name,
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        head_dim=head_dim,
         attention=attention,
         rotary_ms=rotary_ms,
     )
@@ -286,10 +304,10 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
     ]
     names = sorted({name for timing in profile.attention for name in timing.ms})
     lines.append("\nattention (median ms; * fastest, d = default pick, t = tuned pick)")
-    lines.append(f"  {'layout':<10}" + "".join(f"{name:>20}" for name in names))
+    lines.append(f"  {'layout':<14}" + "".join(f"{name:>20}" for name in names))
     for timing in profile.attention:
-        default_pick = defaults.attention.pick(timing.seq_lens, profile.head_dim)[0]
-        tuned_pick = tuned.attention.pick(timing.seq_lens, profile.head_dim)[0]
+        default_pick = defaults.attention.pick(timing.seq_lens, timing.head_dim)[0]
+        tuned_pick = tuned.attention.pick(timing.seq_lens, timing.head_dim)[0]
         fastest = min(timing.ms, key=timing.ms.__getitem__)
         cells = []
         for name in names:
@@ -299,7 +317,7 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
                 + ("t" if name == tuned_pick else "")
             )
             cells.append(f"{timing.ms[name]:>16.4f} {marks:<3}" if name in timing.ms else f"{'-':>20}")
-        lines.append(f"  {timing.name:<10}" + "".join(cells))
+        lines.append(f"  {f'd{timing.head_dim} {timing.name}':<14}" + "".join(cells))
     lines.append("\nrotary (geometric mean ms over token counts, fused-qkv views)")
     lines.extend(f"  {name:<10}{ms:.4f}" for name, ms in sorted(profile.rotary_ms.items(), key=lambda i: i[1]))
     if profile.fused_ops_ms:
@@ -344,11 +362,13 @@ def _plot(profile: TunedProfile, path: Path) -> None:
         ys = [timing.ms[name] / min(timing.ms.values()) for timing in profile.attention if name in timing.ms]
         left.bar(xs, ys, width=width, label=name)
     left.set_xticks([i + 0.4 - width / 2 for i in range(len(profile.attention))])
-    left.set_xticklabels([timing.name for timing in profile.attention], rotation=60, fontsize=8)
+    several = len(profile.head_dims) > 1
+    labels = [f"{timing.name} d{timing.head_dim}" if several else timing.name for timing in profile.attention]
+    left.set_xticklabels(labels, rotation=60, fontsize=8)
     left.set_ylim(0.9, None)
     left.axhline(1.03, color="gray", linestyle=":", linewidth=1)
     left.set_ylabel("time / fastest at that layout (dotted: 3 %)")
-    left.set_title(f"attention, head dim {profile.head_dim}")
+    left.set_title(f"attention, head dim {', '.join(map(str, profile.head_dims))}")
     left.legend(fontsize=8)
     if profile.graphs:
         patches = [row.patches for row in profile.graphs]

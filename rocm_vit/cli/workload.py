@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import random
 import statistics
@@ -265,6 +266,14 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warm
         _synchronize(device)
         samples.append((time.perf_counter() - started) * 1e3)
     return statistics.median(samples)
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: ``"72,64,80"`` -> ``[72, 64, 80]``."""
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
 def device_ms(fn: Callable[[], object], rep_ms: int = 20, graph: bool = True) -> float:

@@ -435,10 +435,10 @@ def _tuned_aiter_slot(state: dict, inputs: list, eager_before: list[torch.Tensor
 
     facts = policy.Facts("rocm", "gfx950", "stand-in", modules=frozenset({"aiter"}))
     timings = (
-        AttentionTiming("1x32", (32,), {"aiter_attn": 1.0, "sdpa": 0.5}),
-        AttentionTiming("16+8+8", (16, 8, 8), {"aiter_attn": 0.5, "sdpa": 1.0}),
+        AttentionTiming("1x32", (32,), {"aiter_attn": 1.0, "sdpa": 0.5}, 16),
+        AttentionTiming("16+8+8", (16, 8, 8), {"aiter_attn": 0.5, "sdpa": 1.0}, 16),
     )
-    profile = TunedProfile(key={}, preset="tiny", created="-", head_dim=16, attention=timings)
+    profile = TunedProfile(key={}, preset="tiny", created="-", attention=timings)
     calls: dict[str, int] = {"sdpa": 0, "aiter": 0}
     sdpa_call, aiter_kernel = SdpaAttention.__call__, aiter_attn.aiter_varlen_attention
 
