@@ -23,12 +23,21 @@ import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from rocm_vit.platform import PlatformName, platform_info
-from rocm_vit.profile import AttentionTiming, TunedProfile, load_profile, profile_summary
+from rocm_vit.profile import (
+    PROFILE_ENV,
+    PROFILE_OFF,
+    AttentionTiming,
+    TunedProfile,
+    load_profile,
+    profile_summary,
+    read_profile,
+)
 from rocm_vit.settings import ENV_NAMES, Settings, load_settings
 
 logger = logging.getLogger(__name__)
@@ -238,6 +247,27 @@ def resolve_policy(
         graph_max_tokens=_graph_max_tokens(settings, profile),
         profile=Choice(profile, profile_status or ("none" if profile is None else profile.path)),
     )
+
+
+def check_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings, after every check ``current_policy`` would make that needs no GPU.
+
+    Raises ``ValueError`` naming the variable for what would make ``current_policy`` raise later: an
+    unparsable value, a rotary that does not exist, a ``ROCM_VIT_PROFILE`` file that is missing or
+    not a profile. The SGLang plugin checks this when it loads, before SGLang touches the GPU, and
+    stays off on an error instead of failing requests.
+    """
+    environ = os.environ if environ is None else environ
+    settings = load_settings(environ)
+    if settings.rotary is not None and settings.rotary not in ROTARY_IMPLS:
+        raise ValueError(f"{ENV_NAMES['rotary']} = {settings.rotary!r} is not one of {', '.join(ROTARY_IMPLS)}")
+    named = environ.get(PROFILE_ENV, "").strip()
+    if named and named.lower() not in PROFILE_OFF:
+        path = Path(named)
+        if not path.exists():
+            raise ValueError(f"{PROFILE_ENV} = {named!r} does not exist")
+        read_profile(path)
+    return settings
 
 
 @functools.cache

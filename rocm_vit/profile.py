@@ -31,6 +31,7 @@ from rocm_vit.version import __version__
 logger = logging.getLogger(__name__)
 
 PROFILE_ENV = "ROCM_VIT_PROFILE"
+PROFILE_OFF = ("off", "0", "none", "false")  # values of PROFILE_ENV that mean "no profile"
 PROFILE_FORMAT = 1
 # distribution names whose versions key a profile (installed metadata: nothing is imported)
 _KEYED_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -121,7 +122,7 @@ def profile_path(info: PlatformInfo, environ: Mapping[str, str] | None = None) -
     """The profile file this process reads: ``ROCM_VIT_PROFILE``, or the default; ``None`` for ``off``."""
     environ = os.environ if environ is None else environ
     value = environ.get(PROFILE_ENV, "").strip()
-    if value.lower() in ("off", "0", "none", "false"):
+    if value.lower() in PROFILE_OFF:
         return None
     return Path(value) if value else default_profile_path(info)
 

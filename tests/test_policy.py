@@ -244,3 +244,14 @@ def test_tune_on_a_cpu_writes_a_profile_the_policy_reads(tmp_path: Path, capsys)
     assert set(profile.rotary_ms) == {"native"} and profile.graph_max_tokens is None
     tuned = resolve_policy(dataclasses.replace(CUDA, modules=frozenset()), Settings(), profile)
     assert tuned.attention.pick((196,), 64)[0] == "sdpa"
+
+
+def test_check_settings_finds_without_a_gpu_what_would_fail_the_policy(tmp_path):
+    assert policy.check_settings({"ROCM_VIT_PROFILE": "off"}).rotary is None
+    with pytest.raises(ValueError, match="ROCM_VIT_ROTARY = 'fast'"):
+        policy.check_settings({"ROCM_VIT_ROTARY": "fast"})
+    (tmp_path / "notes.yaml").write_text("just: notes\n")
+    with pytest.raises(ValueError, match="not a usable rocm-vit profile"):
+        policy.check_settings({"ROCM_VIT_PROFILE": str(tmp_path / "notes.yaml")})
+    write_profile(_profile(), tmp_path / "good.yaml")
+    policy.check_settings({"ROCM_VIT_PROFILE": str(tmp_path / "good.yaml")})  # another device's key: fine here

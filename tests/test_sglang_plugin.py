@@ -245,6 +245,7 @@ def test_doctor_on_the_tested_release_reports_every_hook_without_importing_sglan
         ("SGLANG_PLUGINS", "another, third", "no: SGLANG_PLUGINS='another, third' does not name rocm_vit"),
         ("SGLANG_PLUGINS", "another, rocm_vit", "yes"),
         ("ROCM_VIT_DISABLE", "1", "no: ROCM_VIT_DISABLE=1"),
+        ("ROCM_VIT_PROFILE", "/no/such.yaml", "no: ROCM_VIT_PROFILE = '/no/such.yaml' does not exist"),
     ],
 )
 def test_doctor_says_whether_sglang_would_load_the_plugin(
@@ -254,7 +255,15 @@ def test_doctor_says_whether_sglang_would_load_the_plugin(
     assert collect()["sglang"]["loads"] == loads
 
 
-@pytest.mark.parametrize(("variable", "value"), [("ROCM_VIT_DISABLE", "1"), ("ROCM_VIT_FUSED_OPS", "maybe")])
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("ROCM_VIT_DISABLE", "1"),
+        ("ROCM_VIT_FUSED_OPS", "maybe"),
+        ("ROCM_VIT_ROTARY", "fast"),
+        ("ROCM_VIT_PROFILE", "/no/such/profile.yaml"),
+    ],
+)
 def test_load_registers_nothing_when_off_or_misconfigured(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, variable: str, value: str
 ) -> None:

@@ -18,7 +18,8 @@ from rocm_vit import __version__
 from rocm_vit.integrations.sglang import hooks
 from rocm_vit.integrations.sglang.hooks import HOOKS, TESTED_SGLANG_VERSIONS, Hook, is_tested
 from rocm_vit.integrations.sglang.imports import when_imported
-from rocm_vit.settings import ENV_NAMES, load_settings
+from rocm_vit.policy import check_settings
+from rocm_vit.settings import ENV_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def load() -> None:
 
 def _register_hooks() -> None:
     try:
-        settings = load_settings()
+        settings = check_settings()
     except ValueError as error:
         logger.error("rocm-vit: %s; the SGLang plugin is off", error)
         return

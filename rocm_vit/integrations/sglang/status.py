@@ -15,7 +15,8 @@ from typing import Any
 
 from rocm_vit.integrations.sglang import hooks
 from rocm_vit.integrations.sglang.hooks import HOOKS, TESTED_SGLANG_VERSIONS, is_tested
-from rocm_vit.settings import ENV_NAMES, load_settings
+from rocm_vit.policy import check_settings
+from rocm_vit.settings import ENV_NAMES
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "rocm_vit"
@@ -61,7 +62,11 @@ def _loads(entry_point: str | None) -> str:
     names = {name.strip() for name in allowed.split(",") if name.strip()}
     if names and ENTRY_POINT_NAME not in names:
         return f"no: SGLANG_PLUGINS={allowed!r} does not name {ENTRY_POINT_NAME}"
-    if load_settings().disable:
+    try:
+        settings = check_settings()
+    except ValueError as error:
+        return f"no: {error}"
+    if settings.disable:
         return f"no: {ENV_NAMES['disable']}=1"
     return "yes"
 
