@@ -259,8 +259,7 @@ def check_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """
     environ = os.environ if environ is None else environ
     settings = load_settings(environ)
-    if settings.rotary is not None and settings.rotary not in ROTARY_IMPLS:
-        raise ValueError(f"{ENV_NAMES['rotary']} = {settings.rotary!r} is not one of {', '.join(ROTARY_IMPLS)}")
+    _check_rotary_name(settings.rotary)
     named = environ.get(PROFILE_ENV, "").strip()
     if named and named.lower() not in PROFILE_OFF:
         path = Path(named)
@@ -455,8 +454,7 @@ def _rotary(facts: Facts, settings: Settings, profile: TunedProfile | None) -> C
     if facts.platform == "cpu":
         available = [name for name in available if name != "triton" or facts.triton_interpret]
     if settings.rotary is not None:
-        if settings.rotary not in ROTARY_IMPLS:
-            raise ValueError(f"{ENV_NAMES['rotary']} = {settings.rotary!r} is not one of {', '.join(ROTARY_IMPLS)}")
+        _check_rotary_name(settings.rotary)
         choice = Choice(settings.rotary, f"{ENV_NAMES['rotary']}={settings.rotary}")
     elif profile is not None and (timed := {n: ms for n, ms in profile.rotary_ms.items() if n in available}):
         fastest = min(timed, key=timed.__getitem__)
@@ -466,6 +464,11 @@ def _rotary(facts: Facts, settings: Settings, profile: TunedProfile | None) -> C
     if choice.value == "triton" and "triton" not in facts.modules:
         return Choice("native", f"{choice.reason}, but Triton is not importable: the native helper")
     return choice
+
+
+def _check_rotary_name(name: str | None) -> None:
+    if name is not None and name not in ROTARY_IMPLS:
+        raise ValueError(f"{ENV_NAMES['rotary']} = {name!r} is not one of {', '.join(ROTARY_IMPLS)}")
 
 
 def _fused_ops(facts: Facts, settings: Settings, profile: TunedProfile | None) -> Choice:
