@@ -14,7 +14,6 @@ directory holds one file per device and arch (``$XDG_CACHE_HOME/rocm-vit/profile
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import logging
 import os
 import re
@@ -26,20 +25,13 @@ from typing import Any
 import yaml
 
 from rocm_vit.platform import PlatformInfo
-from rocm_vit.version import __version__
+from rocm_vit.version import KEYED_DISTRIBUTIONS, __version__, installed_distribution
 
 logger = logging.getLogger(__name__)
 
 PROFILE_ENV = "ROCM_VIT_PROFILE"
 PROFILE_OFF = ("off", "0", "none", "false")  # values of PROFILE_ENV that mean "no profile"
 PROFILE_FORMAT = 1
-# distribution names whose versions key a profile (installed metadata: nothing is imported)
-_KEYED_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    "torch": ("torch",),
-    "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
-    "aiter": ("amd-aiter", "aiter"),
-    "flash_attn_4": ("flash-attn-4",),
-}
 
 
 @dataclass(frozen=True)
@@ -105,7 +97,9 @@ class TunedProfile:
 def profile_key(info: PlatformInfo) -> dict[str, str]:
     """What a profile must match to be used: the device, its arch and the versions that run kernels."""
     key = {"device": info.device_name, "arch": info.arch, "emulated_on": info.emulated_on}
-    key.update({name: _installed_version(dists) for name, dists in _KEYED_DISTRIBUTIONS.items()})
+    for name, distributions in KEYED_DISTRIBUTIONS.items():
+        found = installed_distribution(distributions)
+        key[name] = found[1] if found else "-"
     key["rocm_vit"] = __version__
     return key
 
@@ -199,15 +193,6 @@ def _key_mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str:
 @functools.cache
 def _warn_stale(path: str, mismatch: str) -> None:
     logger.warning("tuned profile %s is ignored: %s; run rocm-vit tune again", path, mismatch)
-
-
-def _installed_version(distributions: tuple[str, ...]) -> str:
-    for distribution in distributions:
-        try:
-            return importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "-"
 
 
 def profile_summary(profile: TunedProfile | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ anything is installed.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -30,6 +31,15 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 NOT_STAMPED = "unknown (not stamped)"
+
+# import name -> distributions that provide it, in order of preference: the libraries whose versions
+# key a tuned profile (rocm_vit.profile); doctor reports these and more. Read from installed metadata.
+KEYED_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
+    "aiter": ("amd-aiter", "aiter"),
+    "flash_attn_4": ("flash-attn-4",),
+}
 
 # Environment variables that would point git at another repository than the one asked about.
 _GIT_REDIRECTS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")
@@ -64,6 +74,16 @@ def checkout_commit(root: Path) -> str | None:
     if head is None or changes is None:
         return None
     return f"{head}-dirty" if changes else head
+
+
+def installed_distribution(distributions: tuple[str, ...]) -> tuple[str, str] | None:
+    """``(distribution, version)`` of the first of ``distributions`` installed, from its metadata."""
+    for distribution in distributions:
+        try:
+            return distribution, importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _names_rocm_vit(pyproject: Path) -> bool:

@@ -12,7 +12,6 @@ in place and the rest still prints; the exit status is 1 when anything failed.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -21,14 +20,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from rocm_vit.version import KEYED_DISTRIBUTIONS, installed_distribution
+
 NOT_INSTALLED = "not installed"
 
 # import name -> distribution names that provide it, in order of preference
+# (flash_attn_4 is imported as flash_attn.cute: that key is never looked up on the path.)
 _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    "torch": ("torch",),
-    "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
-    "aiter": ("amd-aiter", "aiter"),
-    "flash_attn_4": ("flash-attn-4",),  # imported as flash_attn.cute; the key is never imported
+    **KEYED_DISTRIBUTIONS,
     "sglang": ("sglang",),
     "transformers": ("transformers",),
 }
@@ -130,11 +129,9 @@ def _versions() -> dict[str, Any]:
 
 
 def _installed_version(import_name: str) -> str:
-    for distribution in _DISTRIBUTIONS[import_name]:
-        try:
-            version = importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    found = installed_distribution(_DISTRIBUTIONS[import_name])
+    if found is not None:
+        distribution, version = found
         return version if distribution == import_name else f"{version} ({distribution})"
     # Found on the path without metadata (a source checkout on PYTHONPATH): locating a top-level
     # module does not import it.
