@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from rocm_vit.cli.workload import device_ms, int_list
+from rocm_vit.cli.workload import KernelTimer, int_list
 
 GridTHW = tuple[int, int, int]
 
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     platform = current_platform()
     device = torch.device("cuda")
-    bench = _Timer(args.rep_ms, graph=args.timer == "graph")
+    bench = KernelTimer(device, args.rep_ms, graph=args.timer == "graph")
     matmul_tflops = _matmul_tflops(bench, device)
     variants = _variants(platform)
     results = []
@@ -134,19 +134,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Timer:
-    """Median milliseconds of a callable (``workload.device_ms``: replayed from a graph, or, with
-    ``--timer launches``, launch by launch with L2 flushed between, the method before 2026-11-30)."""
-
-    def __init__(self, rep_ms: int, graph: bool) -> None:
-        self._rep_ms = rep_ms
-        self._graph = graph
-
-    def __call__(self, fn: Callable[[], object], rep_ms: int | None = None) -> float:
-        return device_ms(fn, rep_ms or self._rep_ms, graph=self._graph)
-
-
-def _matmul_tflops(bench: _Timer, device: torch.device) -> float:
+def _matmul_tflops(bench: KernelTimer, device: torch.device) -> float:
     a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=torch.bfloat16)
     b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=torch.bfloat16)
     milliseconds = bench(lambda: a @ b)
@@ -208,7 +196,7 @@ def _flops(seq_lens: tuple[int, ...], heads: int, head_dim: int) -> float:
 
 
 def _measure_layout(
-    bench: _Timer,
+    bench: KernelTimer,
     variants: dict[str, Callable],
     layout_name: str,
     head_dim: int,
@@ -251,7 +239,7 @@ def _measure_layout(
     return rows
 
 
-def _sweep_triton(bench: _Timer, args: argparse.Namespace, device: torch.device) -> list[dict]:
+def _sweep_triton(bench: KernelTimer, args: argparse.Namespace, device: torch.device) -> list[dict]:
     from rocm_vit.backends.triton_attn import TritonAttnConfig, default_config, triton_varlen_attention
     from rocm_vit.layout import VisionLayout
     from rocm_vit.platform import platform_info

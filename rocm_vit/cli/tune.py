@@ -20,7 +20,6 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,8 +27,8 @@ import torch
 
 from rocm_vit.cli.bench_attention import LAYOUTS as BENCH_ATTN_LAYOUTS
 from rocm_vit.cli.workload import (
+    KernelTimer,
     build_tower,
-    device_ms,
     int_list,
     median_ms,
     parse_layouts,
@@ -114,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     settings = dataclasses.replace(load_settings(), attention_backend=None, rotary=None)
     defaults = resolve_policy(facts, settings)
     config = preset(preset_name)
-    timer = _Timer(device, args.rep_ms)
+    timer = KernelTimer(device, args.rep_ms)
 
     head_dims = list(dict.fromkeys([config.head_dim, *(args.head_dims or ())]))
     with torch.inference_mode():
@@ -140,22 +139,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Timer:
-    """Median milliseconds of one call: replayed from a graph on a GPU (``workload.device_ms``: the
-    host's launch cost out, as in a replay), wall time on a CPU."""
-
-    def __init__(self, device: torch.device, rep_ms: int) -> None:
-        self._device = device
-        self._rep_ms = rep_ms
-
-    def __call__(self, fn: Callable[[], object]) -> float:
-        if self._device.type == "cuda":
-            return device_ms(fn, self._rep_ms)
-        return median_ms(fn, self._device, repeats=5)
-
-
 def _tune_attention(
-    timer: _Timer, facts: Facts, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    timer: KernelTimer, facts: Facts, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[AttentionTiming, ...]:
     from rocm_vit.attention import BACKENDS
 
@@ -182,7 +167,7 @@ def _tune_attention(
 
 
 def _tune_rotary(
-    timer: _Timer, facts: Facts, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    timer: KernelTimer, facts: Facts, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
 ) -> dict[str, float]:
     """Geometric mean over token counts of each implementation's time on fused-qkv views."""
     from rocm_vit.rotary import implementation

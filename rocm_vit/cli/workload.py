@@ -295,6 +295,21 @@ def device_ms(fn: Callable[[], object], rep_ms: int = 20, graph: bool = True) ->
     return float(triton.testing.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="median"))
 
 
+class KernelTimer:
+    """Median milliseconds of one call of a kernel: ``device_ms`` on a GPU (replayed from a graph, or
+    with ``graph=False`` launch by launch), wall time of a few calls on a CPU (tests run tune there)."""
+
+    def __init__(self, device: torch.device, rep_ms: int, graph: bool = True) -> None:
+        self._device = device
+        self._rep_ms = rep_ms
+        self._graph = graph
+
+    def __call__(self, fn: Callable[[], object], rep_ms: int | None = None) -> float:
+        if self._device.type == "cuda":
+            return device_ms(fn, rep_ms or self._rep_ms, graph=self._graph)
+        return median_ms(fn, self._device, repeats=5)
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
