@@ -34,3 +34,18 @@ def fresh_policy(monkeypatch):
     reset_policy()
     yield
     reset_policy()
+
+
+@pytest.fixture
+def fake_platform(monkeypatch):
+    """``fake_platform(name, device_name, arch)``: the policy sees this platform when it is next
+    resolved (no GPU is touched); returns the ``PlatformInfo`` it reports."""
+    from rocm_vit import policy
+    from rocm_vit.platform import PlatformInfo
+
+    def pretend(name: str, device_name: str = "fake", arch: str = "") -> PlatformInfo:
+        info = PlatformInfo(name, device_name, arch, int(name != "cpu"))
+        monkeypatch.setattr(policy, "platform_info", lambda: info)
+        return info
+
+    return pretend

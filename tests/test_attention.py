@@ -32,7 +32,6 @@ from rocm_vit.attention import (
 from rocm_vit.cli import bench_attention
 from rocm_vit.emulation.aiter_signature import PYPI_PARAMETERS, parameter_list
 from rocm_vit.layout import VisionLayout
-from rocm_vit.platform import PlatformInfo
 from rocm_vit.policy import pick_cuda_backend
 
 # Ragged, with a single-token segment (grid (1, 1, 1) has one patch only with merge size 1).
@@ -307,10 +306,10 @@ class _AiterFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(name, _ImportTrapLoader()) if name == "aiter" else None
 
 
-def test_aiter_is_found_without_being_imported_until_the_first_call(generator, monkeypatch):
+def test_aiter_is_found_without_being_imported_until_the_first_call(generator, monkeypatch, fake_platform):
     monkeypatch.delitem(sys.modules, "aiter", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_AiterFinder(), *sys.meta_path])
-    monkeypatch.setattr(policy, "platform_info", lambda: PlatformInfo("rocm", "fake", "", 1))
+    fake_platform("rocm")
     monkeypatch.setenv("SGLANG_USE_AITER", "1")
     monkeypatch.delenv("ROCM_VIT_ATTENTION_BACKEND", raising=False)
     assert resolve_backend_name()[0] == "aiter_attn"
@@ -403,7 +402,7 @@ def test_triton_attn_tensor_caller_without_lengths_bounds_the_grid_instead_of_re
 
 
 @pytest.fixture
-def machine(monkeypatch):
+def machine(monkeypatch, fake_platform):
     """Pretend to be another platform with a chosen set of importable modules."""
     real_find_spec = importlib.util.find_spec
     monkeypatch.delenv("ROCM_VIT_ATTENTION_BACKEND", raising=False)
@@ -418,7 +417,7 @@ def machine(monkeypatch):
             return real_find_spec(name, package)
 
         monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-        monkeypatch.setattr(policy, "platform_info", lambda: PlatformInfo(platform, "fake", "", 1))
+        fake_platform(platform)
         policy.reset_policy()
 
     return configure
@@ -605,8 +604,6 @@ import torch
 from rocm_vit.attention import get_backend
 from rocm_vit.backends.triton_attn import TritonAttnConfig, triton_varlen_attention
 from rocm_vit.layout import VisionLayout
-from rocm_vit.platform import PlatformInfo
-from rocm_vit.policy import pick_cuda_backend
 cases = torch.load(sys.argv[1])
 outputs = {}
 for name, case in cases.items():

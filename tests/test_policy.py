@@ -170,8 +170,8 @@ def test_tuned_rotary_fused_ops_and_ceiling_and_settings_still_win():
     assert (pinned.attention.backend, pinned.rotary.value, pinned.graph_max_tokens.value) == ("sdpa", "triton", 512)
 
 
-def test_auto_attention_follows_the_tuned_policy(monkeypatch):
-    monkeypatch.setattr(policy, "platform_info", lambda: PlatformInfo("cuda", "NVIDIA H200", "sm_90", 1))
+def test_auto_attention_follows_the_tuned_policy(fake_platform):
+    fake_platform("cuda", "NVIDIA H200", "sm_90")
     with policy.use_policy(resolve_policy(CUDA, Settings(), _profile())):
         backend = get_backend(head_dim=72)
         assert isinstance(backend, AutoAttention)
@@ -191,10 +191,8 @@ def test_profile_round_trip(tmp_path):
 
 
 @pytest.fixture
-def h200(monkeypatch) -> PlatformInfo:
-    info = PlatformInfo("cuda", "NVIDIA H200", "sm_90", 1)
-    monkeypatch.setattr(policy, "platform_info", lambda: info)
-    return info
+def h200(fake_platform) -> PlatformInfo:
+    return fake_platform("cuda", "NVIDIA H200", "sm_90")
 
 
 def test_a_matching_profile_is_in_force_and_doctor_shows_it(h200, tmp_path, monkeypatch, capsys):

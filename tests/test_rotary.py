@@ -13,7 +13,6 @@ from triton_interpreter import run_interpreted
 
 import rocm_vit.policy as policy
 import rocm_vit.rotary as rotary
-from rocm_vit.platform import PlatformInfo
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision  # noqa: E402
@@ -307,11 +306,8 @@ def fresh_selection(monkeypatch):
 
 
 @pytest.fixture
-def on_platform(monkeypatch):
-    def set_platform(name: str) -> None:
-        monkeypatch.setattr(policy, "platform_info", lambda: PlatformInfo(name, "fake", "", int(name != "cpu")))
-
-    return set_platform
+def on_platform(fake_platform):
+    return fake_platform
 
 
 @pytest.fixture
