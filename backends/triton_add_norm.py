@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_math import next_power_of_2
+
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 16384
 NORM_KINDS = ("layer_norm", "rms_norm")
@@ -47,7 +49,7 @@ def add_norm(
     normed = torch.empty((rows, hidden), dtype=out_dtype, device=x.device)
     if rows == 0:
         return summed, normed
-    block = triton.next_power_of_2(hidden)
+    block = next_power_of_2(hidden)
     _add_norm_kernel[(rows,)](
         x,
         x if update is None else update,

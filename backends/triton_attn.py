@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_math import cdiv, next_power_of_2
+
 _LOG2_E = 1.4426950408889634
 
 
@@ -150,10 +152,10 @@ def triton_varlen_attention(
     if tokens == 0 or num_seqs <= 0 or bound <= 0:
         return out
     arch = arch or _device_arch(q.device)
-    config = config or default_config(head_dim, v.dtype, triton.cdiv(bound, 128) * num_seqs * heads, arch=arch)
+    config = config or default_config(head_dim, v.dtype, cdiv(bound, 128) * num_seqs * heads, arch=arch)
     block_d0, block_d1 = _head_dim_split(head_dim)
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2])
-    grid = (triton.cdiv(bound, config.block_m), num_seqs, heads)
+    grid = (cdiv(bound, config.block_m), num_seqs, heads)
     _varlen_attn_fwd[grid](
         q,
         k,
@@ -238,7 +240,7 @@ def _head_dim_split(head_dim: int) -> tuple[int, int]:
     """
     head = 1 << (head_dim.bit_length() - 1)
     rest = head_dim - head
-    return head, (max(16, triton.next_power_of_2(rest)) if rest else 0)
+    return head, (max(16, next_power_of_2(rest)) if rest else 0)
 
 
 @triton.jit

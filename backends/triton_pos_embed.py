@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_math import next_power_of_2
+
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 16384
 NUM_TAPS = 4
@@ -31,7 +33,7 @@ def add_position_embedding_(
     """
     rows, hidden = x.shape
     if rows:
-        block = triton.next_power_of_2(hidden)
+        block = next_power_of_2(hidden)
         _add_position_embedding_kernel[(rows,)](
             x,
             table,

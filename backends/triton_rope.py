@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_math import cdiv, next_power_of_2
+
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_HEAD_DIM = 256
 # Padded elements (q and k, both halves) one program may hold: beyond this a token's heads would
@@ -89,8 +91,8 @@ def _launch_config(q_heads: int, k_heads: int, head_dim: int) -> tuple[int, int]
 
 
 def _elements_per_token(q_heads: int, k_heads: int, head_dim: int) -> int:
-    heads_pad = triton.next_power_of_2(q_heads) + triton.next_power_of_2(k_heads)
-    return heads_pad * triton.next_power_of_2(head_dim // 2) * 2
+    heads_pad = next_power_of_2(q_heads) + next_power_of_2(k_heads)
+    return heads_pad * next_power_of_2(head_dim // 2) * 2
 
 
 def _launch(
@@ -104,7 +106,7 @@ def _launch(
     """Launch with an explicit configuration; ``rocm-vit bench-rope --sweep`` calls it directly."""
     num_tokens, q_heads, head_dim = q.shape
     k_heads = k.shape[1]
-    _rotary_kernel[(triton.cdiv(num_tokens, block_tokens),)](
+    _rotary_kernel[(cdiv(num_tokens, block_tokens),)](
         q,
         k,
         cos,
@@ -115,9 +117,9 @@ def _launch(
         Q_HEADS=q_heads,
         K_HEADS=k_heads,
         HEAD_DIM=head_dim,
-        Q_HEADS_PAD=triton.next_power_of_2(q_heads),
-        K_HEADS_PAD=triton.next_power_of_2(k_heads),
-        HALF_PAD=triton.next_power_of_2(head_dim // 2),
+        Q_HEADS_PAD=next_power_of_2(q_heads),
+        K_HEADS_PAD=next_power_of_2(k_heads),
+        HALF_PAD=next_power_of_2(head_dim // 2),
         BLOCK_TOKENS=block_tokens,
         num_warps=num_warps,
         # Separate roundings of products and sums, as eager torch: bit-identical to rotary_native_.

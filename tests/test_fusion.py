@@ -189,3 +189,13 @@ def test_cpu_linear_gelu_is_the_plain_pair() -> None:
     x = torch.randn(5, 16)
     assert torch.equal(fusion.linear_gelu_tanh(x, linear), nn.functional.gelu(linear(x), approximate="tanh"))
     assert fusion.fused_ops_name() == "plain"
+
+
+def test_launch_math_is_tritons() -> None:
+    """The wrappers' plain-Python launch arithmetic gives what Triton's constexpr functions give."""
+    triton = pytest.importorskip("triton")
+    from rocm_vit.backends.launch_math import cdiv, next_power_of_2
+
+    assert [next_power_of_2(v) for v in range(4200)] == [triton.next_power_of_2(v) for v in range(4200)]
+    pairs = [(a, b) for a in range(0, 1000, 7) for b in (1, 3, 16, 64, 128)]
+    assert [cdiv(a, b) for a, b in pairs] == [triton.cdiv(a, b) for a, b in pairs]
