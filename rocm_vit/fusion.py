@@ -1,4 +1,4 @@
-"""Fused steps of a vision tower: residual add + norm, fc1 + tanh-GELU, position-embedding interpolation.
+"""Fused steps of a vision tower: residual add + norm, fc1 + tanh-GELU, gated SiLU, position-embedding interpolation.
 
 The tower is launch-bound at small images (a 224² image on qwen3-vl-8b ran 12 kernels per block for
 196 tokens) and bandwidth-bound around its GEMMs at large ones, so each kernel removed counts.
@@ -52,6 +52,20 @@ def linear_gelu_tanh(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     return F.gelu(linear(x), approximate="tanh")
 
 
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` ``[N, W]`` for a stacked projection ``gate_up`` ``[N, 2W]`` (gate first).
+
+    Fused: one Triton launch with eager torch's two roundings (the SiLU, then the product); plain:
+    torch's ``F.silu`` and the product.
+    """
+    if _fused_enabled():
+        kernels = _silu_mul_kernels()
+        if kernels.supports(gate_up):
+            return kernels.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def add_position_embedding(
     x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
@@ -94,6 +108,13 @@ def _add_norm_kernels() -> ModuleType:
     from rocm_vit.backends import triton_add_norm
 
     return triton_add_norm
+
+
+@functools.cache
+def _silu_mul_kernels() -> ModuleType:
+    from rocm_vit.backends import triton_silu_mul
+
+    return triton_silu_mul
 
 
 @functools.cache

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-KERNEL_NAMES = ("triton_attn", "triton_add_norm", "triton_rope", "triton_pos_embed")
+KERNEL_NAMES = ("triton_attn", "triton_add_norm", "triton_rope", "triton_pos_embed", "triton_silu_mul")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WAVE_SIZE = 64
 
@@ -155,6 +155,7 @@ class Case:
 def _tower_shapes() -> list[dict[str, Any]]:
     """One entry per distinct tower shape over every preset."""
     from rocm_vit.models.config import preset, preset_names
+    from rocm_vit.models.qwen2_5_vl import padded_intermediate_size
 
     shapes = {}
     for name in preset_names():
@@ -168,6 +169,8 @@ def _tower_shapes() -> list[dict[str, Any]]:
             # Qwen3-VL's deepstack mergers normalise after the merge, over merge² x hidden.
             "merged": config.hidden_size * config.spatial_merge_size**2 if deepstack else None,
             "position_table": getattr(config, "num_position_embeddings", None),
+            # Qwen2.5-VL's gated MLP: silu(gate) * up over its padded width.
+            "gated_width": padded_intermediate_size(config.intermediate_size) if config.hidden_act == "silu" else None,
         }
         shapes.setdefault(tuple(shape.items()), shape)
     return list(shapes.values())
@@ -175,7 +178,7 @@ def _tower_shapes() -> list[dict[str, Any]]:
 
 def _recorded_launches() -> Iterator[tuple[str, Case, tuple, str | None]]:
     """``(kernel, case, (fn, args, kwargs), arch or None for every arch)`` for each wrapper call."""
-    from rocm_vit.backends import triton_add_norm, triton_attn, triton_pos_embed, triton_rope
+    from rocm_vit.backends import triton_add_norm, triton_attn, triton_pos_embed, triton_rope, triton_silu_mul
 
     for dtype_name, dtype in DTYPES.items():
         for shape in _tower_shapes():
@@ -222,6 +225,11 @@ def _recorded_launches() -> Iterator[tuple[str, Case, tuple, str | None]]:
                 call = functools.partial(triton_pos_embed.add_position_embedding_, x, table, taps, weights)
                 label = f"C{hidden}, table {shape['position_table']}, int64 taps"
                 yield "triton_pos_embed", Case(dtype_name, label), _record_one(call), None
+            if shape["gated_width"]:
+                gate_up = torch.empty(4, 2 * shape["gated_width"], dtype=dtype)
+                call = functools.partial(triton_silu_mul.silu_mul, gate_up)
+                label = f"W{shape['gated_width']}, stacked gate+up"
+                yield "triton_silu_mul", Case(dtype_name, label), _record_one(call), None
 
 
 def _qkv_text(fused: bool) -> str:

@@ -12,10 +12,16 @@ from rocm_vit.models.tower import RMSNorm
 
 _INTERPRETER_SCRIPT = """
 import sys, torch
-from rocm_vit.backends import triton_add_norm, triton_pos_embed
+from rocm_vit.backends import triton_add_norm, triton_pos_embed, triton_silu_mul
 cases = torch.load(sys.argv[1])
 out = {}
 for name, case in cases.items():
+    if name.startswith("silu_"):
+        supported = triton_silu_mul.supports(case["gate_up"])
+        out[name] = {"supports": supported}
+        if supported:
+            out[name]["result"] = triton_silu_mul.silu_mul(case["gate_up"])
+        continue
     if name.startswith("pos_"):
         args = (case["x"].clone(), case["table"], case["taps"], case["weights"])
         supported = triton_pos_embed.supports(*args)
@@ -87,7 +93,7 @@ def _reference(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     pytest.importorskip("triton")
-    cases = {**_norm_cases(), **_refused_cases(), **_position_cases()}
+    cases = {**_norm_cases(), **_refused_cases(), **_position_cases(), **_silu_cases()}
     outputs = run_interpreted(_INTERPRETER_SCRIPT, cases, tmp_path_factory.mktemp("add_norm"), {})
     return {name: (cases[name], outputs[name]) for name in cases}
 
@@ -151,6 +157,47 @@ def test_cpu_position_embedding_is_the_plain_interpolation() -> None:
     taps, weights, table, x = case["taps"], case["weights"], case["table"], case["x"]
     expected = x + (table[taps] * weights[:, :, None]).sum(1)
     assert torch.equal(fusion.add_position_embedding(x, table, taps, weights), expected)
+
+
+def _silu_cases() -> dict[str, dict]:
+    generator = torch.Generator().manual_seed(12)
+    cases = {}
+    # Qwen2.5-VL's padded width (3456, whole blocks) and a width with a masked tail (300).
+    for width in (3456, 300):
+        for dtype in (torch.float32, torch.bfloat16):
+            gate_up = (torch.randn(7, 2 * width, generator=generator) * 4).to(dtype)
+            cases[f"silu_{width}_{str(dtype)[6:]}"] = {"gate_up": gate_up}
+    base = cases["silu_300_float32"]["gate_up"]
+    cases["silu_refused_odd_width"] = {"gate_up": base[:, :599].contiguous()}
+    cases["silu_refused_3d"] = {"gate_up": base[None]}
+    cases["silu_refused_not_contiguous"] = {"gate_up": base.t().contiguous().t()}
+    cases["silu_refused_float64"] = {"gate_up": base.double()}
+    return cases
+
+
+@pytest.mark.parametrize("name", [name for name in _silu_cases() if "refused" not in name])
+def test_silu_mul_kernel_matches_the_plain_pair(interpreted, name: str) -> None:
+    case, output = interpreted[name]
+    assert output["supports"]
+    gate_up = case["gate_up"]
+    gate, up = gate_up.chunk(2, dim=1)
+    expected = nn.functional.silu(gate) * up  # eager torch: SiLU rounded, then the product rounded
+    assert output["result"].shape == gate.shape and output["result"].dtype == gate_up.dtype
+    if gate_up.dtype == torch.float32:  # the exponentials may differ in the last fp32 bit
+        torch.testing.assert_close(output["result"], expected, rtol=1e-6, atol=1e-6)
+    else:  # the interpreter truncates its two bf16 casts: up to two ulps
+        torch.testing.assert_close(output["result"].float(), expected.float(), rtol=2**-6, atol=2**-6)
+
+
+@pytest.mark.parametrize("name", [name for name in _silu_cases() if "refused" in name])
+def test_silu_mul_kernel_refuses_what_it_does_not_cover(interpreted, name: str) -> None:
+    assert interpreted[name][1] == {"supports": False}
+
+
+def test_cpu_silu_mul_is_the_plain_pair() -> None:
+    gate_up = torch.randn(5, 32, generator=torch.Generator().manual_seed(13))
+    expected = nn.functional.silu(gate_up[:, :16]) * gate_up[:, 16:]
+    assert torch.equal(fusion.silu_mul(gate_up), expected)
 
 
 @pytest.mark.parametrize("name", list(_refused_cases()))

@@ -229,3 +229,33 @@ def test_qwen25_7b_preset_is_transformers_default_tower_at_its_real_width() -> N
 def test_qwen25_bad_config_is_refused(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         preset("qwen2.5-vl-tiny", **overrides)
+
+
+def test_qwen25_gated_mlp_pads_with_zeros_and_round_trips_transformers_weights() -> None:
+    """The stacked, padded MLP computes transformers' ``Qwen2_5_VLMLP`` and gives its weights back unchanged."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLMLP
+
+    from rocm_vit.models.qwen2_5_vl import GatedMLP
+
+    config = preset("qwen2.5-vl-7b", depth=1, fullatt_block_indexes=[0])  # intermediate 3420 -> 3456
+    generator = torch.Generator().manual_seed(21)
+    ours = GatedMLP(config)
+    width, padded = config.intermediate_size, ours.padded_size
+    assert (width, padded) == (3420, 3456)
+    # Padding is zero from the start, so a randomly initialised tower (bench) computes the same function.
+    assert not ours.gate_up_proj.weight[width:padded].any() and not ours.gate_up_proj.weight[padded + width :].any()
+    assert not ours.gate_up_proj.bias[width:padded].any() and not ours.down_proj.weight[:, width:].any()
+
+    hf = _randomized(Qwen2_5_VLMLP(_hf_qwen25_config(config), bias=True), generator)
+    with torch.no_grad():  # the padding must be overwritten with zeros by the load
+        ours.gate_up_proj.weight.fill_(float("nan"))
+        ours.down_proj.weight.fill_(float("nan"))
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    assert not ours.down_proj.weight[:, width:].any() and not ours.gate_up_proj.bias[padded + width :].any()
+    back = ours.state_dict()
+    assert list(back) == list(hf.state_dict())
+    for name, value in hf.state_dict().items():
+        assert torch.equal(back[name], value), name
+    x = torch.randn(37, config.hidden_size, generator=generator)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(x), rtol=1e-5, atol=1e-5)

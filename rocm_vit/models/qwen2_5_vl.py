@@ -1,7 +1,8 @@
 """Qwen2.5-VL vision tower: windowed attention in most blocks, full attention in ``fullatt_block_indexes``.
 
-Parameter names and shapes equal transformers' ``Qwen2_5_VisionTransformerPretrainedModel``, so the
-vision weights of an HF checkpoint load unchanged.
+``state_dict`` names and shapes equal transformers' ``Qwen2_5_VisionTransformerPretrainedModel``, so
+the vision weights of an HF checkpoint load unchanged (the MLP holds them stacked and padded inside,
+see ``GatedMLP``).
 
 Window attention needs the tokens of each 112 x 112 px window (4 x 4 merge blocks) side by side.
 As in transformers, ``embed`` permutes the patch embeddings and the rotary positions into window
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from rocm_vit.attention import AttnArgs
-from rocm_vit.fusion import add_norm
+from rocm_vit.fusion import add_norm, silu_mul
 from rocm_vit.layout import VisionLayout, permute_merge_blocks, to_device_async
 from rocm_vit.models.config import Qwen25VLVisionConfig
 from rocm_vit.models.positions import rotary_position_ids
@@ -83,17 +84,90 @@ class Qwen25VLVisionTower(VisionTower):
 
 
 class GatedMLP(nn.Module):
-    """``down_proj(act(gate_proj(x)) * up_proj(x))``, with biases (transformers' ``Qwen2_5_VLMLP``)."""
+    """``down_proj(act(gate_proj(x)) * up_proj(x))``, with biases (transformers' ``Qwen2_5_VLMLP``).
+
+    Held as one stacked ``gate_up_proj`` GEMM and a ``down_proj``, at a width padded with zeros to a
+    multiple of 64. Qwen2.5-VL's intermediate size, 3420, is not a multiple of 8, so a bf16 row of
+    the activation is not 16-byte aligned, and cuBLAS ran gate, up and down with sm80 ``align2``
+    kernels: 21, 21 and 29 us per block on an H200 at one 224² image, where an aligned GEMM of the
+    same size takes 6-8 (docs/benchmarks.md, sixth round). Padded columns have zero weights and
+    biases, so they compute ``act(0) * 0 = 0`` and meet zero columns of ``down_proj``: the same
+    function. ``state_dict`` and ``load_state_dict`` speak transformers' names and shapes, so HF
+    checkpoints load unchanged and the padding never leaves the module.
+    """
 
     def __init__(self, config: Qwen25VLVisionConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=True)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=True)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=True)
+        self.intermediate_size = config.intermediate_size
+        self.padded_size = padded_intermediate_size(config.intermediate_size)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.padded_size, bias=True)
+        self.down_proj = nn.Linear(self.padded_size, config.hidden_size, bias=True)
+        self.hidden_act = config.hidden_act
         self.act_fn = ACTIVATIONS[config.hidden_act]
+        with torch.no_grad():
+            self.gate_up_proj.weight.copy_(self._stack(*self._unstack(self.gate_up_proj.weight)))
+            self.gate_up_proj.bias.copy_(self._stack(*self._unstack(self.gate_up_proj.bias)))
+            self.down_proj.weight[:, self.intermediate_size :] = 0
+        self.register_state_dict_post_hook(_to_transformers)
+        self.register_load_state_dict_pre_hook(_from_transformers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)
+        if self.hidden_act == "silu":  # Qwen2.5-VL's: one kernel where the GPU can
+            return self.down_proj(silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+    def _unstack(self, stacked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' gate and up rows (views) of a stacked, padded weight or bias."""
+        width, padded = self.intermediate_size, self.padded_size
+        return stacked[:width], stacked[padded : padded + width]
+
+    def _stack(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """transformers' gate and up rows stacked at the padded width, zeros between and after."""
+        padded = self.padded_size
+        stacked = gate.new_zeros((2 * padded, *gate.shape[1:]))
+        stacked[: gate.shape[0]] = gate
+        stacked[padded : padded + up.shape[0]] = up
+        return stacked
+
+
+def padded_intermediate_size(size: int) -> int:
+    """The gated MLP's width as held: a multiple of 64 (16-byte rows in every dtype, whole 64-column tiles)."""
+    return -(-size // 64) * 64
+
+
+_TRANSFORMERS_NAMES = ("gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias")
+
+
+def _to_transformers(module: GatedMLP, state: dict, prefix: str, local_metadata: dict) -> None:
+    """``state_dict`` hook: the stacked, padded weights back to transformers' names and shapes (in its order)."""
+    gate_weight, up_weight = module._unstack(state.pop(prefix + "gate_up_proj.weight"))
+    gate_bias, up_bias = module._unstack(state.pop(prefix + "gate_up_proj.bias"))
+    down_weight = state.pop(prefix + "down_proj.weight")[:, : module.intermediate_size].contiguous()
+    down_bias = state.pop(prefix + "down_proj.bias")
+    values = (gate_weight, gate_bias, up_weight, up_bias)
+    state.update({prefix + name: value for name, value in zip(_TRANSFORMERS_NAMES, values, strict=True)})
+    state[prefix + "down_proj.weight"] = down_weight
+    state[prefix + "down_proj.bias"] = down_bias
+
+
+def _from_transformers(module: GatedMLP, state: dict, prefix: str, *args: object) -> None:
+    """``load_state_dict`` pre-hook: transformers' gate, up and down weights into the stacked, padded ones.
+
+    Keys already in rocm-vit's own layout, or missing, are left for ``load_state_dict`` to judge.
+    """
+    names = [prefix + name for name in _TRANSFORMERS_NAMES]
+    if not all(name in state for name in names):
+        return
+    gate_weight, gate_bias, up_weight, up_bias = (state.pop(name) for name in names)
+    state[prefix + "gate_up_proj.weight"] = module._stack(gate_weight, up_weight)
+    state[prefix + "gate_up_proj.bias"] = module._stack(gate_bias, up_bias)
+    down_weight = state.get(prefix + "down_proj.weight")
+    if down_weight is not None and down_weight.shape[-1] == module.intermediate_size:
+        padded = down_weight.new_zeros((down_weight.shape[0], module.padded_size))
+        padded[:, : module.intermediate_size] = down_weight
+        state[prefix + "down_proj.weight"] = padded
 
 
 class PatchMerger(nn.Module):

@@ -114,6 +114,26 @@ def test_linear_gelu_tanh_is_at_least_as_accurate_as_the_plain_pair(fused_ops) -
     assert errors[True] <= errors[False] * 1.05, errors
 
 
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_silu_mul_rounds_like_torch(fused_ops, dtype: torch.dtype) -> None:
+    assert fused_ops(True) == "fused"
+    generator = torch.Generator(device=DEVICE).manual_seed(13)
+    # Qwen2.5-VL's stacked gate+up at its padded width, 333 rows.
+    gate_up = (torch.randn(333, 2 * 3456, generator=generator, device=DEVICE) * 4).to(dtype)
+    torch.full((64 << 20,), float("nan"), device=DEVICE)  # freed at once: the output may land on NaNs
+    fused = fusion.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=1)
+    plain = F.silu(gate) * up
+    assert fused.shape == plain.shape and fused.dtype == dtype and not fused.isnan().any()
+    # The same two roundings; only the exponential may differ (by an fp32 ulp before the first one),
+    # which moves a rare element by an ulp of the dtype, and by two after the product.
+    one_ulp = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 2**-20}[dtype]  # fp32: a few ulps
+    torch.testing.assert_close(fused.float(), plain.float(), rtol=2 * one_ulp, atol=0)
+    if dtype != torch.float32:  # in fp32 the exponentials' last bits show in many elements
+        assert (fused != plain).float().mean().item() < 0.01
+
+
 def _tower_errors(fused_ops, name: str, overrides: dict, grid) -> dict[bool, float]:
     """Relative L2 error against the fp32 tower of the bf16 tower with fused ops on and off."""
     torch.manual_seed(0)
