@@ -141,10 +141,18 @@ def test_position_kernel_matches_the_plain_interpolation(interpreted, name: str)
     assert output["supports"]
     taps, weights, table, x = case["taps"], case["weights"], case["table"], case["x"]
     expected = x + (nn.functional.embedding(taps, table) * weights[:, :, None]).sum(1).to(x.dtype)
-    if x.dtype == torch.float32:
-        torch.testing.assert_close(output["result"], expected, rtol=1e-6, atol=1e-6)
-    else:  # the interpreter truncates its two bf16 casts: up to two ulps
-        torch.testing.assert_close(output["result"].float(), expected.float(), rtol=2**-6, atol=2**-6)
+    _assert_interpreted_close(output["result"], expected)
+
+
+def _assert_interpreted_close(result: torch.Tensor, expected: torch.Tensor) -> None:
+    """An interpreted kernel with two roundings against eager torch: fp32 to its last bits (the
+    exponentials and sum orders may differ there); bf16 within two ulps, since the interpreter
+    truncates its bf16 casts where a GPU rounds them."""
+    assert result.dtype == expected.dtype
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(result, expected, rtol=1e-6, atol=1e-6)
+    else:
+        torch.testing.assert_close(result.float(), expected.float(), rtol=2**-6, atol=2**-6)
 
 
 @pytest.mark.parametrize("name", [name for name in _position_cases() if "refused" in name])
@@ -182,11 +190,8 @@ def test_silu_mul_kernel_matches_the_plain_pair(interpreted, name: str) -> None:
     gate_up = case["gate_up"]
     gate, up = gate_up.chunk(2, dim=1)
     expected = nn.functional.silu(gate) * up  # eager torch: SiLU rounded, then the product rounded
-    assert output["result"].shape == gate.shape and output["result"].dtype == gate_up.dtype
-    if gate_up.dtype == torch.float32:  # the exponentials may differ in the last fp32 bit
-        torch.testing.assert_close(output["result"], expected, rtol=1e-6, atol=1e-6)
-    else:  # the interpreter truncates its two bf16 casts: up to two ulps
-        torch.testing.assert_close(output["result"].float(), expected.float(), rtol=2**-6, atol=2**-6)
+    assert output["result"].shape == gate.shape
+    _assert_interpreted_close(output["result"], expected)
 
 
 @pytest.mark.parametrize("name", [name for name in _silu_cases() if "refused" in name])
