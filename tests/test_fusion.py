@@ -170,8 +170,8 @@ def test_cpu_position_embedding_is_the_plain_interpolation() -> None:
 def _silu_cases() -> dict[str, dict]:
     generator = torch.Generator().manual_seed(12)
     cases = {}
-    # Qwen2.5-VL's padded width (3456, whole blocks) and a width with a masked tail (300).
-    for width in (3456, 300):
+    # Qwen2.5-VL's padded width (3424: three whole blocks and a masked tail) and a single short block (300).
+    for width in (3424, 300):
         for dtype in (torch.float32, torch.bfloat16):
             gate_up = (torch.randn(7, 2 * width, generator=generator) * 4).to(dtype)
             cases[f"silu_{width}_{str(dtype)[6:]}"] = {"gate_up": gate_up}

@@ -87,10 +87,10 @@ class GatedMLP(nn.Module):
     """``down_proj(act(gate_proj(x)) * up_proj(x))``, with biases (transformers' ``Qwen2_5_VLMLP``).
 
     Held as one stacked ``gate_up_proj`` GEMM and a ``down_proj``, at a width padded with zeros to a
-    multiple of 64. Qwen2.5-VL's intermediate size, 3420, is not a multiple of 8, so a bf16 row of
-    the activation is not 16-byte aligned, and cuBLAS ran gate, up and down with sm80 ``align2``
-    kernels: 21, 21 and 29 us per block on an H200 at one 224² image, where an aligned GEMM of the
-    same size takes 6-8 (docs/benchmarks.md, sixth round). Padded columns have zero weights and
+    multiple of 8 (3424). Qwen2.5-VL's intermediate size, 3420, is not one, so a bf16 row of the
+    activation is not 16-byte aligned, and cuBLAS ran gate, up and down with sm80 ``align2``
+    kernels: 21, 21 and 29 us per block on an H200 at one 224² image, where the aligned GEMMs take
+    5-9 (docs/benchmarks.md, sixth round; SGLang pads its vision MLP the same way). Padded columns have zero weights and
     biases, so they compute ``act(0) * 0 = 0`` and meet zero columns of ``down_proj``: the same
     function. ``state_dict`` and ``load_state_dict`` speak transformers' names and shapes, so HF
     checkpoints load unchanged and the padding never leaves the module.
@@ -133,8 +133,11 @@ class GatedMLP(nn.Module):
 
 
 def padded_intermediate_size(size: int) -> int:
-    """The gated MLP's width as held: a multiple of 64 (16-byte rows in every dtype, whole 64-column tiles)."""
-    return -(-size // 64) * 64
+    """The gated MLP's width as held: a multiple of 8, so rows are 16-byte aligned in every dtype.
+
+    A multiple of 64 (3456) measured the same within 2 % on the H200 (docs/benchmarks.md).
+    """
+    return -(-size // 8) * 8
 
 
 _TRANSFORMERS_NAMES = ("gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias")

@@ -120,7 +120,7 @@ def test_silu_mul_rounds_like_torch(fused_ops, dtype: torch.dtype) -> None:
     assert fused_ops(True) == "fused"
     generator = torch.Generator(device=DEVICE).manual_seed(13)
     # Qwen2.5-VL's stacked gate+up at its padded width, 333 rows.
-    gate_up = (torch.randn(333, 2 * 3456, generator=generator, device=DEVICE) * 4).to(dtype)
+    gate_up = (torch.randn(333, 2 * 3424, generator=generator, device=DEVICE) * 4).to(dtype)
     torch.full((64 << 20,), float("nan"), device=DEVICE)  # freed at once: the output may land on NaNs
     fused = fusion.silu_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=1)
