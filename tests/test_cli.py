@@ -231,6 +231,50 @@ def test_bench_json_and_table_name_the_version_and_the_build_commit(
     assert "  commit 0123abcd-stamped  " in format_report(report).splitlines()[0]
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        # Kernels the H200 ran (sixth round's profiles) ...
+        ("nvjet_sm90_tst_64x40_64x16_4x2_h_bz_bias_TNT", "gemm"),
+        ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x128_64x3_tn_align2>", "gemm"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128", "attention"),
+        ("_varlen_attn_fwd", "attention"),
+        ("_add_norm_kernel", "norm"),
+        ("_rotary_kernel", "rotary"),
+        ("Memset (Device)", "memory"),
+        ("_silu_mul_kernel", "other"),
+        ("void at::native::vectorized_elementwise_kernel<8, at::native::GeluCUDAKernelImpl", "other"),
+        # ... ROCm's (hipBLASLt / rocBLAS Tensile, aiter's CK attention) and aten operators on a CPU.
+        ("Cijk_Alik_Bljk_BBS_BH_MT128x128x64_MI16x16x16x1_SN_1LDSB0", "gemm"),
+        ("fmha_fwd_hd128_bf16_batch_b128x128x32", "attention"),
+        ("aten::addmm", "gemm"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+        ("aten::native_layer_norm", "norm"),
+        ("aten::mul", "other"),
+    ],
+)
+def test_kernel_class_sorts_real_kernel_names(name: str, kind: str) -> None:
+    from rocm_vit.cli.breakdown import kernel_class
+
+    assert kernel_class(name) == kind
+
+
+def test_bench_breakdown_splits_the_forward_by_kernel_class(capsys: pytest.CaptureFixture[str]) -> None:
+    from rocm_vit.cli.breakdown import KERNEL_CLASSES
+
+    assert main(["bench", "--layouts", "1x64,1x224", "--repeats", "1", "--breakdown", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    for row in rows:
+        breakdown = row["breakdown"]
+        assert set(breakdown) == {*KERNEL_CLASSES, "total"}
+        assert breakdown["total"] == pytest.approx(sum(breakdown[kind] for kind in KERNEL_CLASSES))
+        # The tiny tower on a CPU: its linear layers and attention are there, and take time.
+        assert breakdown["gemm"] > 0 and breakdown["attention"] > 0
+    assert main(["bench", "--layouts", "1x64", "--repeats", "1", "--breakdown"]) == 0
+    table = capsys.readouterr().out
+    assert "kernel time per forward" in table and "attention" in table.splitlines()[-2]
+
+
 # bench-memory -----------------------------------------------------------------------------------
 
 

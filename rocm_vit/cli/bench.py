@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from rocm_vit.cli.breakdown import format_breakdown, kernel_breakdown
 from rocm_vit.cli.workload import (
     NAMED_SWEEPS,
     Workload,
@@ -46,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-graphs", action="store_true", help="eager column only")
     parser.add_argument("--baseline", choices=["transformers"], help="add transformers' own vision model, same weights")
     parser.add_argument("--plot", type=Path, help="write latency against patches to this PNG")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also profile each layout's kernels: time per forward in GEMMs, attention, norms, rotary, memory, other",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
@@ -69,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         for index, workload in enumerate(progress(workloads, "layouts", "layout")):
             pixels = random_pixels(workload, tower.config, device, args.seed + index).to(dtype)
-            rows.append(_measure(tower, baseline, workload, pixels, repeats, graphs))
+            rows.append(_measure(tower, baseline, workload, pixels, repeats, graphs, args.breakdown))
     report = {
         **build_info(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
@@ -97,6 +103,7 @@ def _measure(
     pixels: torch.Tensor,
     repeats: int,
     graphs: bool,
+    breakdown: bool = False,
 ) -> dict:
     device = pixels.device
     grid = list(workload.grid_thw)
@@ -119,6 +126,8 @@ def _measure(
     if baseline is not None:
         grid_tensor = torch.tensor(grid, device=device)
         row["transformers_ms"] = median_ms(lambda: baseline(pixels, grid_tensor), device, repeats)
+    if breakdown:
+        row["breakdown"] = kernel_breakdown(lambda: tower(pixels, grid, use_graphs=False), device)
     row["check"] = check
     return row
 
@@ -182,6 +191,8 @@ def format_report(report: dict) -> str:
             f"graph staging {runner['staging_bytes'] / 2**20:.0f} MiB  "
             f"peak reserved {report['peak_reserved_bytes'] / 2**20:.0f} MiB"
         )
+    if rows and "breakdown" in rows[0]:
+        lines.append(format_breakdown(rows))
     return "\n".join(lines)
 
 

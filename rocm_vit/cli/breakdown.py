@@ -1,0 +1,77 @@
+"""Where a forward's device time goes, by kind of kernel: ``rocm-vit bench --breakdown``.
+
+A replay costs its kernels plus a little host work, so the kernel time per class says what an
+optimisation can win: at one 224² image on an H200, GEMMs were 74 % of Qwen3-VL-8B's kernel time
+and 86 % of Qwen2.5-VL-7B's (docs/benchmarks.md, sixth round). The eager forward is profiled (it
+runs the same kernels as the graph) with the torch profiler: device kernels on a GPU (CUDA, or HIP
+through the same profiler API), the operators' own CPU time on a CPU.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+
+KERNEL_CLASSES = ("gemm", "attention", "norm", "rotary", "memory", "other")
+
+# First match wins: attention kernels are often built from CUTLASS or named after their GEMMs.
+_PATTERNS = (
+    ("attention", re.compile(r"attn|attention|fmha|flash|sdpa|softmax")),
+    # cuBLAS(Lt) (nvjet, cutlass, sm90_xmma, gemm), rocBLAS / hipBLASLt (Cijk_...), aten ops on a CPU.
+    ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|cijk_|matmul|addmm|aten::mm$|aten::bmm|aten::linear")),
+    ("norm", re.compile(r"norm")),
+    ("rotary", re.compile(r"rotary|rope")),
+    ("memory", re.compile(r"memset|memcpy|copy|catarray|aten::cat$|fill")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """One of ``KERNEL_CLASSES`` for a kernel (or, on a CPU, an aten operator) name."""
+    lowered = name.lower()
+    for kind, pattern in _PATTERNS:
+        if pattern.search(lowered):
+            return kind
+    return "other"
+
+
+def kernel_breakdown(fn: Callable[[], object], device: torch.device, calls: int = 5) -> dict[str, float]:
+    """Milliseconds per call of ``fn`` in each of ``KERNEL_CLASSES``, and their ``"total"``.
+
+    ``fn`` runs once unprofiled (warm-up), then ``calls`` times under the profiler.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = device.type == "cuda"
+    fn()
+    activity = ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU
+    with profile(activities=[activity]) as profiler:
+        for _ in range(calls):
+            fn()
+        if on_gpu:
+            torch.cuda.synchronize(device)
+    totals = dict.fromkeys(KERNEL_CLASSES, 0.0)
+    for event in profiler.key_averages():
+        if on_gpu and event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        microseconds = event.self_device_time_total if on_gpu else event.self_cpu_time_total
+        totals[kernel_class(event.key)] += microseconds / 1e3 / calls
+    totals["total"] = sum(totals[kind] for kind in KERNEL_CLASSES)
+    return totals
+
+
+def format_breakdown(rows: list[dict]) -> str:
+    """``layout  total ms  gemm ms (share)  ...`` for rows that carry a ``breakdown``."""
+    lines = ["kernel time per forward, ms (share of the total):"]
+    header = ["layout", "total", *KERNEL_CLASSES]
+    cells = []
+    for row in rows:
+        breakdown = row["breakdown"]
+        total = breakdown["total"] or 1.0
+        shares = [f"{breakdown[kind]:.3f} ({100 * breakdown[kind] / total:.0f}%)" for kind in KERNEL_CLASSES]
+        cells.append([row["layout"], f"{breakdown['total']:.3f}", *shares])
+    widths = [max(len(title), *(len(line[i]) for line in cells)) for i, title in enumerate(header)]
+    lines.append("  ".join(title.rjust(width) for title, width in zip(header, widths, strict=True)))
+    lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
+    return "\n".join(lines)
