@@ -90,9 +90,9 @@ class GatedMLP(nn.Module):
     multiple of 8 (3424). Qwen2.5-VL's intermediate size, 3420, is not one, so a bf16 row of the
     activation is not 16-byte aligned, and cuBLAS ran gate, up and down with sm80 ``align2``
     kernels: 21, 21 and 29 us per block on an H200 at one 224² image, where the aligned GEMMs take
-    5-9 (docs/benchmarks.md, sixth round; SGLang pads its vision MLP the same way). Padded columns have zero weights and
-    biases, so they compute ``act(0) * 0 = 0`` and meet zero columns of ``down_proj``: the same
-    function. ``state_dict`` and ``load_state_dict`` speak transformers' names and shapes, so HF
+    5-9 (docs/benchmarks.md, sixth round; SGLang pads its vision MLP the same way). Padded columns
+    have zero weights and biases, so they compute ``act(0) * 0 = 0`` and meet zero columns of
+    ``down_proj``: the same function. ``state_dict`` and ``load_state_dict`` speak transformers' names and shapes, so HF
     checkpoints load unchanged and the padding never leaves the module.
     """
 
