@@ -22,6 +22,7 @@ from rocm_vit.cli.workload import (
     parse_layouts,
     progress,
     random_pixels,
+    table_lines,
 )
 from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
@@ -174,15 +175,13 @@ def format_report(report: dict) -> str:
         columns.append(("transformers_ms", "transformers ms", "{:.2f}"))
     columns.append(("check", "check", "{}"))
     cells = [[fmt.format(row[key]) for key, _, fmt in columns] for row in rows]
-    widths = [max(len(title), *(len(line[i]) for line in cells)) for i, (_, title, _) in enumerate(columns)]
     lines = [
         f"rocm-vit {report['rocm_vit']} bench  {report['date']}  {report['device']}  commit {report['commit']}  "
         f"torch {report['torch']}",
         f"preset {report['preset']}  {report['dtype']}  attention {report['attention_backend']}  "
         f"median of {report['repeats']}",
-        "  ".join(title.rjust(width) for (_, title, _), width in zip(columns, widths, strict=True)),
+        *table_lines([title for _, title, _ in columns], cells),
     ]
-    lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
     runner = report["runner"]
     if runner:
         lines.append(

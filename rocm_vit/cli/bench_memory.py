@@ -46,6 +46,7 @@ from rocm_vit.cli.workload import (
     mixed_stream,
     progress,
     revisiting_workloads,
+    table_lines,
 )
 from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SIGHTINGS
 from rocm_vit.models import VisionTower, preset_names
@@ -498,7 +499,6 @@ def format_table(report: dict) -> str:
         (scenario, metric, value, target, "" if met is None else "yes" if met else "NO")
         for scenario, metric, value, target, met in table_rows(report)
     ]
-    widths = [max(len(title), *(len(line[i]) for line in cells)) for i, title in enumerate(ROW_FIELDS)]
     defaults = report["graph_defaults"]
     lines = [
         f"rocm-vit {report['rocm_vit']} bench-memory  {report['date']}  {report['device']}  "
@@ -507,9 +507,8 @@ def format_table(report: dict) -> str:
         f"budget {_mib(report['budget_bytes'])}  graph defaults: capacity {defaults['capacity']}, "
         f"min sightings {defaults['min_sightings']}, max tokens {defaults['max_tokens']}  "
         f"sides up to {report['max_side_px']} px  seed {report['seed']}",
-        "  ".join(title.ljust(width) for title, width in zip(ROW_FIELDS, widths, strict=True)).rstrip(),
+        *table_lines(ROW_FIELDS, cells, left=True),
     ]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in cells]
     streams = report["scenarios"].get("streams", {})
     lines += [f"streams: {failure}" for failure in streams.get("failures", [])]
     if streams.get("mismatched_layouts"):

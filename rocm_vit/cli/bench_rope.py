@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 
 import torch
 
+from rocm_vit.cli.workload import table_lines
+
 logger = logging.getLogger(__name__)
 
 RotaryFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
@@ -114,15 +116,13 @@ def format_report(report: dict) -> str:
     cells = [
         [str(row["tokens"]), str(row["head_dim"]), *(_cell(row, name) for name in names)] for row in report["rows"]
     ]
-    widths = [max(len(title), *(len(line[i]) for line in cells)) for i, title in enumerate(header)]
     lines += [
         f"rocm-vit bench-rope  {report['date']}  {report['device']}  torch {report['torch']}  "
         f"triton {report['triton']}",
         f"{report['dtype']}, {report['heads']} q heads, {report['kv_heads']} k heads; "
         f"copy {report['copy_tb_per_s']:.2f} TB/s (read + write); median device time under CUDA graphs",
-        "  ".join(title.rjust(width) for title, width in zip(header, widths, strict=True)),
+        *table_lines(header, cells),
     ]
-    lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
     lines += [f"skipped {name}: {reason}" for name, reason in report["skipped"].items()]
     return "\n".join(lines)
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from rocm_vit.cli.workload import table_lines
+
 KERNEL_CLASSES = ("gemm", "attention", "norm", "rotary", "memory", "other")
 
 # First match wins: attention kernels are often built from CUTLASS or named after their GEMMs.
@@ -71,7 +73,4 @@ def format_breakdown(rows: list[dict]) -> str:
         total = breakdown["total"] or 1.0
         shares = [f"{breakdown[kind]:.3f} ({100 * breakdown[kind] / total:.0f}%)" for kind in KERNEL_CLASSES]
         cells.append([row["layout"], f"{breakdown['total']:.3f}", *shares])
-    widths = [max(len(title), *(len(line[i]) for line in cells)) for i, title in enumerate(header)]
-    lines.append("  ".join(title.rjust(width) for title, width in zip(header, widths, strict=True)))
-    lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
-    return "\n".join(lines)
+    return "\n".join(lines + table_lines(header, cells))

@@ -7,7 +7,7 @@ import logging
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -266,6 +266,17 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warm
         _synchronize(device)
         samples.append((time.perf_counter() - started) * 1e3)
     return statistics.median(samples)
+
+
+def table_lines(header: Sequence[str], cells: Sequence[Sequence[str]], left: bool = False) -> list[str]:
+    """A header line and one line per row, columns as wide as their widest cell, two spaces apart.
+
+    Right-aligned (numbers) by default; ``left`` aligns left and drops trailing spaces.
+    """
+    widths = [max(len(title), *(len(line[i]) for line in cells)) for i, title in enumerate(header)]
+    if left:
+        return ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *cells]]
+    return ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in [header, *cells]]
 
 
 def int_list(text: str) -> list[int]:
