@@ -53,6 +53,12 @@ PROBED_MODULES = ("triton", "aiter", "flash_attn.cute", "torch.nn.attention.varl
 # plus a memset; 4x196: 8.5 vs 11.1; 16x256: 25.0 vs 25.5), and many or short ragged segments pay one
 # SDPA launch each (16 segments: 1.0 ms) where one triton_attn launch takes 0.20 ms. cuDNN also plans
 # each new shape on its first call (50-250 ms); under graphs the warm-up pays it once per layout.
+# cuDNN leads only where every segment is a whole number of ALIGNMENT_TOKENS-token tiles (1024 ...
+# 16384 tokens, 2x8192); a partial last tile costs it more than it costs triton_attn: 1x8160 0.94 vs
+# 0.90 ms, 2x8160 1.89 vs 1.78, 1x14400 2.93 vs 2.71, 1x47376 31.0 vs 29.2, 1x1600 and 1x3136 5-7 %
+# (the fifth round's `rocm-vit tune`; the seventh round's three runs agree, 1x8160 a tie). Most photos
+# are not whole tiles (docs/long-sequences.md). The one exception seen: 1x5184 (40.5 tiles), 3 % to
+# cuDNN. Only against triton_attn: torch's varlen kernel is slower than cuDNN at every length.
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
 # FlashAttention-4 (where installed on sm_90+) when the longest segment has at least this many
@@ -385,13 +391,20 @@ def pick_cuda_backend(
     ``long_name`` (FlashAttention-4, where installed) when the longest segment has at least
     ``CUDA_FA4_MIN_LONGEST_TOKENS`` tokens. Otherwise SDPA when every segment has at least
     ``CUDA_SDPA_MIN_SEGMENT_TOKENS`` tokens and it runs as one batched call (all equally long) or as
-    a few calls; the one-launch varlen kernel otherwise.
+    a few calls, and, against ``triton_attn``, every segment is a whole number of
+    ``ALIGNMENT_TOKENS`` tokens; the one-launch varlen kernel otherwise.
     """
     lengths = [operator.index(length) for length in seq_lens]
     if long_name is not None and max(lengths) >= CUDA_FA4_MIN_LONGEST_TOKENS:
         return long_name, f"longest of {len(lengths)} segments has {max(lengths)} tokens: {long_name}"
     if min(lengths) < CUDA_SDPA_MIN_SEGMENT_TOKENS:
         return varlen_name, f"shortest of {len(lengths)} segments has {min(lengths)} tokens: one varlen launch"
+    partial = [length for length in lengths if length % ALIGNMENT_TOKENS]
+    if varlen_name == "triton_attn" and partial:
+        return varlen_name, (
+            f"{len(partial)} of {len(lengths)} segments ({partial[0]} tokens) end in a partial "
+            f"{ALIGNMENT_TOKENS}-token tile, where triton_attn beats cuDNN"
+        )
     if len(set(lengths)) == 1:
         return "sdpa", f"{len(lengths)} equal segments: one batched SDPA call"
     if len(lengths) <= CUDA_SDPA_MAX_SEGMENTS:

@@ -523,10 +523,24 @@ def test_unknown_backend_lists_the_known_ones():
         ((4096, 64), "triton_attn"),
         ((1024, 1088, 1152, 1216, 1280), "triton_attn"),
         ((64, 100, 256), "triton_attn"),
+        # Photos: segments that end in a partial 128-token tile go to triton_attn.
+        ((8160,), "triton_attn"),
+        ((8160, 8160), "triton_attn"),
+        ((14400,), "triton_attn"),
+        ((47376,), "triton_attn"),
+        ((8192, 8160), "triton_attn"),
+        ((2304,), "sdpa"),
+        ((8192, 8192), "sdpa"),
     ],
 )
 def test_cuda_rule_from_host_lengths(seq_lens, expected):
     assert pick_cuda_backend(seq_lens)[0] == expected
+
+
+@pytest.mark.parametrize(("seq_lens", "expected"), [((8160,), "sdpa"), ((12800,), "sdpa"), ((196,), "torch_varlen")])
+def test_cuda_rule_partial_tiles_only_against_triton_attn(seq_lens, expected):
+    # torch's varlen kernel is slower than cuDNN at every long length: a partial tile keeps SDPA.
+    assert pick_cuda_backend(seq_lens, "torch_varlen")[0] == expected
 
 
 @pytest.mark.parametrize(
@@ -536,7 +550,8 @@ def test_cuda_rule_from_host_lengths(seq_lens, expected):
         ((8192, 8192), "fa4"),
         ((4096, 64), "fa4"),  # one long segment is enough: fa4 is one launch for any mix
         ((2048,), "fa4"),
-        ((2047,), "sdpa"),
+        ((1920,), "sdpa"),
+        ((2047,), "triton_attn"),  # below fa4's threshold and a partial tile
         ((1024,) * 8, "sdpa"),
         ((196,), "triton_attn"),
         ((256,) * 16, "triton_attn"),
