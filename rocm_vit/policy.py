@@ -456,7 +456,9 @@ def _default_attention(facts: Facts, settings: Settings) -> tuple[FixedRule | Cu
         )
         reason = (
             f"CUDA: per layout, {long_rule}SDPA when every segment has >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens "
-            f"and they are equal or <= {CUDA_SDPA_MAX_SEGMENTS}, else {varlen}"
+            f"and they are equal or <= {CUDA_SDPA_MAX_SEGMENTS}"
+            + (f" and whole {ALIGNMENT_TOKENS}-token tiles" if varlen == "triton_attn" else "")
+            + f", else {varlen}"
         )
         return CudaRule(varlen, "fa4" if fa4_missing is None else None), reason
     return FixedRule("sdpa"), f"{platform}: per-sequence scaled_dot_product_attention"

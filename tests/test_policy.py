@@ -83,6 +83,9 @@ def test_reasons_name_what_decided():
     assert "emulated ROCm" in resolve_policy(EMULATED, AITER_ON).gelu_epilogue.reason
     bare = resolve_policy(dataclasses.replace(CUDA, modules=frozenset()), Settings())
     assert "Triton is not importable" in bare.rotary.reason and "torch_varlen" not in bare.attention.reason
+    # The CUDA rule's reason says when cuDNN is kept: whole tiles only matter against triton_attn.
+    assert "whole 128-token tiles, else triton_attn" in resolve_policy(CUDA, Settings()).attention.reason
+    assert "tiles" not in bare.attention.reason
     assert resolve_policy(CUDA, Settings(graph_max_tokens=0)).graph_max_tokens.reason.startswith("set by SGLANG_VIT")
 
 
