@@ -59,6 +59,7 @@ PROBED_MODULES = ("triton", "aiter", "flash_attn.cute", "torch.nn.attention.varl
 # (the fifth round's `rocm-vit tune`; the seventh round's three runs agree, 1x8160 a tie). Most photos
 # are not whole tiles (docs/long-sequences.md). The one exception seen: 1x5184 (40.5 tiles), 3 % to
 # cuDNN. Only against triton_attn: torch's varlen kernel is slower than cuDNN at every length.
+CUDA_PARTIAL_TILE_VARLEN = "triton_attn"
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
 # FlashAttention-4 (where installed on sm_90+) when the longest segment has at least this many
@@ -391,7 +392,7 @@ def pick_cuda_backend(
     ``long_name`` (FlashAttention-4, where installed) when the longest segment has at least
     ``CUDA_FA4_MIN_LONGEST_TOKENS`` tokens. Otherwise SDPA when every segment has at least
     ``CUDA_SDPA_MIN_SEGMENT_TOKENS`` tokens and it runs as one batched call (all equally long) or as
-    a few calls, and, against ``triton_attn``, every segment is a whole number of
+    a few calls, and, against ``CUDA_PARTIAL_TILE_VARLEN``, every segment is a whole number of
     ``ALIGNMENT_TOKENS`` tokens; the one-launch varlen kernel otherwise.
     """
     lengths = [operator.index(length) for length in seq_lens]
@@ -399,11 +400,11 @@ def pick_cuda_backend(
         return long_name, f"longest of {len(lengths)} segments has {max(lengths)} tokens: {long_name}"
     if min(lengths) < CUDA_SDPA_MIN_SEGMENT_TOKENS:
         return varlen_name, f"shortest of {len(lengths)} segments has {min(lengths)} tokens: one varlen launch"
-    partial = [length for length in lengths if length % ALIGNMENT_TOKENS]
-    if varlen_name == "triton_attn" and partial:
+    partial = [n for n in lengths if n % ALIGNMENT_TOKENS] if varlen_name == CUDA_PARTIAL_TILE_VARLEN else []
+    if partial:
         return varlen_name, (
             f"{len(partial)} of {len(lengths)} segments ({partial[0]} tokens) end in a partial "
-            f"{ALIGNMENT_TOKENS}-token tile, where triton_attn beats cuDNN"
+            f"{ALIGNMENT_TOKENS}-token tile, where {varlen_name} beats cuDNN"
         )
     if len(set(lengths)) == 1:
         return "sdpa", f"{len(lengths)} equal segments: one batched SDPA call"
@@ -457,7 +458,7 @@ def _default_attention(facts: Facts, settings: Settings) -> tuple[FixedRule | Cu
         reason = (
             f"CUDA: per layout, {long_rule}SDPA when every segment has >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens "
             f"and they are equal or <= {CUDA_SDPA_MAX_SEGMENTS}"
-            + (f" and whole {ALIGNMENT_TOKENS}-token tiles" if varlen == "triton_attn" else "")
+            + (f" and whole {ALIGNMENT_TOKENS}-token tiles" if varlen == CUDA_PARTIAL_TILE_VARLEN else "")
             + f", else {varlen}"
         )
         return CudaRule(varlen, "fa4" if fa4_missing is None else None), reason
