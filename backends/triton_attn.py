@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .launch_math import cdiv, next_power_of_2
+from .varlen_args import check_varlen_inputs, varlen_output
 
 _LOG2_E = 1.4426950408889634
 
@@ -135,16 +136,10 @@ def triton_varlen_attention(
     dot precision; ``None`` reads it from q's device once per device (tensors off the GPU, i.e. the
     interpreter, get the NVIDIA choices). ``config`` overrides the tiles.
     """
-    _check_inputs(q, k, v, cu_seqlens, max_seqlen)
+    check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
     tokens, heads, head_dim = q.shape
     kv_heads = k.shape[1]
-    if out is None:
-        out = torch.empty(q.shape, dtype=v.dtype, device=q.device)
-    elif out.shape != q.shape or out.dtype != v.dtype or out.device != q.device or out.stride(-1) != 1:
-        raise ValueError(
-            f"out is {tuple(out.shape)} {out.dtype} on {out.device}; expected {tuple(q.shape)} "
-            f"{v.dtype} on {q.device} with a contiguous last dim"
-        )
+    out = varlen_output(q, v, out)
     if cu_seqlens.device != q.device:
         cu_seqlens = cu_seqlens.to(q.device, non_blocking=True)
     num_seqs = cu_seqlens.shape[0] - 1
@@ -176,25 +171,6 @@ def triton_varlen_attention(
         num_stages=config.num_stages,
     )
     return out
-
-
-def _check_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None
-) -> None:
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"q, k, v must be [N, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} do not fit q {tuple(q.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the {k.shape[1]} k/v heads")
-    if not 16 <= q.shape[2] <= 256:
-        raise ValueError(f"head dim {q.shape[2]} is outside the supported 16..256")
-    if any(t.stride(-1) != 1 for t in (q, k, v)):
-        raise ValueError("q, k and v need a contiguous last (head) dim")
-    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"cu_seqlens must be 1-D int32 (or int64); got {tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
-    if isinstance(max_seqlen, torch.Tensor):
-        raise TypeError("max_seqlen must be a host int or None, not a tensor: reading it would sync the device")
 
 
 def _device_arch(device: torch.device) -> str:

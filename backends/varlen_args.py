@@ -1,7 +1,9 @@
-"""What the vendor varlen kernels (aiter, torch varlen, FlashAttention-4) take besides q, k, v.
+"""What the varlen kernels take besides q, k, v, and the checks rocm-vit's own kernels share.
 
-Each wants int32 contiguous segment offsets on q's device and the longest segment as a host int. A
-tensor ``max_seqlen`` is refused rather than read: reading it would sync the device in every forward.
+The vendor kernels (aiter, torch varlen, FlashAttention-4) want int32 contiguous segment offsets on
+q's device and the longest segment as a host int. A tensor ``max_seqlen`` is refused rather than
+read: reading it would sync the device in every forward. rocm-vit's kernels (``triton_attn``,
+``gluon_attn``) share ``check_varlen_inputs`` and ``varlen_output``.
 """
 
 from __future__ import annotations
@@ -18,3 +20,35 @@ def varlen_offsets(cu_seqlens: torch.Tensor, max_seqlen: int, device: torch.devi
         raise TypeError("max_seqlen must be a host int, not a tensor: reading it would sync the device")
     cu_seqlens = cu_seqlens.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
     return cu_seqlens, operator.index(max_seqlen)
+
+
+def check_varlen_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None
+) -> None:
+    """Raise ``ValueError``/``TypeError`` naming what does not fit the varlen contract."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be [N, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} do not fit q {tuple(q.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the {k.shape[1]} k/v heads")
+    if not 16 <= q.shape[2] <= 256:
+        raise ValueError(f"head dim {q.shape[2]} is outside the supported 16..256")
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        raise ValueError("q, k and v need a contiguous last (head) dim")
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens must be 1-D int32 (or int64); got {tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
+    if isinstance(max_seqlen, torch.Tensor):
+        raise TypeError("max_seqlen must be a host int or None, not a tensor: reading it would sync the device")
+
+
+def varlen_output(q: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``out`` checked against q's shape and v's dtype, or a new ``[N, H, D]`` tensor of v's dtype."""
+    if out is None:
+        return torch.empty(q.shape, dtype=v.dtype, device=q.device)
+    if out.shape != q.shape or out.dtype != v.dtype or out.device != q.device or out.stride(-1) != 1:
+        raise ValueError(
+            f"out is {tuple(out.shape)} {out.dtype} on {out.device}; expected {tuple(q.shape)} "
+            f"{v.dtype} on {q.device} with a contiguous last dim"
+        )
+    return out
