@@ -1,6 +1,7 @@
 """Attention backends on a real GPU: accuracy against fp32, graph replay bit-equal to eager, no host sync.
 
-CUDA: sdpa (cuDNN first), torch_varlen, triton_attn, fa4 (where flash-attn-4 is installed) and auto.
+CUDA: sdpa (cuDNN first), torch_varlen, triton_attn, gluon_attn (Hopper), fa4 (where flash-attn-4 is
+installed) and auto.
 ROCm: sdpa and triton_attn (with the arch's HIP tiles), plus aiter_attn (marked ``rocm``) when aiter is
 installed — the MI355X checks of ``make rocm-test``; emulated on NVIDIA (``ROCM_VIT_EMULATE=rocm``), the
 same, with aiter_attn through aiter's stand-in computing with torch's varlen kernel.
@@ -27,7 +28,7 @@ LAYOUTS = {
     "single_4096": [(1, 64, 64)],
     "uniform": [(1, 16, 16)] * 4,
 }
-GENERIC_BACKENDS = ["sdpa", "triton_attn", "torch_varlen", "fa4", "auto"]
+GENERIC_BACKENDS = ["sdpa", "triton_attn", "gluon_attn", "torch_varlen", "fa4", "auto"]
 
 
 def _has_aiter() -> bool:
@@ -198,3 +199,49 @@ def test_triton_attn_writes_into_out_and_allocates_nothing_else():
     assert result is out
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
     assert _relative_error(out, _reference(q, k, v, layout.seq_lens, 0.1)) < TOLERANCE[torch.bfloat16]
+
+
+def _gluon_kernel_only(monkeypatch):
+    """gluon_attn's wrapper with its triton_attn fallback made to fail: what passes ran the Gluon kernel."""
+    _backend("gluon_attn")
+    from rocm_vit.backends import gluon_attn
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("gluon_attn fell back to triton_attn")
+
+    monkeypatch.setattr(gluon_attn, "triton_varlen_attention", no_fallback)
+    return gluon_attn.gluon_varlen_attention
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("head_dim", [64, 72, 80])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gluon_kernel_writes_every_valid_row_into_a_poisoned_out(monkeypatch, head_dim, dtype):
+    attend = _gluon_kernel_only(monkeypatch)
+    # 1-token, 7-token and partial-tile segments, a 300-token one spanning three key tiles, and 16384
+    # tokens: every last-tile and last-query-tile case, and programs whose second warpgroup is idle.
+    layout = VisionLayout.from_grid_thw([(1, 10, 10), (1, 1, 7), (1, 1, 1), (1, 15, 20), (1, 128, 128)], 1)
+    q, k, v = _qkv(layout.num_patches, head_dim, dtype)
+    out = torch.full_like(q, float("nan"))
+    cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
+    assert attend(q, k, v, cu_seqlens, layout.max_seqlen, head_dim**-0.5, out=out) is out
+    error = _relative_error(out, _reference(q, k, v, layout.seq_lens, head_dim**-0.5))
+    assert not out.isnan().any() and error < TOLERANCE[dtype]
+
+
+@torch.inference_mode()
+def test_gluon_kernel_is_deterministic_and_masks_the_next_segments_keys(monkeypatch):
+    attend = _gluon_kernel_only(monkeypatch)
+    layout = VisionLayout.from_grid_thw([(1, 30, 37), (1, 16, 16), (1, 9, 13)], 1)
+    q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
+    cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
+    first = attend(q, k, v, cu_seqlens, layout.max_seqlen, 0.1)
+    assert torch.equal(first, attend(q, k, v, cu_seqlens, layout.max_seqlen, 0.1))
+    # The first segment's last key tile reads the second segment's rows: NaN keys and huge (finite)
+    # values there must leave the first segment's output bit for bit. (An inf or NaN value would
+    # reach it through 0 x inf, as in FlashAttention-3 and -4; triton_attn never reads there.)
+    end = layout.seq_lens[0]
+    k[end:] = float("nan")
+    v[end:] = 3e4
+    again = attend(q, k, v, cu_seqlens, layout.max_seqlen, 0.1)
+    assert torch.equal(again[:end], first[:end])

@@ -1,0 +1,147 @@
+"""Compile ``gluon_attn``'s kernel ahead of time for sm_90a (H100/H200), on a CPU.
+
+CI has no NVIDIA GPU, but Triton's NVIDIA backend compiles to a cubin without one (ptxas ships in the
+wheel), and the cubin states what the device would allocate. The launch is not described twice: the
+real wrapper (``gluon_varlen_attention``) is called on CPU tensors shaped like the tower's q, k, v
+views while ``JITFunction.run`` records its arguments (tests/aot_rocm.py's recorder), Triton's binder
+specialises the call for sm_90 as a launch would, and ``triton.compile`` builds it through Gluon's
+source class. The wrapper sends CPU tensors to ``triton_attn``, so the recording pretends the
+tensors passed ``gluon_unsupported_reason``.
+
+What tests/test_gluon_attn.py checks in each record: no spills (ptxas's local memory), the
+``setmaxnreg`` requests of the three partitions fit the register pool Triton plans (a request that
+does not fit waits forever on the GPU), the kernel uses ``wgmma`` (``HGMMA``) and TMA (``UTMALDG``),
+and its shared memory fits an SM.
+
+    .venv/bin/python tests/aot_gluon.py               # one line per specialisation
+    .venv/bin/python tests/aot_gluon.py --json PATH   # the records, for tests/test_gluon_attn.py
+
+(A script, not ``-m tests.aot_gluon``: it imports its sibling tests/aot_rocm.py.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+from aot_rocm import _environment, _record_one
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HEADS = 16
+TOKENS = 4096
+
+
+@dataclass
+class Record:
+    """One compiled specialisation and what its cubin and PTX say."""
+
+    dtype: str
+    head_dim: int
+    registers: int  # per thread at entry (the kernel-wide cap the partitions share)
+    threads: int
+    local_bytes: int  # spills and stack
+    shared_bytes: int
+    setmaxnreg_inc: list[int]  # the partitions' register requests in the PTX (setmaxnreg.inc / .dec)
+    setmaxnreg_dec: list[int]
+    sass_ops: dict[str, int]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python tests/aot_gluon.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the records to this file instead of printing them")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET: the interpreter replaces the JITFunction this harness records", file=sys.stderr)
+        return 2
+    records = compile_all()
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(record) for record in records], indent=1))
+    else:
+        for record in records:
+            print(record)
+    return 0
+
+
+def compile_all() -> list[Record]:
+    """Every dtype and head dim the kernel takes, as the tower's fused-qkv views launch it."""
+    from rocm_vit.backends import gluon_attn
+
+    records = []
+    with tempfile.TemporaryDirectory(prefix="rocm-vit-aot-") as cache_dir, _environment(TRITON_CACHE_DIR=cache_dir):
+        for dtype_name, dtype in DTYPES.items():
+            for head_dim in gluon_attn.GLUON_HEAD_DIMS:
+                q, k, v = torch.empty(TOKENS, 3, HEADS, head_dim, dtype=dtype).unbind(1)
+                cu_seqlens = torch.tensor([0, 196, TOKENS], dtype=torch.int32)
+                call = functools.partial(gluon_attn.gluon_varlen_attention, q, k, v, cu_seqlens, 3900, head_dim**-0.5)
+                with mock.patch.object(gluon_attn, "gluon_unsupported_reason", lambda *tensors: None):
+                    fn, args, kwargs = _record_one(call)
+                records.append(_compile(fn, args, kwargs, dtype_name, head_dim))
+    return records
+
+
+def _compile(fn: Any, args: tuple, kwargs: dict, dtype_name: str, head_dim: int) -> Record:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
+    kernel_fn = getattr(importlib.import_module(fn.fn.__module__), fn.fn.__name__)
+    source = GluonASTSource(kernel_fn, signature, constexprs, attrs)
+    kernel = triton.compile(source, target=target, options=options.__dict__)
+    ptx = kernel.asm["ptx"]
+    usage, sass = _cubin_report(kernel.asm["cubin"])
+    return Record(
+        dtype=dtype_name,
+        head_dim=head_dim,
+        registers=usage["REG"],
+        threads=int(re.search(r"\.reqntid (\d+)", ptx).group(1)),
+        local_bytes=usage["LOCAL"] + usage["STACK"],
+        shared_bytes=kernel.metadata.shared,
+        setmaxnreg_inc=sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+        setmaxnreg_dec=sorted({int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+        sass_ops=_op_counts(sass, ("HGMMA", "UTMALDG", "SYNCS", "BAR")),
+    )
+
+
+def _cubin_report(cubin: bytes) -> tuple[dict[str, int], str]:
+    """``cuobjdump``'s resource usage (REG, STACK, LOCAL, ...) and the SASS of a one-kernel cubin."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        usage_text = subprocess.run(
+            [tool, "--dump-resource-usage", handle.name], capture_output=True, text=True, check=True
+        ).stdout
+        sass = subprocess.run([tool, "--dump-sass", handle.name], capture_output=True, text=True, check=True).stdout
+    usage = {name: int(value) for name, value in re.findall(r"\b([A-Z]+):(\d+)", usage_text)}
+    return usage, sass
+
+
+def _op_counts(sass: str, names: tuple[str, ...]) -> dict[str, int]:
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
+    return {name: ops.count(name) for name in names}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""gluon_attn on a CPU: its kernel compiled for sm_90a, the scope check, the fallbacks, the policy.
+
+The kernel runs only on an sm_90 GPU (tests/gpu/test_attention_gpu.py checks its numbers there). Here
+its real launch is compiled for sm_90a with the installed Triton (tests/aot_gluon.py) and the cubin
+checked for what would hang or spill on the GPU; the wrapper's choice between the kernel and
+``triton_attn`` is checked with the tensors real callers pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from aot_gluon import Record
+from triton_interpreter import run_in_child
+
+pytest.importorskip("triton.experimental.gluon", reason="Triton without Gluon")
+
+from rocm_vit.backends import gluon_attn
+
+# An sm_90 SM: 64K registers and at most 227 KB of shared memory per block.
+SM90_REGISTERS = 65536
+SM90_SHARED_BYTES = 227 * 1024
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> list[Record]:
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton without its NVIDIA backend")
+    out = tmp_path_factory.mktemp("aot_gluon") / "records.json"
+    run_in_child(
+        ["tests/aot_gluon.py", "--json", str(out)],
+        {"TRITON_INTERPRET": None, "TRITON_DEFAULT_FP_FUSION": "1"},
+        "python tests/aot_gluon.py",
+        600,
+    )
+    return [Record(**fields) for fields in json.loads(out.read_text())]
+
+
+def test_every_dtype_and_head_dim_compiles_for_sm90(records):
+    compiled = {(r.dtype, r.head_dim) for r in records}
+    assert compiled == {(dtype, head_dim) for dtype in ("bf16", "fp16") for head_dim in gluon_attn.GLUON_HEAD_DIMS}
+
+
+def test_kernel_uses_wgmma_and_tma_without_spills_within_an_sm(records):
+    for r in records:
+        label = f"{r.dtype} d{r.head_dim}"
+        assert r.local_bytes == 0, f"{label}: {r.local_bytes} B of local memory (spills)"
+        assert r.sass_ops["HGMMA"] > 0 and r.sass_ops["UTMALDG"] > 0, f"{label}: {r.sass_ops}"
+        assert r.shared_bytes <= SM90_SHARED_BYTES, f"{label}: {r.shared_bytes} B of shared memory"
+        assert r.threads == 3 * 128  # two consumer warpgroups and the loader's (padded) warpgroup
+
+
+def test_partition_register_requests_fit_the_pool(records):
+    # setmaxnreg blocks until the registers it asks for are free: requests beyond the pool the
+    # kernel was launched with (its register count times its threads) wait forever on the GPU.
+    for r in records:
+        pool_per_warpgroup = r.registers * r.threads // 128
+        default = max(r.setmaxnreg_inc)
+        assert gluon_attn.CONSUMER_REGS in r.setmaxnreg_inc and gluon_attn.LOADER_REGS in r.setmaxnreg_dec
+        assert default + gluon_attn.CONSUMER_REGS + gluon_attn.LOADER_REGS <= pool_per_warpgroup, r
+        assert r.registers * r.threads <= SM90_REGISTERS
+
+
+def _fused_qkv(tokens: int = 40, heads: int = 4, head_dim: int = 72, dtype: torch.dtype = torch.bfloat16):
+    return torch.randn(tokens, 3, heads, head_dim).to(dtype).unbind(1)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: _fused_qkv(dtype=torch.float32), "one of bf16 or fp16"),
+        (lambda: (_fused_qkv()[0].half(), *_fused_qkv()[1:]), "one of bf16 or fp16"),
+        (lambda: _fused_qkv(head_dim=128), "head dim 128 is not one of"),
+        (lambda: (_fused_qkv(heads=4)[0], *_fused_qkv(heads=2)[1:]), "grouped-query"),
+        # A base 2 bytes past an aligned one, and a token stride of 3 * 4 * 72 + 1 elements.
+        (lambda: (torch.empty(40 * 4 * 72 + 1, dtype=torch.bfloat16)[1:].view(40, 4, 72), *_fused_qkv()[1:]), "base"),
+        (lambda: (torch.empty(40, 865, dtype=torch.bfloat16)[:, :288].view(40, 4, 72), *_fused_qkv()[1:]), "strides"),
+        (lambda: _fused_qkv(), "not an sm_90 GPU"),
+    ],
+    ids=["fp32", "mixed", "d128", "gqa", "misaligned_base", "odd_stride", "cpu"],
+)
+def test_unsupported_reason_names_what_the_kernel_does_not_take(make, expected):
+    reason = gluon_attn.gluon_unsupported_reason(*make())
+    assert reason is not None and expected in reason
+
+
+def test_fused_qkv_views_pass_the_tensor_checks(monkeypatch):
+    monkeypatch.setattr(gluon_attn, "_capability", lambda index: (9, 0))
+    q, k, v = _fused_qkv()
+    # On a CPU only the device check fails: the views' layout is what TMA takes.
+    assert gluon_attn.gluon_unsupported_reason(q, k, v) == "q is on cpu, not an sm_90 GPU"
+
+
+class _Recorder:
+    """Stands in for triton_varlen_attention (or the kernel launch) and counts its calls."""
+
+    def __init__(self, result: torch.Tensor | Exception) -> None:
+        self.result = result
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+def test_calls_outside_the_scope_run_triton_attn(monkeypatch):
+    q, k, v = _fused_qkv()
+    fallback = _Recorder(torch.zeros(1))
+    monkeypatch.setattr(gluon_attn, "triton_varlen_attention", fallback)
+    cu_seqlens = torch.tensor([0, 17, 40], dtype=torch.int32)
+    assert gluon_attn.gluon_varlen_attention(q, k, v, cu_seqlens, 23, 0.1) is fallback.result
+    assert fallback.calls == 1
+    with pytest.raises(TypeError, match="host int"):  # the shared checks come first
+        gluon_attn.gluon_varlen_attention(q, k, v, cu_seqlens, torch.tensor(23), 0.1)
+
+
+def test_a_kernel_that_does_not_compile_is_logged_once_and_its_shape_runs_triton_attn(monkeypatch, caplog):
+    from triton.compiler.errors import CompilationError
+
+    q, k, v = _fused_qkv()
+    fallback = _Recorder(torch.zeros(1))
+    launch = _Recorder(CompilationError(None, None, "an API this Triton does not have"))
+    monkeypatch.setattr(gluon_attn, "triton_varlen_attention", fallback)
+    monkeypatch.setattr(gluon_attn, "gluon_unsupported_reason", lambda *tensors: None)
+    monkeypatch.setattr(gluon_attn, "_attn_fwd", {(1, 4, 2): launch})  # kernel[grid] -> the launch
+    monkeypatch.setattr(gluon_attn, "_failed_to_compile", set())
+    cu_seqlens = torch.tensor([0, 17, 40], dtype=torch.int32)
+    with caplog.at_level(logging.ERROR, logger=gluon_attn.__name__):
+        for _ in range(3):
+            assert gluon_attn.gluon_varlen_attention(q, k, v, cu_seqlens, 23, 0.1) is fallback.result
+    assert launch.calls == 1 and fallback.calls == 3
+    assert len(caplog.records) == 1 and "does not compile for head dim 72" in caplog.text
+    # Another head dim is its own specialisation: it tries the kernel once too.
+    gluon_attn.gluon_varlen_attention(*_fused_qkv(head_dim=80), cu_seqlens, 23, 0.1)
+    assert launch.calls == 2 and fallback.calls == 4
