@@ -8,7 +8,8 @@ layout (SGLang's ``VisionAttention``) build the list from a ``cu_seqlens`` tenso
 
 Selection is the policy's (``rocm_vit.policy``): without a tuned profile, ROCm with aiter and
 ``SGLANG_USE_AITER=1`` -> ``aiter_attn``; ROCm otherwise -> ``triton_attn``; CUDA -> ``auto`` (a kernel
-per layout by the CUDA rule, ``fa4`` among them for long segments where flash-attn-4 is installed);
+per layout by the CUDA rule: for long segments ``fa4`` where flash-attn-4 is installed, else
+``gluon_attn`` on Hopper);
 CPU -> ``sdpa``. With a profile, ``auto`` on CUDA and ROCm picks per layout what ``rocm-vit tune``
 measured fastest. ``ROCM_VIT_ATTENTION_BACKEND`` or an explicit name overrides it, and a backend
 that cannot run here fails in ``get_backend``, at tower construction, not at the first request.
@@ -205,6 +206,21 @@ class TritonAttention(_VarlenAttention):
         return super().attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)
 
 
+class GluonAttention(TritonAttention):
+    """rocm-vit's Gluon kernel for Hopper: FlashAttention-3's warp-specialised schedule (sm_90 only).
+
+    It takes triton_attn's list and contract; calls outside its scope (dtype, head dim, grouped heads,
+    alignment: ``gluon_unsupported_reason``) run triton_attn inside the wrapper.
+    """
+
+    name = "gluon_attn"
+
+    def __init__(self) -> None:
+        from rocm_vit.backends.gluon_attn import gluon_varlen_attention
+
+        self._attend = gluon_varlen_attention
+
+
 class TorchVarlenAttention(_VarlenAttention):
     """``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10; FlashAttention-2 on CUDA)."""
 
@@ -289,6 +305,7 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
         AiterAttention,
         AiterPaddedAttention,
         TritonAttention,
+        GluonAttention,
         TorchVarlenAttention,
         Fa4Attention,
         AutoAttention,

@@ -43,7 +43,7 @@ from rocm_vit.settings import ENV_NAMES, Settings, load_settings
 logger = logging.getLogger(__name__)
 
 # Modules whose presence changes a choice; found with importlib.util.find_spec, never imported.
-PROBED_MODULES = ("triton", "aiter", "flash_attn.cute", "torch.nn.attention.varlen")
+PROBED_MODULES = ("triton", "aiter", "flash_attn.cute", "torch.nn.attention.varlen", "triton.experimental.gluon")
 
 # The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` and graph-timed sweeps on an H200
 # (bf16, 16 heads, head dim 72, torch 2.11; docs/benchmarks.md). SDPA's default kernel there is
@@ -62,15 +62,19 @@ PROBED_MODULES = ("triton", "aiter", "flash_attn.cute", "torch.nn.attention.varl
 CUDA_PARTIAL_TILE_VARLEN = "triton_attn"
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
-# FlashAttention-4 (where installed on sm_90+) when the longest segment has at least this many
-# tokens: 1x12800 1.48 ms vs 2.15 cuDNN; 2x8192 1.24 vs 1.57; 1x4096 188 us vs 211; shorter lose.
-CUDA_FA4_MIN_LONGEST_TOKENS = 2048
+# The long-sequence kernel, for layouts whose longest segment has at least this many tokens:
+# FlashAttention-4 where installed on sm_90+ (1x12800 1.48 ms vs 2.15 cuDNN; 2x8192 1.24 vs 1.57;
+# 1x4096 188 us vs 211; shorter lose), else rocm-vit's Gluon kernel on sm_90 (head dims 64/72/80;
+# 1x12800 1.87 ms vs 2.18 cuDNN and 2.22 triton_attn; 1x3072 118 us vs 128 cuDNN; 1x1024 a tie,
+# 4x1024 72 us vs 65: docs/benchmarks.md, eighth round).
+CUDA_LONG_KERNELS = ("fa4", "gluon_attn")
+CUDA_LONG_MIN_TOKENS = {"fa4": 2048, "gluon_attn": 2048}
 # The varlen kernel for the other layouts, in order of preference where available.
 CUDA_VARLEN_PREFERENCE = ("triton_attn", "torch_varlen")
 # What ``auto`` may pick per layout on each platform, when available (and aiter only with
 # SGLANG_USE_AITER=1). ``aiter_attn_pad128`` pads the head dim to 128, where aiter has assembly kernels.
 AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
-    "cuda": ("fa4", "sdpa", "triton_attn", "torch_varlen"),
+    "cuda": ("fa4", "gluon_attn", "sdpa", "triton_attn", "torch_varlen"),
     "rocm": ("aiter_attn", "aiter_attn_pad128", "triton_attn", "sdpa"),
     "cpu": ("sdpa",),
 }
@@ -96,7 +100,7 @@ class Facts:
     modules: frozenset[str] = frozenset()
     triton_interpret: bool = False
     gelu_epilogue_op: bool = True  # torch._addmm_activation exists (private, so checked)
-    capability: tuple[int, int] | None = None  # CUDA compute capability, probed only for fa4
+    capability: tuple[int, int] | None = None  # CUDA compute capability, from arch ("sm_90" -> (9, 0))
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,12 @@ class CudaRule:
         return self.varlen
 
     def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
-        return pick_cuda_backend(seq_lens, self.varlen, self.long)
+        long = self.long
+        if long == "gluon_attn" and head_dim is not None:
+            from rocm_vit.backends.gluon_attn import GLUON_HEAD_DIMS
+
+            long = long if head_dim in GLUON_HEAD_DIMS else None
+        return pick_cuda_backend(seq_lens, self.varlen, long)
 
 
 @dataclass(frozen=True)
@@ -281,9 +290,6 @@ def current_facts() -> Facts:
     """The facts of this process: ``platform_info`` and which modules can be imported (none is)."""
     info = platform_info()
     modules = frozenset(name for name in PROBED_MODULES if _module_available(name))
-    capability = None
-    if info.name == "cuda" and "flash_attn.cute" in modules:
-        capability = tuple(torch.cuda.get_device_capability())
     return Facts(
         platform=info.name,
         arch=info.arch,
@@ -292,7 +298,7 @@ def current_facts() -> Facts:
         modules=modules,
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
         gelu_epilogue_op=hasattr(torch, "_addmm_activation"),
-        capability=capability,
+        capability=_cuda_capability(info.arch) if info.name == "cuda" else None,
     )
 
 
@@ -379,6 +385,15 @@ def backend_unavailable_reason(name: str, facts: Facts) -> str | None:
         if major < 9:
             return f"fa4 is used from sm_90 (Hopper) on; this GPU is sm_{major}{minor}"
         return None
+    if name == "gluon_attn":
+        if platform != "cuda":
+            return f"gluon_attn needs an NVIDIA Hopper GPU (sm_90); this machine is {platform}"
+        if "triton.experimental.gluon" not in facts.modules:
+            return "this Triton has no Gluon (triton.experimental.gluon); gluon_attn was run with Triton 3.6"
+        major, minor = facts.capability or (0, 0)
+        if (major, minor) != (9, 0):
+            return f"gluon_attn's kernel is Hopper's (wgmma and TMA, sm_90); this GPU is sm_{major}{minor}"
+        return None
     if name == "auto" and platform == "cpu":
         return "auto picks among GPU kernels per layout; on cpu name a backend or use the default"
     return None
@@ -389,14 +404,14 @@ def pick_cuda_backend(
 ) -> tuple[str, str]:
     """The CUDA rule: ``(backend, why)`` for a layout's host-side segment lengths.
 
-    ``long_name`` (FlashAttention-4, where installed) when the longest segment has at least
-    ``CUDA_FA4_MIN_LONGEST_TOKENS`` tokens. Otherwise SDPA when every segment has at least
+    ``long_name`` (FlashAttention-4 where installed, else ``gluon_attn`` on Hopper) when the longest
+    segment has at least ``CUDA_LONG_MIN_TOKENS[long_name]`` tokens. Otherwise SDPA when every segment has at least
     ``CUDA_SDPA_MIN_SEGMENT_TOKENS`` tokens and it runs as one batched call (all equally long) or as
     a few calls, and, against ``CUDA_PARTIAL_TILE_VARLEN``, every segment is a whole number of
     ``ALIGNMENT_TOKENS`` tokens; the one-launch varlen kernel otherwise.
     """
     lengths = [operator.index(length) for length in seq_lens]
-    if long_name is not None and max(lengths) >= CUDA_FA4_MIN_LONGEST_TOKENS:
+    if long_name is not None and max(lengths) >= CUDA_LONG_MIN_TOKENS[long_name]:
         return long_name, f"longest of {len(lengths)} segments has {max(lengths)} tokens: {long_name}"
     if min(lengths) < CUDA_SDPA_MIN_SEGMENT_TOKENS:
         return varlen_name, f"shortest of {len(lengths)} segments has {min(lengths)} tokens: one varlen launch"
@@ -449,11 +464,12 @@ def _default_attention(facts: Facts, settings: Settings) -> tuple[FixedRule | Cu
         varlen = next(
             (name for name in CUDA_VARLEN_PREFERENCE if backend_unavailable_reason(name, facts) is None), "sdpa"
         )
-        fa4_missing = backend_unavailable_reason("fa4", facts)
+        missing = {name: backend_unavailable_reason(name, facts) for name in CUDA_LONG_KERNELS}
+        long = next((name for name in CUDA_LONG_KERNELS if missing[name] is None), None)
         long_rule = (
-            f"fa4 when the longest segment has >= {CUDA_FA4_MIN_LONGEST_TOKENS} tokens, else "
-            if fa4_missing is None
-            else f"(fa4 unused: {fa4_missing}) "
+            f"{long} when the longest segment has >= {CUDA_LONG_MIN_TOKENS[long]} tokens, else "
+            if long is not None
+            else f"(no long-sequence kernel: {'; '.join(missing.values())}) "
         )
         reason = (
             f"CUDA: per layout, {long_rule}SDPA when every segment has >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens "
@@ -461,7 +477,7 @@ def _default_attention(facts: Facts, settings: Settings) -> tuple[FixedRule | Cu
             + (f" and whole {ALIGNMENT_TOKENS}-token tiles" if varlen == CUDA_PARTIAL_TILE_VARLEN else "")
             + f", else {varlen}"
         )
-        return CudaRule(varlen, "fa4" if fa4_missing is None else None), reason
+        return CudaRule(varlen, long), reason
     return FixedRule("sdpa"), f"{platform}: per-sequence scaled_dot_product_attention"
 
 
@@ -523,6 +539,14 @@ def _graph_max_tokens(settings: Settings, profile: TunedProfile | None) -> Choic
     if profile is not None and profile.graph_max_tokens is not None:
         return Choice(profile.graph_max_tokens, f"tuned: eager/graph crossover of {profile.preset}")
     return Choice(DEFAULT_GRAPH_MAX_TOKENS, "default: Qwen3-VL's eager/graph crossover on an H200")
+
+
+def _cuda_capability(arch: str) -> tuple[int, int] | None:
+    """``"sm_90"`` -> ``(9, 0)``, ``"sm_100"`` -> ``(10, 0)``: the arch string platform_info read off the GPU."""
+    digits = arch.removeprefix("sm_")
+    if len(digits) < 2 or not digits.isdigit():
+        return None
+    return int(digits[:-1]), int(digits[-1])
 
 
 def _layout_features(seq_lens: Sequence[int]) -> tuple[float, float, float, float]:

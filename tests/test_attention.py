@@ -23,6 +23,7 @@ from rocm_vit.attention import (
     AiterPaddedAttention,
     AutoAttention,
     Fa4Attention,
+    GluonAttention,
     SdpaAttention,
     TorchVarlenAttention,
     TritonAttention,
@@ -410,14 +411,16 @@ def machine(monkeypatch, fake_platform):
     monkeypatch.delenv("ROCM_VIT_CONFIG", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
-    def configure(platform: str, modules: set[str] = frozenset({"triton", "torch.nn.attention.varlen"})):
+    def configure(
+        platform: str, modules: set[str] = frozenset({"triton", "torch.nn.attention.varlen"}), arch: str = ""
+    ):
         def find_spec(name, package=None):
-            if name in ("aiter", "triton", "torch.nn.attention.varlen", "flash_attn.cute"):
+            if name in ("aiter", "triton", "torch.nn.attention.varlen", "flash_attn.cute", "triton.experimental.gluon"):
                 return real_find_spec("torch") if name in modules else None
             return real_find_spec(name, package)
 
         monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-        fake_platform(platform)
+        fake_platform(platform, "fake", arch)
         policy.reset_policy()
 
     return configure
@@ -493,6 +496,8 @@ def test_environment_override_and_explicit_name(machine, monkeypatch):
         ("cpu", set(), "auto", "name a backend"),
         ("rocm", {"triton"}, "fa4", "needs an NVIDIA GPU"),
         ("cuda", {"triton"}, "fa4", r"pip install rocm-vit\[fa4\]"),
+        ("rocm", {"triton", "triton.experimental.gluon"}, "gluon_attn", "needs an NVIDIA Hopper GPU"),
+        ("cuda", {"triton"}, "gluon_attn", r"has no Gluon \(triton\.experimental\.gluon\)"),
     ],
 )
 def test_unavailable_backend_fails_at_construction_naming_what_is_missing(
@@ -561,13 +566,12 @@ def test_cuda_rule_with_fa4_installed(seq_lens, expected):
     assert pick_cuda_backend(seq_lens, "triton_attn", "fa4")[0] == expected
 
 
-def _with_fa4(machine, monkeypatch, capability: tuple[int, int]) -> None:
-    machine("cuda", {"triton", "torch.nn.attention.varlen", "flash_attn.cute"})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+def _with_fa4(machine, capability: tuple[int, int]) -> None:
+    machine("cuda", {"triton", "torch.nn.attention.varlen", "flash_attn.cute"}, "sm_{}{}".format(*capability))
 
 
-def test_cuda_auto_sends_long_segments_to_fa4_where_installed(machine, monkeypatch):
-    _with_fa4(machine, monkeypatch, (9, 0))
+def test_cuda_auto_sends_long_segments_to_fa4_where_installed(machine):
+    _with_fa4(machine, (9, 0))
     name, why = resolve_backend_name()
     assert name == "auto" and "fa4 when the longest segment has >= 2048 tokens" in why
     backend = get_backend()
@@ -578,13 +582,59 @@ def test_cuda_auto_sends_long_segments_to_fa4_where_installed(machine, monkeypat
     assert picks == {"long": Fa4Attention, "one_1024": SdpaAttention, "ragged": TritonAttention}
 
 
-def test_fa4_is_not_used_before_hopper(machine, monkeypatch):
-    _with_fa4(machine, monkeypatch, (8, 0))
-    assert "fa4 unused: fa4 is used from sm_90 (Hopper) on; this GPU is sm_80" in resolve_backend_name()[1]
+def test_fa4_is_not_used_before_hopper(machine):
+    _with_fa4(machine, (8, 0))
+    assert "no long-sequence kernel: fa4 is used from sm_90 (Hopper) on; this GPU is sm_80" in resolve_backend_name()[1]
     with pytest.raises(RuntimeError, match="sm_80"):
         get_backend("fa4")
     long = _layout([(1, 80, 160)])
     assert isinstance(get_backend().runner_args(long, torch.zeros(2, dtype=torch.int32))[0], SdpaAttention)
+
+
+def _with_gluon(machine, capability: tuple[int, int], extra: frozenset[str] = frozenset()) -> None:
+    modules = {"triton", "torch.nn.attention.varlen", "triton.experimental.gluon", *extra}
+    machine("cuda", modules, "sm_{}{}".format(*capability))
+
+
+def _picks(backend) -> dict[str, type]:
+    grids = {"long": [(1, 80, 160)], "one_1024": [(1, 32, 32)], "ragged": RAGGED_GRID}
+    return {
+        name: type(backend.runner_args(_layout(grid), torch.zeros(len(grid) + 1, dtype=torch.int32))[0])
+        for name, grid in grids.items()
+    }
+
+
+def test_cuda_auto_sends_long_segments_to_gluon_attn_on_hopper(machine):
+    _with_gluon(machine, (9, 0))
+    name, why = resolve_backend_name()
+    assert name == "auto" and "gluon_attn when the longest segment has >= 2048 tokens" in why
+    assert _picks(get_backend(head_dim=72)) == {
+        "long": GluonAttention,
+        "one_1024": SdpaAttention,
+        "ragged": TritonAttention,
+    }
+
+
+def test_gluon_attn_is_not_picked_for_a_head_dim_it_does_not_take(machine):
+    _with_gluon(machine, (9, 0))
+    # 12800 tokens are whole 128-token tiles: without the long kernel the rule sends them to cuDNN.
+    assert _picks(get_backend(head_dim=128))["long"] is SdpaAttention
+    assert _picks(get_backend())["long"] is GluonAttention  # head dim unknown: the wrapper decides
+
+
+def test_fa4_is_preferred_to_gluon_attn_where_both_run(machine):
+    _with_gluon(machine, (9, 0), frozenset({"flash_attn.cute"}))
+    assert "fa4 when the longest segment has >= 2048 tokens" in resolve_backend_name()[1]
+    assert _picks(get_backend(head_dim=72))["long"] is Fa4Attention
+
+
+def test_gluon_attn_is_not_used_off_hopper(machine):
+    _with_gluon(machine, (10, 0))
+    why = resolve_backend_name()[1]
+    assert "no long-sequence kernel" in why and "Hopper's (wgmma and TMA, sm_90); this GPU is sm_100" in why
+    with pytest.raises(RuntimeError, match="sm_100"):
+        get_backend("gluon_attn")
+    assert _picks(get_backend(head_dim=72))["long"] is SdpaAttention
 
 
 def test_fa4_wrapper_names_the_package_when_it_is_missing_and_refuses_device_lengths():

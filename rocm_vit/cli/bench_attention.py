@@ -174,7 +174,7 @@ def _variants(platform: str) -> dict[str, Callable]:
 
 
 # The one-launch varlen kernels measured beside SDPA, where each can run.
-_VARLEN_NAMES = ("torch_varlen", "triton_attn", "fa4", "aiter_attn", "aiter_attn_pad128")
+_VARLEN_NAMES = ("torch_varlen", "triton_attn", "gluon_attn", "fa4", "aiter_attn", "aiter_attn_pad128")
 
 
 def _unavailable(platform: str) -> dict[str, str]:
