@@ -25,8 +25,8 @@ computed and not stored. Segment bounds come from ``cu_seqlens`` on the device, 
 only sizes the grid: nothing is read back, so a launch is capturable. No atomics: deterministic.
 
 Measured (H200, bf16, 16 heads, head dim 72, one segment; docs/benchmarks.md, eighth round):
-1x12800 1.77-1.81 ms against triton_attn's 2.12-2.15 and cuDNN's 2.04-2.10; 1x47376 430-433
-TFLOP/s against 338-365. Errors against fp32 equal triton_attn's.
+1x12800 1.77-1.87 ms against triton_attn's 2.12-2.22 and cuDNN's 2.04-2.18; 1x47376 431-441
+TFLOP/s against 337-365. Errors against fp32 equal triton_attn's.
 
 Scope, checked by ``gluon_unsupported_reason``: an sm_90 GPU; q, k and v of one dtype, bf16 or
 fp16; head dim 64, 72 or 80; as many k/v heads as q heads; 16-byte aligned bases and strides (TMA's
@@ -65,7 +65,8 @@ CONSUMER_ROWS = 64
 CONSUMER_REGS = 224
 LOADER_REGS = 24
 # Measured on an H200 at 1x12800 and 1x47376 (docs/benchmarks.md, eighth round): 64-key tiles were
-# 16 % slower; 2 or 4 stages and FA3's ping-pong between the consumers (turn mbarriers) within 3 %.
+# 7-15 % slower, 2 stages 2-5 % and 4 stages 1-2 %; FA3's ping-pong between the consumers (turn
+# mbarriers) was within noise, so the simpler protocol ships.
 
 # Triton 3.9 renamed the TMA load; the 3.6 name raises there.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -317,7 +318,7 @@ def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_s
     o1 = gl.zeros([64, 16], gl.float32, o1_layout)
 
     # Tiles 1 .. n_tiles - 2 are whole: no key mask. Masking inside the loop kept the column indices
-    # live across it (32 registers at BLOCK_N = 128) and cost 3 % (H200, 1x12800).
+    # live across it (32 registers at BLOCK_N = 128): 1.83 against 1.77 ms at 1x12800 (H200).
     for j in range(1, n_tiles - 1):
         p_in, o0, o1, m_i, l_i = _step(j, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready, k_free,
                                        v_free, s_zero, p_in, o0, o1, m_i, l_i, seq_len, qk_scale_log2, s_layout,
