@@ -224,12 +224,12 @@ def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_
     # The argument tuples are written inline: a tuple assigned to a name first turns its constexpr
     # members into tensors.
     gl.warp_specialize([
-        (_consumer0, (q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
-                      v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                      n_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES)),
-        (_consumer1, (q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
-                      v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                      n_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES)),
+        (_consumer, (0, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
+                     v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
+                     n_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES)),
+        (_consumer, (1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
+                     v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
+                     n_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES)),
         (_loader, (q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem,
                    v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, n_tiles, HAS_TAIL,
                    BLOCK_N, NUM_STAGES)),
@@ -266,24 +266,6 @@ def _load_rows(desc0, desc1, smem0, smem1, ready, row, head, ROWS: gl.constexpr,
     _tma_load(desc0, [row, head, 0], ready, smem0)
     if HAS_TAIL:
         _tma_load(desc1, [row, head, 64], ready, smem1)
-
-
-@gluon.jit
-def _consumer0(q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free, v_free,
-               out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2, n_tiles,
-               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    _consumer(0, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free, v_free,
-              out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2, n_tiles,
-              HEAD_DIM, BLOCK_N, NUM_STAGES)
-
-
-@gluon.jit
-def _consumer1(q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free, v_free,
-               out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2, n_tiles,
-               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    _consumer(1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free, v_free,
-              out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2, n_tiles,
-              HEAD_DIM, BLOCK_N, NUM_STAGES)
 
 
 @gluon.jit
