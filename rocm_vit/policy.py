@@ -42,7 +42,8 @@ from rocm_vit.settings import ENV_NAMES, Settings, load_settings
 
 logger = logging.getLogger(__name__)
 
-# Modules whose presence changes a choice; found with importlib.util.find_spec, never imported.
+# Modules whose presence changes a choice; found with importlib.util.find_spec, never imported (a dotted
+# name imports its parent packages: flash_attn, triton.experimental).
 PROBED_MODULES = ("triton", "aiter", "flash_attn.cute", "torch.nn.attention.varlen", "triton.experimental.gluon")
 
 # The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` and graph-timed sweeps on an H200
