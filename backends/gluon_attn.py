@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import operator
 
 import torch
 from triton.compiler.errors import CompilationError
@@ -53,7 +52,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .launch_math import cdiv
 from .triton_attn import triton_varlen_attention
-from .varlen_args import check_varlen_inputs, varlen_output
+from .varlen_args import check_varlen_inputs, longest_segment_bound, varlen_output
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +98,8 @@ def gluon_varlen_attention(
     tokens, heads, head_dim = q.shape
     out = varlen_output(q, v, out)
     num_seqs = cu_seqlens.shape[0] - 1
-    bound = tokens if max_seqlen is None else min(operator.index(max_seqlen), tokens)
-    if tokens == 0 or num_seqs <= 0 or bound <= 0:
+    bound = longest_segment_bound(tokens, cu_seqlens, max_seqlen)
+    if bound == 0:
         return out
     cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True)
     descriptors = (*_descriptors(q, CONSUMER_ROWS), *_descriptors(k, BLOCK_N), *_descriptors(v, BLOCK_N))
@@ -154,13 +153,16 @@ def _capability(index: int) -> tuple[int, int]:
 def _descriptors(x: torch.Tensor, rows: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     """TMA descriptors over ``x`` ``[N, H, D]`` for ``rows`` x 64 (columns 0-63) and ``rows`` x 16 (64-79)."""
     shape, strides = list(x.shape), list(x.stride())
-    element = _GL_DTYPES[x.dtype]
     return tuple(
-        TensorDescriptor(
-            x, shape, strides, [rows, 1, width], gl.NVMMASharedLayout.get_default_for([rows, 1, width], element)
-        )
+        TensorDescriptor(x, shape, strides, [rows, 1, width], _shared_layout(rows, width, x.dtype))
         for width in (64, 16)
     )
+
+
+@functools.cache
+def _shared_layout(rows: int, width: int, dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    # Six per call otherwise, on the eager path where host time is what a small image waits on.
+    return gl.NVMMASharedLayout.get_default_for([rows, 1, width], _GL_DTYPES[dtype])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ exit at once while key tiles never run past it, so a ragged grid wastes no matmu
 from __future__ import annotations
 
 import functools
-import operator
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .launch_math import cdiv, next_power_of_2
-from .varlen_args import check_varlen_inputs, varlen_output
+from .varlen_args import check_varlen_inputs, longest_segment_bound, varlen_output
 
 _LOG2_E = 1.4426950408889634
 
@@ -143,8 +142,8 @@ def triton_varlen_attention(
     if cu_seqlens.device != q.device:
         cu_seqlens = cu_seqlens.to(q.device, non_blocking=True)
     num_seqs = cu_seqlens.shape[0] - 1
-    bound = tokens if max_seqlen is None else min(operator.index(max_seqlen), tokens)
-    if tokens == 0 or num_seqs <= 0 or bound <= 0:
+    bound = longest_segment_bound(tokens, cu_seqlens, max_seqlen)
+    if bound == 0:
         return out
     arch = arch or _device_arch(q.device)
     config = config or default_config(head_dim, v.dtype, cdiv(bound, 128) * num_seqs * heads, arch=arch)

@@ -52,3 +52,11 @@ def varlen_output(q: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None) ->
             f"{v.dtype} on {q.device} with a contiguous last dim"
         )
     return out
+
+
+def longest_segment_bound(tokens: int, cu_seqlens: torch.Tensor, max_seqlen: int | None) -> int:
+    """Rows the grid must cover per segment: ``max_seqlen`` capped at ``tokens`` (``None``: ``tokens``);
+    0 when there is nothing to compute (no tokens, no segments), so the caller launches nothing."""
+    if tokens == 0 or cu_seqlens.shape[0] <= 1:
+        return 0
+    return max(0, tokens if max_seqlen is None else min(operator.index(max_seqlen), tokens))

@@ -37,7 +37,7 @@ from typing import Any
 from unittest import mock
 
 import torch
-from aot_rocm import _environment, _record_one
+from aot_rocm import _environment, _record_one, _specialise
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HEADS = 16
@@ -95,18 +95,13 @@ def compile_all() -> list[Record]:
 def _compile(fn: Any, args: tuple, kwargs: dict, dtype_name: str, head_dim: int) -> Record:
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
 
     target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound_args, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
-    kernel_fn = getattr(importlib.import_module(fn.fn.__module__), fn.fn.__name__)
-    source = GluonASTSource(kernel_fn, signature, constexprs, attrs)
-    kernel = triton.compile(source, target=target, options=options.__dict__)
+    job = _specialise(fn, args, kwargs, "sm_90a", target)
+    kernel_fn = getattr(importlib.import_module(job["module"]), job["name"])
+    source = GluonASTSource(kernel_fn, job["signature"], job["constexprs"], job["attrs"])
+    kernel = triton.compile(source, target=target, options=job["options"])
     ptx = kernel.asm["ptx"]
     usage, sass = _cubin_report(kernel.asm["cubin"])
     return Record(

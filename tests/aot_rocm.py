@@ -268,13 +268,14 @@ def _recording() -> Iterator[list[tuple]]:
         JITFunction.run = original
 
 
-def _specialise(fn: Any, args: tuple, kwargs: dict, arch: str) -> dict:
-    """What ``JITFunction.run`` would hand to ``triton.compile`` for this call on ``arch``."""
+def _specialise(fn: Any, args: tuple, kwargs: dict, arch: str, target: Any = None) -> dict:
+    """What ``JITFunction.run`` would hand to ``triton.compile`` for this call on ``arch`` (an AMD
+    arch unless ``target``, a ``GPUTarget``, names another: tests/aot_gluon.py compiles for sm_90a)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    backend = make_backend(GPUTarget("hip", arch, WAVE_SIZE))
+    backend = make_backend(target or GPUTarget("hip", arch, WAVE_SIZE))
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound_args, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
