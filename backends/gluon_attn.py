@@ -51,6 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .launch_math import cdiv
+from .tail_split import merge_tail, partials, plan_tail_split
 from .triton_attn import triton_varlen_attention
 from .varlen_args import check_varlen_inputs, longest_segment_bound, varlen_output
 
@@ -70,6 +71,7 @@ LOADER_REGS = 24
 # Triton 3.9 renamed the TMA load; the 3.6 name raises there.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _LOG2_E = 1.4426950408889634
+PART_WIDTH = gl.constexpr(80)  # columns of a split program's partial output: the 64 + 16 it computes
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
@@ -103,26 +105,48 @@ def gluon_varlen_attention(
         return out
     cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True)
     descriptors = (*_descriptors(q, CONSUMER_ROWS), *_descriptors(k, BLOCK_N), *_descriptors(v, BLOCK_N))
+    launch = functools.partial(_launch, descriptors, out, cu_seqlens, float(scale) * _LOG2_E, head_dim)
+    # Equal segments (one image, a video's frames): the host knows every program's work and can split
+    # the last wave (backends/tail_split.py). Other layouts run one launch.
+    plan = None
+    if bound * num_seqs == tokens:
+        plan = plan_tail_split(bound, BLOCK_M, heads * num_seqs, _sm_count(q.device.index or 0))
     try:
-        _attn_fwd[(cdiv(bound, BLOCK_M), heads, num_seqs)](
-            *descriptors,
-            out,
-            cu_seqlens,
-            out.stride(0),
-            out.stride(1),
-            float(scale) * _LOG2_E,
-            HEAD_DIM=head_dim,
-            BLOCK_N=BLOCK_N,
-            NUM_STAGES=NUM_STAGES,
-            CONSUMER_REGS=CONSUMER_REGS,
-            LOADER_REGS=LOADER_REGS,
-            num_warps=4,
-        )
+        if plan is None:
+            launch((cdiv(bound, BLOCK_M), heads, num_seqs))
+        else:
+            if plan.first_tail_block:
+                launch((plan.first_tail_block, heads, num_seqs))
+            part_o, part_ml = partials(plan, BLOCK_M, num_seqs, heads, PART_WIDTH.value, q.device)
+            launch((plan.tail_blocks * plan.splits, heads, num_seqs), part_o, part_ml, plan)
+            merge_tail(part_o, part_ml, out, cu_seqlens, plan.first_tail_block * BLOCK_M)
     except CompilationError as err:
         _failed_to_compile.add(key)
         logger.error("gluon_attn does not compile for head dim %d %s with this Triton; triton_attn runs: %s", *key, err)
         return triton_varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, out=out)
     return out
+
+
+def _launch(descriptors, out, cu_seqlens, qk_scale_log2, head_dim, grid, part_o=None, part_ml=None, plan=None):
+    """One launch of the kernel: whole programs into ``out``, or a tail split's programs into partials."""
+    _attn_fwd[grid](
+        *descriptors,
+        out,
+        cu_seqlens,
+        out.stride(0),
+        out.stride(1),
+        qk_scale_log2,
+        part_o,
+        part_ml,
+        None if plan is None else plan.first_tail_block,
+        HEAD_DIM=head_dim,
+        BLOCK_N=BLOCK_N,
+        NUM_STAGES=NUM_STAGES,
+        CONSUMER_REGS=CONSUMER_REGS,
+        LOADER_REGS=LOADER_REGS,
+        SPLITS=1 if plan is None else plan.splits,
+        num_warps=4,
+    )
 
 
 def gluon_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -148,6 +172,12 @@ _failed_to_compile: set[tuple[int, torch.dtype]] = set()
 @functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    # One program per SM: 144 KB of shared memory and the whole register file at d72.
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _descriptors(x: torch.Tensor, rows: int) -> tuple[TensorDescriptor, TensorDescriptor]:
@@ -183,13 +213,22 @@ def _shared_layout(rows: int, width: int, dtype: torch.dtype) -> gl.NVMMASharedL
 
 @gluon.jit
 def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_seqlens, stride_on, stride_oh,
-              qk_scale_log2, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+              qk_scale_log2, part_o, part_ml, first_tail_block, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+              NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+              SPLITS: gl.constexpr):
+    """Whole programs (``SPLITS`` 1: grid ``(query blocks, heads, segments)``, into ``out``) or a tail
+    split's (grid ``(tail blocks x SPLITS, heads, segments)``: key range ``split`` of query block
+    ``first_tail_block + tail block``, into ``part_o``/``part_ml``; backends/tail_split.py)."""
     HAS_TAIL: gl.constexpr = HEAD_DIM > 64
     ROWS: gl.constexpr = 64  # per consumer warpgroup; two consumers
     # program_id(0) is read first. Read after the cu_seqlens loads, it moved into the partitions in
     # the PTX and the kernel ran 20 % slower (H200, Triton 3.6, 1x12800: 2.18 against 1.77 ms).
-    row_start = gl.program_id(0) * (2 * ROWS)
+    if SPLITS == 1:
+        row_start = gl.program_id(0) * (2 * ROWS)
+    else:
+        split = gl.program_id(0) % SPLITS
+        tail_block = gl.program_id(0) // SPLITS
+        row_start = (first_tail_block + tail_block) * (2 * ROWS)
     head = gl.program_id(1)
     seq = gl.program_id(2)
     seq_row0 = gl.load(cu_seqlens + seq)
@@ -197,6 +236,15 @@ def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_
     if row_start >= seq_len:
         return
     n_tiles = gl.cdiv(seq_len, BLOCK_N)
+    if SPLITS == 1:
+        tile0 = 0
+        part_row0 = 0
+    else:
+        # Key tiles tile0 .. tile0 + n_tiles of the segment; partial rows part_row0 .. + 128.
+        tile0 = split * n_tiles // SPLITS
+        n_tiles = (split + 1) * n_tiles // SPLITS - tile0
+        tail_blocks = gl.num_programs(0) // SPLITS
+        part_row0 = ((split * gl.num_programs(2) + seq) * tail_blocks + tail_block) * (2 * ROWS)
 
     dtype: gl.constexpr = k_desc0.dtype
     q0_smem = gl.allocate_shared_memory(dtype, [2, ROWS, 1, 64], q_desc0.layout)
@@ -228,19 +276,19 @@ def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_
     gl.warp_specialize([
         (_consumer, (0, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
                      v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                     n_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES)),
+                     tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS)),
         (_consumer, (1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
                      v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                     n_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES)),
+                     tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS)),
         (_loader, (q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem,
-                   v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, n_tiles, HAS_TAIL,
-                   BLOCK_N, NUM_STAGES)),
+                   v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, tile0, n_tiles,
+                   HAS_TAIL, BLOCK_N, NUM_STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 @gluon.jit
 def _loader(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem,
-            v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, n_tiles,
+            v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, tile0, n_tiles,
             HAS_TAIL: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
     for c in gl.static_range(2):
         _load_rows(q_desc0, q_desc1, q0_smem.index(c), q1_smem.index(c), q_ready.index(c),
@@ -248,7 +296,7 @@ def _loader(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_sm
     for t in range(n_tiles):
         slot = t % NUM_STAGES
         free_phase = ((t // NUM_STAGES) & 1) ^ 1
-        row = seq_row0 + t * BLOCK_N
+        row = seq_row0 + (tile0 + t) * BLOCK_N
         mbarrier.wait(k_free.index(slot), free_phase)
         _load_rows(k_desc0, k_desc1, k0_smem.index(slot), k1_smem.index(slot), k_ready.index(slot), row, head,
                    BLOCK_N, HAS_TAIL)
@@ -273,8 +321,10 @@ def _load_rows(desc0, desc1, smem0, smem1, ready, row, head, ROWS: gl.constexpr,
 @gluon.jit
 def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready,
               k_free, v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-              n_tiles, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Consumer warpgroup ``c``: query rows ``row_start + 64 c ..`` against every key tile of the segment."""
+              tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+              NUM_STAGES: gl.constexpr, SPLITS: gl.constexpr):
+    """Consumer warpgroup ``c``: query rows ``row_start + 64 c ..`` against key tiles ``tile0 ..
+    tile0 + n_tiles`` of the segment (ring slots and phases count from ``tile0``)."""
     HAS_TAIL: gl.constexpr = HEAD_DIM > 64
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -296,7 +346,7 @@ def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_s
     mbarrier.wait(k_ready.index(0), 0)
     s = warpgroup_mma_wait(0, deps=[_qk(q0, q1, k0_smem, k1_smem, 0, s_zero, HAS_TAIL, BLOCK_N)])
     mbarrier.arrive(k_free.index(0))
-    p, _, m_i, l_i = _softmax(s, m_i, l_i, 0, seq_len, qk_scale_log2, s_layout, BLOCK_N, True)
+    p, _, m_i, l_i = _softmax(s, m_i, l_i, tile0, seq_len, qk_scale_log2, s_layout, BLOCK_N, True)
     p_in = gl.convert_layout(p.to(k0_smem.dtype), p0_layout)
     o0 = gl.zeros([64, 64], gl.float32, o0_layout)
     o1 = gl.zeros([64, 16], gl.float32, o1_layout)
@@ -304,15 +354,15 @@ def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_s
     # Tiles 1 .. n_tiles - 2 are whole: no key mask. Masking inside the loop kept the column indices
     # live across it (32 registers at BLOCK_N = 128): 1.83 against 1.77 ms at 1x12800 (H200).
     for j in range(1, n_tiles - 1):
-        p_in, o0, o1, m_i, l_i = _step(j, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready, k_free,
-                                       v_free, s_zero, p_in, o0, o1, m_i, l_i, seq_len, qk_scale_log2, s_layout,
-                                       o0_layout, o1_layout, p0_layout, p1_layout, HAS_TAIL, BLOCK_N, NUM_STAGES,
-                                       False)
-    if n_tiles > 1:
-        p_in, o0, o1, m_i, l_i = _step(n_tiles - 1, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready,
+        p_in, o0, o1, m_i, l_i = _step(j, tile0, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready,
                                        k_free, v_free, s_zero, p_in, o0, o1, m_i, l_i, seq_len, qk_scale_log2,
                                        s_layout, o0_layout, o1_layout, p0_layout, p1_layout, HAS_TAIL, BLOCK_N,
-                                       NUM_STAGES, True)
+                                       NUM_STAGES, False)
+    if n_tiles > 1:
+        p_in, o0, o1, m_i, l_i = _step(n_tiles - 1, tile0, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready,
+                                       v_ready, k_free, v_free, s_zero, p_in, o0, o1, m_i, l_i, seq_len,
+                                       qk_scale_log2, s_layout, o0_layout, o1_layout, p0_layout, p1_layout, HAS_TAIL,
+                                       BLOCK_N, NUM_STAGES, True)
 
     # PV of the last tile.
     last = n_tiles - 1
@@ -326,19 +376,28 @@ def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_s
     else:
         o0 = warpgroup_mma_wait(0, deps=[o0_token])
 
-    rows_start = row_start + c * 64
-    _store(out_ptr, o0, l_i, rows_start, seq_len, seq_row0, head, stride_on, stride_oh, 0, HEAD_DIM, o0_layout, 64)
-    if HAS_TAIL:
-        _store(out_ptr, o1, l_i, rows_start, seq_len, seq_row0, head, stride_on, stride_oh, 64, HEAD_DIM, o1_layout,
-               16)
+    if SPLITS == 1:
+        rows_start = row_start + c * 64
+        _store(out_ptr, o0, l_i, rows_start, seq_len, seq_row0, head, stride_on, stride_oh, 0, HEAD_DIM, o0_layout,
+               64)
+        if HAS_TAIL:
+            _store(out_ptr, o1, l_i, rows_start, seq_len, seq_row0, head, stride_on, stride_oh, 64, HEAD_DIM,
+                   o1_layout, 16)
+    else:
+        part_row = part_row0 + c * 64
+        _store_row_stats(part_ml, m_i, l_i, part_row, head, s_layout)
+        _store_partial(part_o, o0, part_row, head, 0, o0_layout, 64)
+        if HAS_TAIL:
+            _store_partial(part_o, o1, part_row, head, 64, o1_layout, 16)
 
 
 @gluon.jit
-def _step(j, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready, k_free, v_free, s_zero, p_in, o0, o1,
+def _step(j, tile0, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready, k_free, v_free, s_zero, p_in, o0, o1,
           m_i, l_i, seq_len, qk_scale_log2, s_layout: gl.constexpr, o0_layout: gl.constexpr,
           o1_layout: gl.constexpr, p0_layout: gl.constexpr, p1_layout: gl.constexpr, HAS_TAIL: gl.constexpr,
           BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK: gl.constexpr):
-    """Tile ``j``: QK(j) and PV(j - 1) issued together, the softmax of j while PV(j - 1) runs."""
+    """Tile ``j`` (the segment's ``tile0 + j``): QK(j) and PV(j - 1) issued together, the softmax of j
+    while PV(j - 1) runs."""
     slot = j % NUM_STAGES
     prev = (j - 1) % NUM_STAGES
     mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
@@ -352,7 +411,7 @@ def _step(j, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready, k_fre
     else:
         s = warpgroup_mma_wait(1, deps=[s_token])
     mbarrier.arrive(k_free.index(slot))
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j, seq_len, qk_scale_log2, s_layout, BLOCK_N, MASK)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile0 + j, seq_len, qk_scale_log2, s_layout, BLOCK_N, MASK)
     if HAS_TAIL:
         o0, o1 = warpgroup_mma_wait(0, deps=[o0_token, o1_token])
     else:
@@ -400,3 +459,21 @@ def _store(out_ptr, o, l_i, rows_start, seq_len, seq_row0, head, stride_on, stri
     offsets = gl.expand_dims((seq_row0 + rows).to(gl.int64) * stride_on, 1) + gl.expand_dims(cols, 0)
     mask = gl.expand_dims(rows < seq_len, 1) & gl.expand_dims(cols < HEAD_DIM, 0)
     gl.store(out_ptr + head * stride_oh + offsets, o.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _store_partial(part_o, o, part_row, head, col0: gl.constexpr, o_layout: gl.constexpr, WIDTH: gl.constexpr):
+    """Unnormalised ``o`` of partial rows ``part_row ..`` (every row: the merge masks the segment's end)."""
+    rows = part_row + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+    cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, o_layout))
+    entries = rows.to(gl.int64) * gl.num_programs(1) + head
+    gl.store(part_o + gl.expand_dims(entries * PART_WIDTH, 1) + gl.expand_dims(cols, 0), o)
+
+
+@gluon.jit
+def _store_row_stats(part_ml, m_i, l_i, part_row, head, s_layout: gl.constexpr):
+    """The base-2 row max and row sum of partial rows ``part_row ..``."""
+    rows = part_row + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+    entries = rows.to(gl.int64) * gl.num_programs(1) + head
+    gl.store(part_ml + 2 * entries, m_i)
+    gl.store(part_ml + 2 * entries + 1, l_i)

@@ -4,14 +4,16 @@ CI has no NVIDIA GPU, but Triton's NVIDIA backend compiles to a cubin without on
 wheel), and the cubin states what the device would allocate. The launch is not described twice: the
 real wrapper (``gluon_varlen_attention``) is called on CPU tensors shaped like the tower's q, k, v
 views while ``JITFunction.run`` records its arguments (tests/aot_rocm.py's recorder), Triton's binder
-specialises the call for sm_90 as a launch would, and ``triton.compile`` builds it through Gluon's
-source class. The wrapper sends CPU tensors to ``triton_attn``, so the recording pretends the
-tensors passed ``gluon_unsupported_reason``.
+specialises each launch for sm_90 as a launch would, and ``triton.compile`` builds it (through
+Gluon's source class for the attention kernel). The wrapper sends CPU tensors to ``triton_attn``, so
+the recording pretends the tensors passed ``gluon_unsupported_reason``. Two calls per dtype and head
+dim: ragged segments (one launch of whole programs) and one 12,800-token image on an H200's 132 SMs
+(whole programs, the tail split's programs, and the merge: backends/tail_split.py).
 
-What tests/test_gluon_attn.py checks in each record: no spills (ptxas's local memory), the
-``setmaxnreg`` requests of the three partitions fit the register pool Triton plans (a request that
-does not fit waits forever on the GPU), the kernel uses ``wgmma`` (``HGMMA``) and TMA (``UTMALDG``),
-and its shared memory fits an SM.
+What tests/test_gluon_attn.py checks in each record: no spills (ptxas's local memory) and shared
+memory that fits an SM; for the attention kernel also that the ``setmaxnreg`` requests of the three
+partitions fit the register pool Triton plans (a request that does not fit waits forever on the
+GPU), and that it uses ``wgmma`` (``HGMMA``) and TMA (``UTMALDG``).
 
     .venv/bin/python tests/aot_gluon.py               # one line per specialisation
     .venv/bin/python tests/aot_gluon.py --json PATH   # the records, for tests/test_gluon_attn.py
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import importlib
 import json
 import os
@@ -37,17 +38,20 @@ from typing import Any
 from unittest import mock
 
 import torch
-from aot_rocm import _environment, _record_one, _specialise
+from aot_rocm import _environment, _recording, _specialise
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HEADS = 16
 TOKENS = 4096
+SPLIT_TOKENS = 12800  # 1,600 programs on 132 SMs: the tail is split
+H200_SMS = 132
 
 
 @dataclass
 class Record:
     """One compiled specialisation and what its cubin and PTX say."""
 
+    kernel: str  # "attention", "attention, tail split" or "merge"
     dtype: str
     head_dim: int
     registers: int  # per thread at entry (the kernel-wide cap the partitions share)
@@ -83,34 +87,58 @@ def compile_all() -> list[Record]:
     with tempfile.TemporaryDirectory(prefix="rocm-vit-aot-") as cache_dir, _environment(TRITON_CACHE_DIR=cache_dir):
         for dtype_name, dtype in DTYPES.items():
             for head_dim in gluon_attn.GLUON_HEAD_DIMS:
-                q, k, v = torch.empty(TOKENS, 3, HEADS, head_dim, dtype=dtype).unbind(1)
-                cu_seqlens = torch.tensor([0, 196, TOKENS], dtype=torch.int32)
-                call = functools.partial(gluon_attn.gluon_varlen_attention, q, k, v, cu_seqlens, 3900, head_dim**-0.5)
-                with mock.patch.object(gluon_attn, "gluon_unsupported_reason", lambda *tensors: None):
-                    fn, args, kwargs = _record_one(call)
-                records.append(_compile(fn, args, kwargs, dtype_name, head_dim))
+                launches = _launches(gluon_attn, TOKENS, [0, 196, TOKENS], 3900, head_dim, dtype)
+                launches += _launches(gluon_attn, SPLIT_TOKENS, [0, SPLIT_TOKENS], SPLIT_TOKENS, head_dim, dtype)
+                compiled = set()
+                for fn, args, kwargs in launches:
+                    kernel = _kernel_name(fn, kwargs)
+                    if kernel not in compiled:
+                        compiled.add(kernel)
+                        records.append(_compile(fn, args, kwargs, kernel, dtype_name, head_dim))
     return records
 
 
-def _compile(fn: Any, args: tuple, kwargs: dict, dtype_name: str, head_dim: int) -> Record:
+def _launches(gluon_attn: Any, tokens: int, offsets: list[int], max_seqlen: int, head_dim: int, dtype) -> list:
+    """The ``(kernel, args, kwargs)`` of every launch one call makes, on an sm_90 with 132 SMs."""
+    q, k, v = torch.empty(tokens, 3, HEADS, head_dim, dtype=dtype).unbind(1)
+    cu_seqlens = torch.tensor(offsets, dtype=torch.int32)
+    with (
+        mock.patch.object(gluon_attn, "gluon_unsupported_reason", lambda *tensors: None),
+        mock.patch.object(gluon_attn, "_sm_count", lambda index: H200_SMS),
+        _recording() as launches,
+    ):
+        gluon_attn.gluon_varlen_attention(q, k, v, cu_seqlens, max_seqlen, head_dim**-0.5)
+    return launches
+
+
+def _kernel_name(fn: Any, kwargs: dict) -> str:
+    if fn.fn.__name__ == "_merge_kernel":
+        return "merge"
+    return "attention" if kwargs["SPLITS"] == 1 else "attention, tail split"
+
+
+def _compile(fn: Any, args: tuple, kwargs: dict, kernel: str, dtype_name: str, head_dim: int) -> Record:
     import triton
     from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
     from triton.experimental.gluon._runtime import GluonASTSource
 
     target = GPUTarget("cuda", 90, 32)
     job = _specialise(fn, args, kwargs, "sm_90a", target)
     kernel_fn = getattr(importlib.import_module(job["module"]), job["name"])
-    source = GluonASTSource(kernel_fn, job["signature"], job["constexprs"], job["attrs"])
-    kernel = triton.compile(source, target=target, options=job["options"])
-    ptx = kernel.asm["ptx"]
-    usage, sass = _cubin_report(kernel.asm["cubin"])
+    source_class = ASTSource if kernel == "merge" else GluonASTSource
+    source = source_class(kernel_fn, job["signature"], job["constexprs"], job["attrs"])
+    compiled = triton.compile(source, target=target, options=job["options"])
+    ptx = compiled.asm["ptx"]
+    usage, sass = _cubin_report(compiled.asm["cubin"])
     return Record(
+        kernel=kernel,
         dtype=dtype_name,
         head_dim=head_dim,
         registers=usage["REG"],
-        threads=int(re.search(r"\.reqntid (\d+)", ptx).group(1)),
+        threads=int(re.search(r"\.(?:reqntid|maxntid) (\d+)", ptx).group(1)),
         local_bytes=usage["LOCAL"] + usage["STACK"],
-        shared_bytes=kernel.metadata.shared,
+        shared_bytes=compiled.metadata.shared,
         setmaxnreg_inc=sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)}),
         setmaxnreg_dec=sorted({int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)}),
         sass_ops=_op_counts(sass, ("HGMMA", "UTMALDG", "SYNCS", "BAR")),

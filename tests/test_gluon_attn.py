@@ -38,29 +38,50 @@ def records(tmp_path_factory) -> list[Record]:
     return [Record(**fields) for fields in json.loads(out.read_text())]
 
 
+KERNELS = ("attention", "attention, tail split", "merge")
+
+
 def test_every_dtype_and_head_dim_compiles_for_sm90(records):
-    compiled = {(r.dtype, r.head_dim) for r in records}
-    assert compiled == {(dtype, head_dim) for dtype in ("bf16", "fp16") for head_dim in gluon_attn.GLUON_HEAD_DIMS}
+    compiled = {(r.kernel, r.dtype, r.head_dim) for r in records}
+    expected = {
+        (kernel, dtype, head_dim)
+        for kernel in KERNELS
+        for dtype in ("bf16", "fp16")
+        for head_dim in gluon_attn.GLUON_HEAD_DIMS
+    }
+    assert compiled == expected, f"missing: {sorted(expected - compiled)}"
 
 
-def test_kernel_uses_wgmma_and_tma_without_spills_within_an_sm(records):
+def test_kernels_compile_without_spills_within_an_sm(records):
     for r in records:
-        label = f"{r.dtype} d{r.head_dim}"
+        label = f"{r.kernel} {r.dtype} d{r.head_dim}"
         assert r.local_bytes == 0, f"{label}: {r.local_bytes} B of local memory (spills)"
-        assert r.sass_ops["HGMMA"] > 0 and r.sass_ops["UTMALDG"] > 0, f"{label}: {r.sass_ops}"
         assert r.shared_bytes <= SM90_SHARED_BYTES, f"{label}: {r.shared_bytes} B of shared memory"
+        assert r.registers * r.threads <= SM90_REGISTERS, label
+
+
+def test_attention_kernel_uses_wgmma_and_tma_in_three_warpgroups(records):
+    for r in _attention(records):
+        assert r.sass_ops["HGMMA"] > 0 and r.sass_ops["UTMALDG"] > 0, (
+            f"{r.kernel} {r.dtype} d{r.head_dim}: {r.sass_ops}"
+        )
         assert r.threads == 3 * 128  # two consumer warpgroups and the loader's (padded) warpgroup
 
 
 def test_partition_register_requests_fit_the_pool(records):
     # setmaxnreg blocks until the registers it asks for are free: requests beyond the pool the
     # kernel was launched with (its register count times its threads) wait forever on the GPU.
-    for r in records:
+    for r in _attention(records):
         pool_per_warpgroup = r.registers * r.threads // 128
         default = max(r.setmaxnreg_inc)
         assert gluon_attn.CONSUMER_REGS in r.setmaxnreg_inc and gluon_attn.LOADER_REGS in r.setmaxnreg_dec
         assert default + gluon_attn.CONSUMER_REGS + gluon_attn.LOADER_REGS <= pool_per_warpgroup, r
-        assert r.registers * r.threads <= SM90_REGISTERS
+
+
+def _attention(records: list[Record]) -> list[Record]:
+    chosen = [r for r in records if r.kernel.startswith("attention")]
+    assert chosen
+    return chosen
 
 
 def _fused_qkv(tokens: int = 40, heads: int = 4, head_dim: int = 72, dtype: torch.dtype = torch.bfloat16):
@@ -137,3 +158,38 @@ def test_a_kernel_that_does_not_compile_is_logged_once_and_its_shape_runs_triton
     # Another head dim is its own specialisation: it tries the kernel once too.
     gluon_attn.gluon_varlen_attention(*_fused_qkv(head_dim=80), cu_seqlens, 23, 0.1)
     assert launch.calls == 2 and fallback.calls == 4
+
+
+@pytest.mark.parametrize(
+    ("offsets", "max_seqlen", "expected_grids"),
+    [
+        # One 12,800-token image: 99 whole query blocks, the 100th as 8 key ranges, then the merge of
+        # its 128 rows (8 blocks of 16).
+        (
+            [0, 12800],
+            12800,
+            [("_attn_fwd", (99, 16, 1), 1), ("_attn_fwd", (8, 16, 1), 8), ("_merge_kernel", (8, 16, 1), 8)],
+        ),
+        # The same tokens in unequal segments: the host does not know their lengths, one launch.
+        ([0, 6000, 12800], 6800, [("_attn_fwd", (54, 16, 2), 1)]),
+        # A nearly full last wave (8,160 tokens: 7.76 waves): one launch.
+        ([0, 8160], 8160, [("_attn_fwd", (64, 16, 1), 1)]),
+    ],
+    ids=["one_image", "unequal_segments", "full_last_wave"],
+)
+def test_launches_split_the_last_wave_only_where_the_host_knows_the_work(
+    monkeypatch, offsets, max_seqlen, expected_grids
+):
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+    monkeypatch.setattr(gluon_attn, "gluon_unsupported_reason", lambda *tensors: None)
+    monkeypatch.setattr(gluon_attn, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(
+        JITFunction,
+        "run",
+        lambda self, *args, grid, warmup, **kwargs: launches.append((self.fn.__name__, grid, kwargs.get("SPLITS"))),
+    )
+    q, k, v = torch.empty(offsets[-1], 3, 16, 72, dtype=torch.bfloat16).unbind(1)
+    gluon_attn.gluon_varlen_attention(q, k, v, torch.tensor(offsets, dtype=torch.int32), max_seqlen, 0.1)
+    assert launches == expected_grids

@@ -245,3 +245,78 @@ def test_gluon_kernel_is_deterministic_and_masks_the_next_segments_keys(monkeypa
     v[end:] = 3e4
     again = attend(q, k, v, cu_seqlens, layout.max_seqlen, 0.1)
     assert torch.equal(again[:end], first[:end])
+
+
+# gluon_attn's tail split (backends/tail_split.py). The plan is taken for an H200's 132 SMs whatever
+# the GPU, so each case splits; segments of equal length, as one image or a video's frames.
+SPLIT_CASES = {
+    "1x12800_d72_bf16": (1, 12800, 72, torch.bfloat16),
+    "2x6400_d64_fp16": (2, 6400, 64, torch.float16),
+    "1x6400_d80_bf16": (1, 6400, 80, torch.bfloat16),
+}
+
+
+def _split_case(monkeypatch, case: str):
+    """The kernel-only wrapper on 132 SMs, inputs, offsets, and the plan it will run."""
+    from rocm_vit.backends import gluon_attn
+    from rocm_vit.backends.tail_split import plan_tail_split
+
+    attend = _gluon_kernel_only(monkeypatch)
+    monkeypatch.setattr(gluon_attn, "_sm_count", lambda index: 132)
+    segments, seq_len, head_dim, dtype = SPLIT_CASES[case]
+    q, k, v = _qkv(segments * seq_len, head_dim, dtype)
+    cu_seqlens = torch.arange(segments + 1, dtype=torch.int32, device=DEVICE) * seq_len
+    plan = plan_tail_split(seq_len, gluon_attn.BLOCK_M, HEADS * segments, 132)
+    assert plan is not None, f"{case} does not split on 132 SMs"
+    return attend, (q, k, v, cu_seqlens, seq_len, head_dim**-0.5), plan
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_gluon_tail_split_rows_match_fp32_and_the_rest_equal_whole_programs(monkeypatch, case):
+    from rocm_vit.backends import gluon_attn
+
+    attend, (q, k, v, cu_seqlens, seq_len, scale), plan = _split_case(monkeypatch, case)
+    split = attend(q, k, v, cu_seqlens, seq_len, scale, out=torch.full_like(q, float("nan")))
+    monkeypatch.setattr(gluon_attn, "plan_tail_split", lambda *args: None)
+    whole = attend(q, k, v, cu_seqlens, seq_len, scale)
+    assert not split.isnan().any()
+    segments = len(cu_seqlens) - 1
+    tail_row = plan.first_tail_block * gluon_attn.BLOCK_M
+    for seq in range(segments):
+        start, end = seq * seq_len, (seq + 1) * seq_len
+        assert torch.equal(split[start : start + tail_row], whole[start : start + tail_row])
+        rows = slice(start + tail_row, end)
+        weights = torch.softmax(torch.einsum("qhd,khd->hqk", q[rows].float(), k[start:end].float()) * scale, -1)
+        expected = torch.einsum("hqk,khd->qhd", weights, v[start:end].float())
+        split_error = _relative_error(split[rows], expected)
+        # The merge reorders fp32 sums only: its error is the whole programs' (the output's rounding).
+        assert split_error < TOLERANCE[q.dtype] and split_error < 1.05 * _relative_error(whole[rows], expected)
+
+
+@torch.inference_mode()
+def test_gluon_tail_split_replays_bitwise_and_syncs_nothing(monkeypatch):
+    attend, (q, k, v, cu_seqlens, seq_len, scale), _ = _split_case(monkeypatch, "1x12800_d72_bf16")
+    out = torch.empty_like(q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        attend(q, k, v, cu_seqlens, seq_len, scale, out=out)  # compile
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        attend(q, k, v, cu_seqlens, seq_len, scale, out=out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # a sync, or a host read of cu_seqlens, would fail the capture
+        attend(q, k, v, cu_seqlens, seq_len, scale, out=out)
+    for seed in (1, 2):
+        for static, fresh in zip((q, k, v), _qkv(len(q), 72, torch.bfloat16, seed=seed), strict=True):
+            static.copy_(fresh)
+        graph.replay()
+        eager = attend(q, k, v, cu_seqlens, seq_len, scale)
+        again = attend(q, k, v, cu_seqlens, seq_len, scale)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager) and torch.equal(eager, again), f"seed {seed}"

@@ -1,0 +1,164 @@
+"""The last wave of a one-program-per-SM attention launch, split along the keys and merged in order.
+
+``gluon_attn`` runs one program per SM, each owning 128 query rows of one head against all the
+segment's keys, so a launch runs in waves of ``SMs`` programs of equal work. When the program count
+is just past a multiple of the SM count, the last wave keeps a few SMs busy for a whole program's
+time: 1x12800 at 16 heads is 1,600 programs on an H200's 132 SMs, so its thirteenth wave runs 16
+programs on 116 idle SMs, 7 % of the time.
+
+``plan_tail_split`` chooses, from the launch's shape alone, how many trailing query blocks of every
+segment leave the main launch, and into how many key ranges each of their programs is cut
+(flash-decoding's split-KV, for the tail only). The split programs write unnormalised fp32 partials
+``(o, m, l)``; ``merge_tail`` combines them in split order, so a result does not depend on which
+program finished first: deterministic, and a graph replay equals the eager call (both take the same
+plan from the same shapes). The split rows differ from an unsplit run by fp32 rounding only.
+
+The plan needs every segment's length, which the host knows without reading ``cu_seqlens`` only when
+all segments are equally long (``max_seqlen * segments == tokens``: one image, or a video's frames);
+other layouts run unsplit.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch_math import cdiv, next_power_of_2
+
+# Costs in one program's key-tile steps (~1.4 us at head dim 72 on an H200): a program's fixed part
+# (Q load, pipeline fill, epilogue) and the split's own (a kernel boundary and the merge launch).
+PROGRAM_OVERHEAD_TILES = 1
+SPLIT_OVERHEAD_TILES = 6
+MIN_TILES_PER_SPLIT = 2
+# A split must beat the unsplit launch by this fraction of its modelled time: below it the model's
+# error (programs finish staggered, not in lockstep waves) is as large as the gain.
+MIN_GAIN = 0.03
+MAX_SPLITS = 16
+MERGE_BLOCK_ROWS = 16
+
+
+@dataclass(frozen=True)
+class TailSplit:
+    """Query blocks ``first_tail_block ..`` of every segment run as ``splits`` programs each."""
+
+    first_tail_block: int
+    tail_blocks: int
+    splits: int
+
+
+def plan_tail_split(seq_len: int, block_rows: int, programs_per_block: int, sms: int) -> TailSplit | None:
+    """The split that finishes soonest by the wave model, or ``None`` when an unsplit launch does.
+
+    ``seq_len`` is every segment's length, ``block_rows`` the query rows (and keys per tile) of one
+    program, ``programs_per_block`` heads times segments, ``sms`` the programs that run at once.
+    """
+    return _plan(cdiv(seq_len, block_rows), programs_per_block, sms)
+
+
+@functools.cache
+def _plan(blocks: int, programs_per_block: int, sms: int) -> TailSplit | None:
+    # Key tiles equal query blocks: the segment is both.
+    tiles = blocks
+    step = tiles + PROGRAM_OVERHEAD_TILES
+    best_cost, best = cdiv(blocks * programs_per_block, sms) * step * (1 - MIN_GAIN), None
+    max_splits = min(MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT)
+    for tail_blocks in range(1, blocks + 1):
+        main_cost = cdiv((blocks - tail_blocks) * programs_per_block, sms) * step
+        if main_cost >= best_cost:
+            continue
+        for splits in range(2, max_splits + 1):
+            split_programs = tail_blocks * programs_per_block * splits
+            cost = (
+                main_cost
+                + cdiv(split_programs, sms) * (cdiv(tiles, splits) + PROGRAM_OVERHEAD_TILES)
+                + SPLIT_OVERHEAD_TILES
+            )
+            if cost < best_cost:
+                best_cost, best = cost, TailSplit(blocks - tail_blocks, tail_blocks, splits)
+    return best
+
+
+def partials(plan: TailSplit, block_rows: int, segments: int, heads: int, width: int, device: torch.device):
+    """Fresh fp32 ``(o [splits, segments, rows, heads, width], ml [..., 2])`` for the split programs:
+    unnormalised output and the base-2 row max and row sum of each key range."""
+    rows = plan.tail_blocks * block_rows
+    shape = (plan.splits, segments, rows, heads)
+    buffer = torch.empty(plan.splits * segments * rows * heads * (width + 2), dtype=torch.float32, device=device)
+    o_size = plan.splits * segments * rows * heads * width
+    return buffer[:o_size].view(*shape, width), buffer[o_size:].view(*shape, 2)
+
+
+def merge_tail(
+    part_o: torch.Tensor,
+    part_ml: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    first_tail_row: int,
+) -> None:
+    """``out``'s tail rows ``first_tail_row ..`` of every segment from the split partials, in split order."""
+    splits, segments, rows, heads, width = part_o.shape
+    head_dim = out.shape[2]
+    _merge_kernel[(cdiv(rows, MERGE_BLOCK_ROWS), heads, segments)](
+        part_o,
+        part_ml,
+        out,
+        cu_seqlens,
+        out.stride(0),
+        out.stride(1),
+        first_tail_row,
+        rows,
+        SPLITS=splits,
+        WIDTH=width,
+        HEAD_DIM=head_dim,
+        BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_R=MERGE_BLOCK_ROWS,
+        num_warps=4,
+    )
+
+
+@triton.jit
+def _merge_kernel(
+    part_o,
+    part_ml,
+    out_ptr,
+    cu_seqlens,
+    stride_on,
+    stride_oh,
+    first_tail_row,
+    tail_rows,
+    SPLITS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    heads = tl.num_programs(1)
+    segments = tl.num_programs(2)
+    seq_row0 = tl.load(cu_seqlens + seq)
+    seq_len = tl.load(cu_seqlens + seq + 1) - seq_row0
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = (rows < tail_rows) & (first_tail_row + rows < seq_len)
+    # The largest row max first, so every weight is at most 1; then the sums, split by split.
+    m_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for split in tl.static_range(SPLITS):
+        entry = ((split * segments + seq) * tail_rows + rows) * heads + head
+        m_max = tl.maximum(m_max, tl.load(part_ml + 2 * entry, mask=row_ok, other=0.0))
+    o_mask = row_ok[:, None] & (cols < HEAD_DIM)[None, :]
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    l_sum = tl.zeros([BLOCK_R], tl.float32)
+    for split in tl.static_range(SPLITS):
+        entry = ((split * segments + seq) * tail_rows + rows) * heads + head
+        weight = tl.exp2(tl.load(part_ml + 2 * entry, mask=row_ok, other=0.0) - m_max)
+        l_sum += tl.load(part_ml + 2 * entry + 1, mask=row_ok, other=1.0) * weight
+        o_offsets = entry.to(tl.int64)[:, None] * WIDTH + cols[None, :]
+        acc += tl.load(part_o + o_offsets, mask=o_mask, other=0.0) * weight[:, None]
+    out_rows = (seq_row0 + first_tail_row + rows).to(tl.int64)
+    out_offsets = out_rows[:, None] * stride_on + head * stride_oh + cols[None, :]
+    tl.store(out_ptr + out_offsets, (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=o_mask)
