@@ -24,9 +24,16 @@ that a segment's last tile reads are masked to ``-inf`` by index; query rows pas
 computed and not stored. Segment bounds come from ``cu_seqlens`` on the device, and ``max_seqlen``
 only sizes the grid: nothing is read back, so a launch is capturable. No atomics: deterministic.
 
-Measured (H200, bf16, 16 heads, head dim 72, one segment; docs/benchmarks.md, eighth round):
-1x12800 1.77-1.87 ms against triton_attn's 2.12-2.22 and cuDNN's 2.04-2.18; 1x47376 431-441
-TFLOP/s against 337-365. Errors against fp32 equal triton_attn's.
+One program runs per SM, so a launch runs in waves. When every segment is equally long (one image,
+a video's frames) the host knows each program's work, and a nearly empty last wave is split along the
+keys (backends/tail_split.py): the last query blocks run as several key ranges that write fp32
+partials, merged in a fixed order by a second small kernel. 1x12800 (1,600 programs on 132 SMs)
+runs 99 whole query blocks per head and the 100th as 8 key ranges.
+
+Measured (H200, bf16, 16 heads, head dim 72, one segment; docs/benchmarks.md, eighth and ninth
+rounds): 1x12800 1.75-1.78 ms with the split (1.82 without) against triton_attn's 2.25 and cuDNN's
+2.18; 1x47376 435-441 TFLOP/s against 356 and 333. Errors against float64 equal cuDNN's and
+triton_attn's to three digits (2.32e-3 at 1x47376).
 
 Scope, checked by ``gluon_unsupported_reason``: an sm_90 GPU; q, k and v of one dtype, bf16 or
 fp16; head dim 64, 72 or 80; as many k/v heads as q heads; 16-byte aligned bases and strides (TMA's

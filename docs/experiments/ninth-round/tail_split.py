@@ -1,6 +1,6 @@
 """#16, ninth round: gluon_attn's tail split on an H200, against the unsplit launch and other plans.
 
-    PYTHONPATH=$PWD python docs/experiments/ninth-round/tail_split.py [--rep-ms 100] [--skip-fp64] [--skip-tower]
+    PYTHONPATH=$PWD python docs/experiments/ninth-round/tail_split.py [--rep-ms 100] [--skip-times] [--skip-fp64] [--skip-tower]
 
 Parts (a table each, printed at the end):
 1. times, graph-replayed (rocm_vit.cli.workload.device_ms): per layout the unsplit launch, the plan
@@ -157,7 +157,8 @@ def part_tower():
             gluon_attn.plan_tail_split = plan_fn
         try:
             start = time.perf_counter()
-            main(["bench", "--preset", "qwen3-vl-8b", "--layouts", "1x2048x1600", "--no-graphs", "--repeats", "5"])
+            main(["bench", "--preset", "qwen3-vl-8b", "--layouts", "1x2048x1600,1x3024x4032", "--no-graphs",
+                  "--repeats", "5"])  # fmt: skip
             rows.append((label, time.perf_counter() - start))
         finally:
             gluon_attn.plan_tail_split = saved
@@ -167,11 +168,12 @@ def part_tower():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rep-ms", type=int, default=100)
+    parser.add_argument("--skip-times", action="store_true")
     parser.add_argument("--skip-fp64", action="store_true")
     parser.add_argument("--skip-tower", action="store_true")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "SMs", torch.cuda.get_device_properties(0).multi_processor_count)
-    times = part_times(args.rep_ms)
+    times = [] if args.skip_times else part_times(args.rep_ms)
     errors = [] if args.skip_fp64 else part_fp64()
     tower = [] if args.skip_tower else part_tower()
     print("\n| layout | plan (tail blocks x splits) | module's pick | ms | rel. to unsplit | model | TFLOP/s | max abs diff to unsplit |")
