@@ -5,6 +5,7 @@ so the split launch (launched with the PDL attribute) may start on SMs that the 
 wave frees, instead of after all of it; each split program runs `griddepcontrol.wait` before it exits,
 so its completion still implies the main launch's (the merge and every later kernel wait on it).
 The variant is gluon_pdl.py beside this script (backends/gluon_attn.py at 34237c9 plus the PDL flag).
+Measured in the ninth round: within noise or slower; not shipped.
 
     PYTHONPATH=$PWD:$PWD/docs/experiments/ninth-round python docs/experiments/ninth-round/pdl.py [--rep-ms 100]
 """
