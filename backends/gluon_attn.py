@@ -58,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .launch_math import cdiv
-from .tail_split import merge_tail, partials, plan_tail_split
+from .tail_split import TailSplit, merge_tail, partials, plan_tail_split
 from .triton_attn import triton_varlen_attention
 from .varlen_args import check_varlen_inputs, longest_segment_bound, varlen_output
 
@@ -78,7 +78,7 @@ LOADER_REGS = 24
 # Triton 3.9 renamed the TMA load; the 3.6 name raises there.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _LOG2_E = 1.4426950408889634
-PART_WIDTH = gl.constexpr(80)  # columns of a split program's partial output: the 64 + 16 it computes
+_PART_WIDTH = gl.constexpr(80)  # columns of a split program's partial output: the 64 + 16 it computes
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
@@ -124,7 +124,7 @@ def gluon_varlen_attention(
         else:
             if plan.first_tail_block:
                 launch((plan.first_tail_block, heads, num_seqs))
-            part_o, part_ml = partials(plan, BLOCK_M, num_seqs, heads, PART_WIDTH.value, q.device)
+            part_o, part_ml = partials(plan, BLOCK_M, num_seqs, heads, _PART_WIDTH.value, q.device)
             launch((plan.tail_blocks * plan.splits, heads, num_seqs), part_o, part_ml, plan)
             merge_tail(part_o, part_ml, out, cu_seqlens, plan.first_tail_block * BLOCK_M)
     except CompilationError as err:
@@ -134,7 +134,17 @@ def gluon_varlen_attention(
     return out
 
 
-def _launch(descriptors, out, cu_seqlens, qk_scale_log2, head_dim, grid, part_o=None, part_ml=None, plan=None):
+def _launch(
+    descriptors: tuple[TensorDescriptor, ...],
+    out: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    qk_scale_log2: float,
+    head_dim: int,
+    grid: tuple[int, int, int],
+    part_o: torch.Tensor | None = None,
+    part_ml: torch.Tensor | None = None,
+    plan: TailSplit | None = None,
+) -> None:
     """One launch of the kernel: whole programs into ``out``, or a tail split's programs into partials."""
     _attn_fwd[grid](
         *descriptors,
@@ -474,7 +484,7 @@ def _store_partial(part_o, o, part_row, head, col0: gl.constexpr, o_layout: gl.c
     rows = part_row + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
     cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, o_layout))
     entries = rows.to(gl.int64) * gl.num_programs(1) + head
-    gl.store(part_o + gl.expand_dims(entries * PART_WIDTH, 1) + gl.expand_dims(cols, 0), o)
+    gl.store(part_o + gl.expand_dims(entries * _PART_WIDTH, 1) + gl.expand_dims(cols, 0), o)
 
 
 @gluon.jit

@@ -59,7 +59,7 @@ def plan_tail_split(seq_len: int, block_rows: int, programs_per_block: int, sms:
     return _plan(cdiv(seq_len, block_rows), programs_per_block, sms)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # bounded: a server sees many image sizes
 def _plan(blocks: int, programs_per_block: int, sms: int) -> TailSplit | None:
     # Key tiles equal query blocks: the segment is both.
     tiles = blocks
@@ -82,7 +82,9 @@ def _plan(blocks: int, programs_per_block: int, sms: int) -> TailSplit | None:
     return best
 
 
-def partials(plan: TailSplit, block_rows: int, segments: int, heads: int, width: int, device: torch.device):
+def partials(
+    plan: TailSplit, block_rows: int, segments: int, heads: int, width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fresh fp32 ``(o [splits, segments, rows, heads, width], ml [..., 2])`` for the split programs:
     unnormalised output and the base-2 row max and row sum of each key range."""
     rows = plan.tail_blocks * block_rows
