@@ -31,7 +31,7 @@ partials, merged in a fixed order by a second small kernel. 1x12800 (1,600 progr
 runs 99 whole query blocks per head and the 100th as 8 key ranges.
 
 Measured (H200, bf16, 16 heads, head dim 72, one segment; docs/benchmarks.md, eighth and ninth
-rounds): 1x12800 1.75-1.78 ms with the split (1.82 without) against triton_attn's 2.25 and cuDNN's
+rounds): 1x12800 1.74-1.78 ms with the split (1.82 without) against triton_attn's 2.25 and cuDNN's
 2.18; 1x47376 435-441 TFLOP/s against 356 and 333. Errors against float64 equal cuDNN's and
 triton_attn's to three digits (2.32e-3 at 1x47376).
 
