@@ -48,10 +48,11 @@ def test_every_plan_is_a_valid_launch_that_the_model_says_is_faster(sms):
             assert plan.first_tail_block + plan.tail_blocks == blocks
             assert 2 <= plan.splits <= tail_split.MAX_SPLITS
             assert blocks // plan.splits >= tail_split.MIN_TILES_PER_SPLIT  # every key range has tiles
-            whole = math.ceil(blocks * heads / sms) * (blocks + 1)
+            overhead = tail_split.PROGRAM_OVERHEAD_TILES
+            whole = math.ceil(blocks * heads / sms) * (blocks + overhead)
             split = (
-                math.ceil(plan.first_tail_block * heads / sms) * (blocks + 1)
-                + math.ceil(plan.tail_blocks * heads * plan.splits / sms) * (math.ceil(blocks / plan.splits) + 1)
+                math.ceil(plan.first_tail_block * heads / sms) * (blocks + overhead)
+                + math.ceil(plan.tail_blocks * heads * plan.splits / sms) * (math.ceil(blocks / plan.splits) + overhead)
                 + tail_split.SPLIT_OVERHEAD_TILES
             )
             assert split <= whole * (1 - tail_split.MIN_GAIN), (seq_len, heads, sms, plan)
