@@ -5,17 +5,21 @@ runs QK -> softmax -> PV in series and a CTA-wide barrier follows every key tile
 seventh round). Triton 3.6 does not generate FA3's overlap from a ``tl.dot`` loop, so this kernel
 writes it out in Gluon, where warps, shared memory, barriers and ``wgmma`` are explicit:
 
-- one program owns ``BLOCK_M`` = 128 query rows of one head of one segment and is warp-specialised:
-  a one-warp loader partition streams K and V tiles by TMA into a ``NUM_STAGES``-slot shared-memory
-  ring, and two consumer warpgroups own 64 query rows each;
+- one program owns 128 or 192 query rows of one head of one segment and is warp-specialised: a
+  one-warp loader partition streams K and V tiles by TMA into a ``NUM_STAGES``-slot shared-memory
+  ring, and two or three consumer warpgroups own 64 query rows each;
 - slots are handed over by mbarriers (``k_ready``/``v_ready`` by the loader's TMA bytes,
   ``k_free``/``v_free`` by one arrive per consumer), so no barrier spans the CTA inside the loop and
-  the two consumers drift apart, each overlapping the other's softmax with its matmuls;
-- within a consumer, QK of tile ``j`` is issued as an asynchronous ``wgmma`` before PV of tile
-  ``j - 1``, and only QK is waited for before the softmax: PV runs under it;
-- the loader needs few registers and gives them to the consumers (``setmaxnreg``:
-  ``CONSUMER_REGS`` for the second consumer, 256 for the first, ``LOADER_REGS`` for the loader; their
-  sum equals the 504-register pool Triton plans for 3 x 128 threads at 168 registers).
+  the consumers drift apart, each overlapping the others' softmax with its matmuls;
+- with two consumers, QK of tile ``j`` is issued as an asynchronous ``wgmma`` before PV of tile
+  ``j - 1``, and only QK is waited for before the softmax: PV runs under it. With three (FA3's
+  choice at head dim 64, where the softmax is large against the matmuls, as it is at 72 and 80),
+  each consumer runs its tiles in series and the other two keep the tensor cores busy: 9-10 % faster
+  at photo sizes (``consumer_warpgroups`` picks it once a launch fills 1.5 waves);
+- the loader needs few registers and gives them to the consumers (``setmaxnreg``: ``CONSUMER_REGS``
+  for the workers, the rest of the pool for the first consumer, ``LOADER_REGS`` for the loader: 256 +
+  224 + 24 of the 504 Triton plans for 3 x 128 threads at 168 registers, or 168 + 2 x 160 + 24 of 512
+  for 4 x 128 at 128; 160 is too few to overlap QK and PV inside a warpgroup, which spilled).
 
 Head dims 72 and 80 run as a 64-wide part plus a 16-wide tail, as in ``triton_attn``. The K, V and Q
 tiles come through 3-D TMA descriptors over the strided ``[N, H, D]`` views whose last dim is the real
@@ -27,13 +31,13 @@ only sizes the grid: nothing is read back, so a launch is capturable. No atomics
 One program runs per SM, so a launch runs in waves. When every segment is equally long (one image,
 a video's frames) the host knows each program's work, and a nearly empty last wave is split along the
 keys (backends/tail_split.py): the last query blocks run as several key ranges that write fp32
-partials, merged in a fixed order by a second small kernel. 1x12800 (1,600 programs on 132 SMs)
-runs 99 whole query blocks per head and the 100th as 8 key ranges.
+partials, merged in a fixed order by a second small kernel. 1x12800 (1,072 programs of 192 rows on
+132 SMs) runs 66 whole query blocks per head and the 67th as 8 key ranges.
 
-Measured (H200, bf16, 16 heads, head dim 72, one segment; docs/benchmarks.md, eighth and ninth
-rounds): 1x12800 1.74-1.78 ms with the split (1.82 without) against triton_attn's 2.25 and cuDNN's
-2.18; 1x47376 435-441 TFLOP/s against 356 and 333. Errors against float64 equal cuDNN's and
-triton_attn's to three digits (2.32e-3 at 1x47376).
+Measured (H200, bf16, 16 heads, head dim 72, one segment; docs/benchmarks.md, tenth round): 1x12800
+1.64-1.66 ms (two consumers 1.79-1.82) against triton_attn's 2.25 and cuDNN's 2.18; 1x47376 475
+TFLOP/s (two consumers 436) against 356 and 333. Errors against float64 equal cuDNN's and
+triton_attn's to three digits.
 
 Scope, checked by ``gluon_unsupported_reason``: an sm_90 GPU; q, k and v of one dtype, bf16 or
 fp16; head dim 64, 72 or 80; as many k/v heads as q heads; 16-byte aligned bases and strides (TMA's
@@ -65,11 +69,18 @@ from .varlen_args import check_varlen_inputs, longest_segment_bound, varlen_outp
 logger = logging.getLogger(__name__)
 
 GLUON_HEAD_DIMS = (64, 72, 80)
-BLOCK_M = 128  # query rows per program: two consumer warpgroups of CONSUMER_ROWS
+CONSUMER_ROWS = 64  # query rows per consumer warpgroup
 BLOCK_N = 128  # keys per tile
-NUM_STAGES = 3  # K/V ring slots: 40 KB each at head dim 72-80, 140 KB of shared memory with Q
-CONSUMER_ROWS = 64
-CONSUMER_REGS = 224
+NUM_STAGES = 3  # K/V ring slots: 40 KB each at head dim 72-80, 140 KB (150 with 3 consumers) with Q
+# Consumer warpgroups per program, 2 or 3: three (192 rows, FlashAttention-3's tile at head dim 64)
+# once their programs fill THREE_CONSUMER_WAVES waves of the GPU. Measured on an H200 (docs/benchmarks.md,
+# tenth round): 3-11 % faster from 1.7 waves (1x2560 d72) up, 9-10 % at photo sizes, and 6-19 % slower
+# below 1.4 waves (1x2048, 1x1024), where a launch of fewer, longer programs leaves SMs idle.
+THREE_CONSUMER_WAVES = 1.5
+# setmaxnreg requests of the worker consumers (the first consumer, Triton's default partition, gets
+# what is left of the pool) and of the one-warp loader. With three, 160 registers leave no room for
+# QK(j) and PV(j - 1) in flight together (it spilled), so their warpgroups run each tile in series.
+CONSUMER_REGS = {2: 224, 3: 160}
 LOADER_REGS = 24
 # Measured on an H200 at 1x12800 and 1x47376 (docs/benchmarks.md, eighth round): 64-key tiles were
 # 7-15 % slower, 2 stages 2-5 % and 4 stages 1-2 %; FA3's ping-pong between the consumers (turn
@@ -112,21 +123,24 @@ def gluon_varlen_attention(
         return out
     cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True)
     descriptors = (*_descriptors(q, CONSUMER_ROWS), *_descriptors(k, BLOCK_N), *_descriptors(v, BLOCK_N))
-    launch = functools.partial(_launch, descriptors, out, cu_seqlens, float(scale) * _LOG2_E, head_dim)
+    sms = _sm_count(q.device.index or 0)
+    consumers = consumer_warpgroups(bound, heads * num_seqs, sms)
+    block_rows = consumers * CONSUMER_ROWS
+    launch = functools.partial(_launch, descriptors, out, cu_seqlens, float(scale) * _LOG2_E, head_dim, consumers)
     # Equal segments (one image, a video's frames): the host knows every program's work and can split
     # the last wave (backends/tail_split.py). Other layouts run one launch.
     plan = None
     if bound * num_seqs == tokens:
-        plan = plan_tail_split(bound, BLOCK_M, heads * num_seqs, _sm_count(q.device.index or 0))
+        plan = plan_tail_split(bound, block_rows, BLOCK_N, heads * num_seqs, sms)
     try:
         if plan is None:
-            launch((cdiv(bound, BLOCK_M), heads, num_seqs))
+            launch((cdiv(bound, block_rows), heads, num_seqs))
         else:
             if plan.first_tail_block:
                 launch((plan.first_tail_block, heads, num_seqs))
-            part_o, part_ml = partials(plan, BLOCK_M, num_seqs, heads, _PART_WIDTH.value, q.device)
+            part_o, part_ml = partials(plan, block_rows, num_seqs, heads, _PART_WIDTH.value, q.device)
             launch((plan.tail_blocks * plan.splits, heads, num_seqs), part_o, part_ml, plan)
-            merge_tail(part_o, part_ml, out, cu_seqlens, plan.first_tail_block * BLOCK_M)
+            merge_tail(part_o, part_ml, out, cu_seqlens, plan.first_tail_block * block_rows)
     except CompilationError as err:
         _failed_to_compile.add(key)
         logger.error("gluon_attn does not compile for head dim %d %s with this Triton; triton_attn runs: %s", *key, err)
@@ -140,6 +154,7 @@ def _launch(
     cu_seqlens: torch.Tensor,
     qk_scale_log2: float,
     head_dim: int,
+    consumers: int,
     grid: tuple[int, int, int],
     part_o: torch.Tensor | None = None,
     part_ml: torch.Tensor | None = None,
@@ -159,11 +174,19 @@ def _launch(
         HEAD_DIM=head_dim,
         BLOCK_N=BLOCK_N,
         NUM_STAGES=NUM_STAGES,
-        CONSUMER_REGS=CONSUMER_REGS,
+        CONSUMER_REGS=CONSUMER_REGS[consumers],
         LOADER_REGS=LOADER_REGS,
         SPLITS=1 if plan is None else plan.splits,
+        CONSUMERS=consumers,
         num_warps=4,
     )
+
+
+def consumer_warpgroups(longest_segment: int, programs_per_block: int, sms: int) -> int:
+    """Consumer warpgroups per program (2 or 3) for a launch of ``programs_per_block`` (heads times
+    segments) programs per query block over segments of up to ``longest_segment`` tokens."""
+    programs = cdiv(longest_segment, 3 * CONSUMER_ROWS) * programs_per_block
+    return 3 if programs >= THREE_CONSUMER_WAVES * sms else 2
 
 
 def gluon_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -215,12 +238,12 @@ def _shared_layout(rows: int, width: int, dtype: torch.dtype) -> gl.NVMMASharedL
 # ---------------------------------------------------------------------------------------------
 # The kernel. `ruff format` is off below: Gluon's long argument lists read better packed.
 # mbarrier protocol (barriers live in shared memory, initialised by the whole CTA before
-# gl.warp_specialize, which begins with a CTA-wide barrier):
+# gl.warp_specialize, which begins with a CTA-wide barrier); C = CONSUMERS:
 #   q_ready[c]  count 1: the loader's TMA of consumer c's 64 query rows completes it; c waits once.
 #   k_ready[s], v_ready[s]  count 1: the loader's TMA of tile t into slot s = t % NUM_STAGES completes
 #       phase t // NUM_STAGES; a consumer waits parity (t // NUM_STAGES) & 1. It cannot fall a whole
 #       phase behind: the loader refills slot s only after that consumer released it (below).
-#   k_free[s], v_free[s]  count 2: each consumer arrives once per tile, on k_free after its QK wait and
+#   k_free[s], v_free[s]  count C: each consumer arrives once per tile, on k_free after its QK wait and
 #       on v_free after its PV wait. The loader waits parity ((t // NUM_STAGES) & 1) ^ 1 before loading
 #       tile t: for t < NUM_STAGES that is the phase before a fresh barrier's first, which counts as
 #       complete, so the first NUM_STAGES loads start at once; later it waits for tile t - NUM_STAGES's
@@ -232,20 +255,21 @@ def _shared_layout(rows: int, width: int, dtype: torch.dtype) -> gl.NVMMASharedL
 def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_seqlens, stride_on, stride_oh,
               qk_scale_log2, part_o, part_ml, first_tail_block, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-              SPLITS: gl.constexpr):
+              SPLITS: gl.constexpr, CONSUMERS: gl.constexpr):
     """Whole programs (``SPLITS`` 1: grid ``(query blocks, heads, segments)``, into ``out``) or a tail
     split's (grid ``(tail blocks x SPLITS, heads, segments)``: key range ``split`` of query block
-    ``first_tail_block + tail block``, into ``part_o``/``part_ml``; backends/tail_split.py)."""
+    ``first_tail_block + tail block``, into ``part_o``/``part_ml``; backends/tail_split.py). A query
+    block is ``CONSUMERS`` x 64 rows."""
     HAS_TAIL: gl.constexpr = HEAD_DIM > 64
-    ROWS: gl.constexpr = 64  # per consumer warpgroup; two consumers
+    ROWS: gl.constexpr = 64  # per consumer warpgroup
     # program_id(0) is read first. Read after the cu_seqlens loads, it moved into the partitions in
     # the PTX and the kernel ran 20 % slower (H200, Triton 3.6, 1x12800: 2.18 against 1.77 ms).
     if SPLITS == 1:
-        row_start = gl.program_id(0) * (2 * ROWS)
+        row_start = gl.program_id(0) * (CONSUMERS * ROWS)
     else:
         split = gl.program_id(0) % SPLITS
         tail_block = gl.program_id(0) // SPLITS
-        row_start = (first_tail_block + tail_block) * (2 * ROWS)
+        row_start = (first_tail_block + tail_block) * (CONSUMERS * ROWS)
     head = gl.program_id(1)
     seq = gl.program_id(2)
     seq_row0 = gl.load(cu_seqlens + seq)
@@ -257,57 +281,73 @@ def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_
         tile0 = 0
         part_row0 = 0
     else:
-        # Key tiles tile0 .. tile0 + n_tiles of the segment; partial rows part_row0 .. + 128.
+        # Key tiles tile0 .. tile0 + n_tiles of the segment; partial rows part_row0 .. + CONSUMERS x 64.
         tile0 = split * n_tiles // SPLITS
         n_tiles = (split + 1) * n_tiles // SPLITS - tile0
         tail_blocks = gl.num_programs(0) // SPLITS
-        part_row0 = ((split * gl.num_programs(2) + seq) * tail_blocks + tail_block) * (2 * ROWS)
+        part_row0 = ((split * gl.num_programs(2) + seq) * tail_blocks + tail_block) * (CONSUMERS * ROWS)
 
     dtype: gl.constexpr = k_desc0.dtype
-    q0_smem = gl.allocate_shared_memory(dtype, [2, ROWS, 1, 64], q_desc0.layout)
+    q0_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, 1, 64], q_desc0.layout)
     k0_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, 1, 64], k_desc0.layout)
     v0_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, 1, 64], v_desc0.layout)
     if HAS_TAIL:
-        q1_smem = gl.allocate_shared_memory(dtype, [2, ROWS, 1, 16], q_desc1.layout)
+        q1_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, 1, 16], q_desc1.layout)
         k1_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, 1, 16], k_desc1.layout)
         v1_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, 1, 16], v_desc1.layout)
     else:
         q1_smem = q0_smem
         k1_smem = k0_smem
         v1_smem = v0_smem
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_free.index(i), count=2)
-        mbarrier.init(v_free.index(i), count=2)
+        mbarrier.init(k_free.index(i), count=CONSUMERS)
+        mbarrier.init(v_free.index(i), count=CONSUMERS)
 
     # The argument tuples are written inline: a tuple assigned to a name first turns its constexpr
-    # members into tensors.
-    gl.warp_specialize([
-        (_consumer, (0, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
-                     v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                     tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS)),
-        (_consumer, (1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
-                     v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                     tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS)),
-        (_loader, (q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem,
-                   v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, tile0, n_tiles,
-                   HAS_TAIL, BLOCK_N, NUM_STAGES)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    # members into tensors. The first consumer is the default partition (the kernel's 4 warps).
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (0, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
+                         v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, True)),
+            (_consumer, (1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
+                         v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, True)),
+            (_loader, (q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem,
+                       v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, tile0,
+                       n_tiles, HAS_TAIL, BLOCK_N, NUM_STAGES, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
+                         v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, False)),
+            (_consumer, (1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
+                         v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, False)),
+            (_consumer, (2, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
+                         v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, False)),
+            (_loader, (q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem,
+                       v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, tile0,
+                       n_tiles, HAS_TAIL, BLOCK_N, NUM_STAGES, CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
 @gluon.jit
 def _loader(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem,
             v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, tile0, n_tiles,
-            HAS_TAIL: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    for c in gl.static_range(2):
+            HAS_TAIL: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    for c in gl.static_range(CONSUMERS):
         _load_rows(q_desc0, q_desc1, q0_smem.index(c), q1_smem.index(c), q_ready.index(c),
                    seq_row0 + row_start + c * 64, head, 64, HAS_TAIL)
     for t in range(n_tiles):
@@ -339,9 +379,10 @@ def _load_rows(desc0, desc1, smem0, smem1, ready, row, head, ROWS: gl.constexpr,
 def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready,
               k_free, v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
               tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-              NUM_STAGES: gl.constexpr, SPLITS: gl.constexpr):
+              NUM_STAGES: gl.constexpr, SPLITS: gl.constexpr, OVERLAP: gl.constexpr):
     """Consumer warpgroup ``c``: query rows ``row_start + 64 c ..`` against key tiles ``tile0 ..
-    tile0 + n_tiles`` of the segment (ring slots and phases count from ``tile0``)."""
+    tile0 + n_tiles`` of the segment (ring slots and phases count from ``tile0``). ``OVERLAP``: QK of
+    a tile runs with PV of the one before (``_step``)."""
     HAS_TAIL: gl.constexpr = HEAD_DIM > 64
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -374,24 +415,19 @@ def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_s
         p_in, o0, o1, m_i, l_i = _step(j, tile0, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready,
                                        k_free, v_free, s_zero, p_in, o0, o1, m_i, l_i, seq_len, qk_scale_log2,
                                        s_layout, o0_layout, o1_layout, p0_layout, p1_layout, HAS_TAIL, BLOCK_N,
-                                       NUM_STAGES, False)
+                                       NUM_STAGES, False, OVERLAP)
     if n_tiles > 1:
         p_in, o0, o1, m_i, l_i = _step(n_tiles - 1, tile0, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready,
                                        v_ready, k_free, v_free, s_zero, p_in, o0, o1, m_i, l_i, seq_len,
                                        qk_scale_log2, s_layout, o0_layout, o1_layout, p0_layout, p1_layout, HAS_TAIL,
-                                       BLOCK_N, NUM_STAGES, True)
+                                       BLOCK_N, NUM_STAGES, True, OVERLAP)
 
     # PV of the last tile.
     last = n_tiles - 1
     slot = last % NUM_STAGES
     mbarrier.wait(v_ready.index(slot), (last // NUM_STAGES) & 1)
-    o0_token = warpgroup_mma(p_in, v0_smem.index(slot).reshape([BLOCK_N, 64]), o0, is_async=True)
-    if HAS_TAIL:
-        o1_token = warpgroup_mma(gl.convert_layout(p_in, p1_layout), v1_smem.index(slot).reshape([BLOCK_N, 16]),
-                                 o1, is_async=True)
-        o0, o1 = warpgroup_mma_wait(0, deps=[o0_token, o1_token])
-    else:
-        o0 = warpgroup_mma_wait(0, deps=[o0_token])
+    o0_token, o1_token = _pv(p_in, v0_smem, v1_smem, slot, o0, o1, p1_layout, HAS_TAIL, BLOCK_N)
+    o0, o1 = _pv_wait(o0_token, o1_token, HAS_TAIL)
 
     if SPLITS == 1:
         rows_start = row_start + c * 64
@@ -412,33 +448,58 @@ def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_s
 def _step(j, tile0, q0, q1, k0_smem, k1_smem, v0_smem, v1_smem, k_ready, v_ready, k_free, v_free, s_zero, p_in, o0, o1,
           m_i, l_i, seq_len, qk_scale_log2, s_layout: gl.constexpr, o0_layout: gl.constexpr,
           o1_layout: gl.constexpr, p0_layout: gl.constexpr, p1_layout: gl.constexpr, HAS_TAIL: gl.constexpr,
-          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK: gl.constexpr):
-    """Tile ``j`` (the segment's ``tile0 + j``): QK(j) and PV(j - 1) issued together, the softmax of j
-    while PV(j - 1) runs."""
+          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr):
+    """Tile ``j`` (the segment's ``tile0 + j``) and PV of tile ``j - 1``. ``OVERLAP``: QK(j) and PV(j - 1)
+    issued together, the softmax of j while PV(j - 1) runs; else PV(j - 1), then QK(j), in series. The
+    fp32 operations on each row are the same either way."""
     slot = j % NUM_STAGES
     prev = (j - 1) % NUM_STAGES
+    if not OVERLAP:
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+        o0_token, o1_token = _pv(p_in, v0_smem, v1_smem, prev, o0, o1, p1_layout, HAS_TAIL, BLOCK_N)
+        o0, o1 = _pv_wait(o0_token, o1_token, HAS_TAIL)
+        mbarrier.arrive(v_free.index(prev))
     mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
     s_token = _qk(q0, q1, k0_smem, k1_smem, slot, s_zero, HAS_TAIL, BLOCK_N)
-    mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
-    o0_token = warpgroup_mma(p_in, v0_smem.index(prev).reshape([BLOCK_N, 64]), o0, is_async=True)
-    if HAS_TAIL:
-        o1_token = warpgroup_mma(gl.convert_layout(p_in, p1_layout), v1_smem.index(prev).reshape([BLOCK_N, 16]),
-                                 o1, is_async=True)
-        s = warpgroup_mma_wait(2, deps=[s_token])  # QK done; PV's two groups may still run
+    if OVERLAP:
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+        o0_token, o1_token = _pv(p_in, v0_smem, v1_smem, prev, o0, o1, p1_layout, HAS_TAIL, BLOCK_N)
+        s = warpgroup_mma_wait(2 if HAS_TAIL else 1, deps=[s_token])  # QK done; PV's groups may still run
     else:
-        s = warpgroup_mma_wait(1, deps=[s_token])
+        s = warpgroup_mma_wait(0, deps=[s_token])
     mbarrier.arrive(k_free.index(slot))
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile0 + j, seq_len, qk_scale_log2, s_layout, BLOCK_N, MASK)
-    if HAS_TAIL:
-        o0, o1 = warpgroup_mma_wait(0, deps=[o0_token, o1_token])
-    else:
-        o0 = warpgroup_mma_wait(0, deps=[o0_token])
-    mbarrier.arrive(v_free.index(prev))
+    if OVERLAP:
+        o0, o1 = _pv_wait(o0_token, o1_token, HAS_TAIL)
+        mbarrier.arrive(v_free.index(prev))
     if HAS_TAIL:
         o1 = o1 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o1_layout)), 1)
     o0 = o0 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o0_layout)), 1)
     p_in = gl.convert_layout(p.to(k0_smem.dtype), p0_layout)
     return p_in, o0, o1, m_i, l_i
+
+
+@gluon.jit
+def _pv(p_in, v0_smem, v1_smem, slot, o0, o1, p1_layout: gl.constexpr, HAS_TAIL: gl.constexpr,
+        BLOCK_N: gl.constexpr):
+    """Issue ``O += P V`` for the tile in ``slot`` as asynchronous wgmma (the tail as a second group)."""
+    o0_token = warpgroup_mma(p_in, v0_smem.index(slot).reshape([BLOCK_N, 64]), o0, is_async=True)
+    o1_token = o1
+    if HAS_TAIL:
+        o1_token = warpgroup_mma(gl.convert_layout(p_in, p1_layout), v1_smem.index(slot).reshape([BLOCK_N, 16]),
+                                 o1, is_async=True)
+    return o0_token, o1_token
+
+
+@gluon.jit
+def _pv_wait(o0_token, o1_token, HAS_TAIL: gl.constexpr):
+    """Wait for ``_pv``'s groups: ``(o0, o1)`` (``o1`` passes through without a tail)."""
+    if HAS_TAIL:
+        o0, o1 = warpgroup_mma_wait(0, deps=[o0_token, o1_token])
+    else:
+        o0 = warpgroup_mma_wait(0, deps=[o0_token])
+        o1 = o1_token
+    return o0, o1
 
 
 @gluon.jit

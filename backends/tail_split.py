@@ -1,10 +1,10 @@
 """The last wave of a one-program-per-SM attention launch, split along the keys and merged in order.
 
-``gluon_attn`` runs one program per SM, each owning 128 query rows of one head against all the
-segment's keys, so a launch runs in waves of ``SMs`` programs of equal work. When the program count
-is just past a multiple of the SM count, the last wave keeps a few SMs busy for a whole program's
-time: 1x12800 at 16 heads is 1,600 programs on an H200's 132 SMs, so its thirteenth wave runs 16
-programs on 116 idle SMs, 7 % of the time.
+``gluon_attn`` runs one program per SM, each owning 128 or 192 query rows of one head against all
+the segment's keys, so a launch runs in waves of ``SMs`` programs of equal work. When the program
+count is just past a multiple of the SM count, the last wave keeps a few SMs busy for a whole
+program's time: 1x12800 at 16 heads and 192 rows is 1,072 programs on an H200's 132 SMs, so its
+ninth wave runs 16 programs on 116 idle SMs, 11 % of the time.
 
 ``plan_tail_split`` chooses, from the launch's shape alone, how many trailing query blocks of every
 segment leave the main launch, and into how many key ranges each of their programs is cut
@@ -29,8 +29,9 @@ import triton.language as tl
 
 from .launch_math import cdiv, next_power_of_2
 
-# Costs in one program's key-tile steps (~1.4 us at head dim 72 on an H200): a program's fixed part
-# (Q load, pipeline fill, epilogue) and the split's own (a kernel boundary and the merge launch).
+# Costs in one program's key-tile steps (on an H200 at head dim 72, ~1.4 us for 128 query rows and
+# ~1.8 us for 192): a program's fixed part (Q load, pipeline fill, epilogue) and the split's own (a
+# kernel boundary and the merge launch).
 PROGRAM_OVERHEAD_TILES = 1
 SPLIT_OVERHEAD_TILES = 6
 MIN_TILES_PER_SPLIT = 2
@@ -50,19 +51,20 @@ class TailSplit:
     splits: int
 
 
-def plan_tail_split(seq_len: int, block_rows: int, programs_per_block: int, sms: int) -> TailSplit | None:
+def plan_tail_split(
+    seq_len: int, block_rows: int, tile_keys: int, programs_per_block: int, sms: int
+) -> TailSplit | None:
     """The split that finishes soonest by the wave model, or ``None`` when an unsplit launch does.
 
-    ``seq_len`` is every segment's length, ``block_rows`` the query rows (and keys per tile) of one
-    program, ``programs_per_block`` heads times segments, ``sms`` the programs that run at once.
+    ``seq_len`` is every segment's length, ``block_rows`` the query rows of one program, ``tile_keys``
+    the keys of one of its steps, ``programs_per_block`` heads times segments, ``sms`` the programs
+    that run at once.
     """
-    return _plan(cdiv(seq_len, block_rows), programs_per_block, sms)
+    return _plan(cdiv(seq_len, block_rows), cdiv(seq_len, tile_keys), programs_per_block, sms)
 
 
 @functools.lru_cache(maxsize=4096)  # bounded: a server sees many image sizes
-def _plan(blocks: int, programs_per_block: int, sms: int) -> TailSplit | None:
-    # Key tiles equal query blocks: the segment is both.
-    tiles = blocks
+def _plan(blocks: int, tiles: int, programs_per_block: int, sms: int) -> TailSplit | None:
     step = tiles + PROGRAM_OVERHEAD_TILES
     best_cost, best = cdiv(blocks * programs_per_block, sms) * step * (1 - MIN_GAIN), None
     max_splits = min(MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT)

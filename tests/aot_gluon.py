@@ -6,9 +6,10 @@ real wrapper (``gluon_varlen_attention``) is called on CPU tensors shaped like t
 views while ``JITFunction.run`` records its arguments (tests/aot_rocm.py's recorder), Triton's binder
 specialises each launch for sm_90 as a launch would, and ``triton.compile`` builds it (through
 Gluon's source class for the attention kernel). The wrapper sends CPU tensors to ``triton_attn``, so
-the recording pretends the tensors passed ``gluon_unsupported_reason``. Two calls per dtype and head
-dim: ragged segments (one launch of whole programs) and one 12,800-token image on an H200's 132 SMs
-(whole programs, the tail split's programs, and the merge: backends/tail_split.py).
+the recording pretends the tensors passed ``gluon_unsupported_reason``. Three calls per dtype and head
+dim, on an H200's 132 SMs: short ragged segments (one launch of whole two-consumer programs), one
+2,176-token image (two-consumer programs, the tail split's, and the merge: backends/tail_split.py)
+and one 12,800-token image (the same with three consumers).
 
 What tests/test_gluon_attn.py checks in each record: no spills (ptxas's local memory) and shared
 memory that fits an SM; for the attention kernel also that the ``setmaxnreg`` requests of the three
@@ -42,8 +43,10 @@ from aot_rocm import _environment, _recording, _specialise
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HEADS = 16
-TOKENS = 4096
-SPLIT_TOKENS = 12800  # 1,600 programs on 132 SMs: the tail is split
+TOKENS = 1024  # segments of 196 and 828 tokens: 160 programs of 192 rows, too few for three consumers
+# One image each, whose last wave is split on 132 SMs: two consumers (17 query blocks x 16 heads) and
+# three (67 x 16).
+SPLIT_TOKENS = (2176, 12800)
 H200_SMS = 132
 
 
@@ -52,6 +55,7 @@ class Record:
     """One compiled specialisation and what its cubin and PTX say."""
 
     kernel: str  # "attention", "attention, tail split" or "merge"
+    consumers: int  # the attention kernel's consumer warpgroups (0 for the merge)
     dtype: str
     head_dim: int
     registers: int  # per thread at entry (the kernel-wide cap the partitions share)
@@ -87,14 +91,15 @@ def compile_all() -> list[Record]:
     with tempfile.TemporaryDirectory(prefix="rocm-vit-aot-") as cache_dir, _environment(TRITON_CACHE_DIR=cache_dir):
         for dtype_name, dtype in DTYPES.items():
             for head_dim in gluon_attn.GLUON_HEAD_DIMS:
-                launches = _launches(gluon_attn, TOKENS, [0, 196, TOKENS], 3900, head_dim, dtype)
-                launches += _launches(gluon_attn, SPLIT_TOKENS, [0, SPLIT_TOKENS], SPLIT_TOKENS, head_dim, dtype)
+                launches = _launches(gluon_attn, TOKENS, [0, 196, TOKENS], TOKENS - 196, head_dim, dtype)
+                for tokens in SPLIT_TOKENS:
+                    launches += _launches(gluon_attn, tokens, [0, tokens], tokens, head_dim, dtype)
                 compiled = set()
                 for fn, args, kwargs in launches:
-                    kernel = _kernel_name(fn, kwargs)
-                    if kernel not in compiled:
-                        compiled.add(kernel)
-                        records.append(_compile(fn, args, kwargs, kernel, dtype_name, head_dim))
+                    kernel, consumers = _kernel_name(fn, kwargs), kwargs.get("CONSUMERS", 0)
+                    if (kernel, consumers) not in compiled:
+                        compiled.add((kernel, consumers))
+                        records.append(_compile(fn, args, kwargs, kernel, consumers, dtype_name, head_dim))
     return records
 
 
@@ -117,7 +122,7 @@ def _kernel_name(fn: Any, kwargs: dict) -> str:
     return "attention" if kwargs["SPLITS"] == 1 else "attention, tail split"
 
 
-def _compile(fn: Any, args: tuple, kwargs: dict, kernel: str, dtype_name: str, head_dim: int) -> Record:
+def _compile(fn: Any, args: tuple, kwargs: dict, kernel: str, consumers: int, dtype_name: str, head_dim: int) -> Record:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -133,6 +138,7 @@ def _compile(fn: Any, args: tuple, kwargs: dict, kernel: str, dtype_name: str, h
     usage, sass = _cubin_report(compiled.asm["cubin"])
     return Record(
         kernel=kernel,
+        consumers=consumers,
         dtype=dtype_name,
         head_dim=head_dim,
         registers=usage["REG"],

@@ -38,14 +38,15 @@ def records(tmp_path_factory) -> list[Record]:
     return [Record(**fields) for fields in json.loads(out.read_text())]
 
 
-KERNELS = ("attention", "attention, tail split", "merge")
+# (kernel, consumer warpgroups): both attention schedules, whole and split, and the merge.
+KERNELS = (("attention", 2), ("attention, tail split", 2), ("attention", 3), ("attention, tail split", 3), ("merge", 0))
 
 
 def test_every_dtype_and_head_dim_compiles_for_sm90(records):
-    compiled = {(r.kernel, r.dtype, r.head_dim) for r in records}
+    compiled = {(r.kernel, r.consumers, r.dtype, r.head_dim) for r in records}
     expected = {
-        (kernel, dtype, head_dim)
-        for kernel in KERNELS
+        (kernel, consumers, dtype, head_dim)
+        for kernel, consumers in KERNELS
         for dtype in ("bf16", "fp16")
         for head_dim in gluon_attn.GLUON_HEAD_DIMS
     }
@@ -60,22 +61,29 @@ def test_kernels_compile_without_spills_within_an_sm(records):
         assert r.registers * r.threads <= SM90_REGISTERS, label
 
 
-def test_attention_kernel_uses_wgmma_and_tma_in_three_warpgroups(records):
+def test_attention_kernel_uses_wgmma_and_tma_in_its_warpgroups(records):
     for r in _attention(records):
         assert r.sass_ops["HGMMA"] > 0 and r.sass_ops["UTMALDG"] > 0, (
             f"{r.kernel} {r.dtype} d{r.head_dim}: {r.sass_ops}"
         )
-        assert r.threads == 3 * 128  # two consumer warpgroups and the loader's (padded) warpgroup
+        assert r.threads == (r.consumers + 1) * 128  # the consumers and the loader's (padded) warpgroup
 
 
 def test_partition_register_requests_fit_the_pool(records):
     # setmaxnreg blocks until the registers it asks for are free: requests beyond the pool the
     # kernel was launched with (its register count times its threads) wait forever on the GPU.
+    # Outside the warp-specialised region the default warpgroup holds max(inc) (256) while the
+    # others idle at the smallest dec above the loader's; inside it, the default warpgroup (the first
+    # consumer) holds what the workers leave: a dec below 256 where that is less, else the 256.
     for r in _attention(records):
         pool_per_warpgroup = r.registers * r.threads // 128
-        default = max(r.setmaxnreg_inc)
-        assert gluon_attn.CONSUMER_REGS in r.setmaxnreg_inc and gluon_attn.LOADER_REGS in r.setmaxnreg_dec
-        assert default + gluon_attn.CONSUMER_REGS + gluon_attn.LOADER_REGS <= pool_per_warpgroup, r
+        workers = gluon_attn.CONSUMER_REGS[r.consumers]
+        assert workers in r.setmaxnreg_inc and gluon_attn.LOADER_REGS in r.setmaxnreg_dec
+        idle = min(n for n in r.setmaxnreg_dec if n > gluon_attn.LOADER_REGS)
+        assert max(r.setmaxnreg_inc) + r.consumers * idle <= pool_per_warpgroup, r
+        leftover = [n for n in r.setmaxnreg_dec if n > r.registers]
+        default = leftover[0] if leftover else max(r.setmaxnreg_inc)
+        assert default + (r.consumers - 1) * workers + gluon_attn.LOADER_REGS <= pool_per_warpgroup, r
 
 
 def _attention(records: list[Record]) -> list[Record]:
@@ -147,6 +155,7 @@ def test_a_kernel_that_does_not_compile_is_logged_once_and_its_shape_runs_triton
     launch = _Recorder(CompilationError(None, None, "an API this Triton does not have"))
     monkeypatch.setattr(gluon_attn, "triton_varlen_attention", fallback)
     monkeypatch.setattr(gluon_attn, "gluon_unsupported_reason", lambda *tensors: None)
+    monkeypatch.setattr(gluon_attn, "_sm_count", lambda index: 132)
     monkeypatch.setattr(gluon_attn, "_attn_fwd", {(1, 4, 2): launch})  # kernel[grid] -> the launch
     monkeypatch.setattr(gluon_attn, "_failed_to_compile", set())
     cu_seqlens = torch.tensor([0, 17, 40], dtype=torch.int32)
@@ -163,19 +172,30 @@ def test_a_kernel_that_does_not_compile_is_logged_once_and_its_shape_runs_triton
 @pytest.mark.parametrize(
     ("offsets", "max_seqlen", "expected_grids"),
     [
-        # One 12,800-token image: 99 whole query blocks, the 100th as 8 key ranges, then the merge of
-        # its 128 rows (8 blocks of 16).
+        # One 12,800-token image: three consumers (192 query rows), 66 whole query blocks, the 67th as
+        # 8 key ranges, then the merge of its 192 rows (12 blocks of 16).
         (
             [0, 12800],
             12800,
-            [("_attn_fwd", (99, 16, 1), 1), ("_attn_fwd", (8, 16, 1), 8), ("_merge_kernel", (8, 16, 1), 8)],
+            [
+                ("_attn_fwd", (66, 16, 1), 1, 3),
+                ("_attn_fwd", (8, 16, 1), 8, 3),
+                ("_merge_kernel", (12, 16, 1), 8, None),
+            ],
         ),
         # The same tokens in unequal segments: the host does not know their lengths, one launch.
-        ([0, 6000, 12800], 6800, [("_attn_fwd", (54, 16, 2), 1)]),
-        # A nearly full last wave (8,160 tokens: 7.76 waves): one launch.
-        ([0, 8160], 8160, [("_attn_fwd", (64, 16, 1), 1)]),
+        ([0, 6000, 12800], 6800, [("_attn_fwd", (36, 16, 2), 1, 3)]),
+        # 192 programs of 192 rows (1.45 waves) are too few for three consumers; with two (128 rows)
+        # 2,176 tokens are 2.06 waves, so the 17th query block runs as 6 key ranges.
+        (
+            [0, 2176],
+            2176,
+            [("_attn_fwd", (16, 16, 1), 1, 2), ("_attn_fwd", (6, 16, 1), 6, 2), ("_merge_kernel", (8, 16, 1), 6, None)],
+        ),
+        # A full wave (1,024 tokens: 128 programs of 128 rows on 132 SMs): one launch.
+        ([0, 1024], 1024, [("_attn_fwd", (8, 16, 1), 1, 2)]),
     ],
-    ids=["one_image", "unequal_segments", "full_last_wave"],
+    ids=["one_image", "unequal_segments", "small_image", "full_last_wave"],
 )
 def test_launches_split_the_last_wave_only_where_the_host_knows_the_work(
     monkeypatch, offsets, max_seqlen, expected_grids
@@ -188,8 +208,25 @@ def test_launches_split_the_last_wave_only_where_the_host_knows_the_work(
     monkeypatch.setattr(
         JITFunction,
         "run",
-        lambda self, *args, grid, warmup, **kwargs: launches.append((self.fn.__name__, grid, kwargs.get("SPLITS"))),
+        lambda self, *args, grid, warmup, **kwargs: launches.append(
+            (self.fn.__name__, grid, kwargs.get("SPLITS"), kwargs.get("CONSUMERS"))
+        ),
     )
     q, k, v = torch.empty(offsets[-1], 3, 16, 72, dtype=torch.bfloat16).unbind(1)
     gluon_attn.gluon_varlen_attention(q, k, v, torch.tensor(offsets, dtype=torch.int32), max_seqlen, 0.1)
     assert launches == expected_grids
+
+
+@pytest.mark.parametrize(
+    ("longest_segment", "programs_per_block", "expected"),
+    [
+        # 16 heads on 132 SMs: 1.5 waves are 198 programs, 13 query blocks of 192 rows.
+        (12 * 192, 16, 2),
+        (12 * 192 + 1, 16, 3),
+        (1024, 4 * 16, 3),  # four 1,024-token frames: 384 programs
+        (1024, 16, 2),
+        (47376, 16, 3),
+    ],
+)
+def test_three_consumers_once_their_programs_fill_one_and_a_half_waves(longest_segment, programs_per_block, expected):
+    assert gluon_attn.consumer_warpgroups(longest_segment, programs_per_block, 132) == expected

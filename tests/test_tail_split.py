@@ -25,6 +25,8 @@ H200_SMS = 132
         (12800, 1, TailSplit(first_tail_block=99, tail_blocks=1, splits=8)),
         (6400, 1, TailSplit(first_tail_block=49, tail_blocks=1, splits=8)),
         (6400, 2, TailSplit(first_tail_block=49, tail_blocks=1, splits=4)),
+        # 2.06 waves: one tail block's 16 programs, 6 ways.
+        (2176, 1, TailSplit(first_tail_block=16, tail_blocks=1, splits=6)),
         # 44.97 waves, 7.76, 13.7, 15.5: the last wave is nearly full, nothing to win.
         (47376, 1, None),
         (8160, 1, None),
@@ -33,26 +35,43 @@ H200_SMS = 132
         (1024, 1, None),  # one wave
     ],
 )
-def test_plan_splits_only_a_nearly_empty_last_wave(seq_len, segments, expected):
-    assert plan_tail_split(seq_len, 128, 16 * segments, H200_SMS) == expected
+def test_plan_for_128_row_programs_splits_only_a_nearly_empty_last_wave(seq_len, segments, expected):
+    assert plan_tail_split(seq_len, 128, 128, 16 * segments, H200_SMS) == expected
 
 
+@pytest.mark.parametrize(
+    ("seq_len", "segments", "expected"),
+    [
+        # 192 query rows against 128-key tiles: 1,072 programs = 8 waves + 16, each 100 tiles long.
+        (12800, 1, TailSplit(first_tail_block=66, tail_blocks=1, splits=8)),
+        # 5.21 waves: the last two blocks' 32 programs, 4 ways (the 128-row launch, 7.76 waves, keeps whole).
+        (8160, 1, TailSplit(first_tail_block=41, tail_blocks=2, splits=4)),
+        (14400, 1, TailSplit(first_tail_block=74, tail_blocks=1, splits=8)),
+        (47376, 1, None),  # 29.94 waves
+        (4096, 1, None),  # 22 blocks x 16 heads: 2.67 waves, a split would not end sooner
+    ],
+)
+def test_plan_for_192_row_programs_counts_128_key_tiles(seq_len, segments, expected):
+    assert plan_tail_split(seq_len, 192, 128, 16 * segments, H200_SMS) == expected
+
+
+@pytest.mark.parametrize("block_rows", [128, 192])
 @pytest.mark.parametrize("sms", [78, 108, 132, 304])  # an L20, an A100, an H200, an MI300X
-def test_every_plan_is_a_valid_launch_that_the_model_says_is_faster(sms):
+def test_every_plan_is_a_valid_launch_that_the_model_says_is_faster(sms, block_rows):
     for heads in (12, 16):
         for seq_len in range(256, 40000, 173):
-            plan = plan_tail_split(seq_len, 128, heads, sms)
+            plan = plan_tail_split(seq_len, block_rows, 128, heads, sms)
             if plan is None:
                 continue
-            blocks = math.ceil(seq_len / 128)
+            blocks, tiles = math.ceil(seq_len / block_rows), math.ceil(seq_len / 128)
             assert plan.first_tail_block + plan.tail_blocks == blocks
             assert 2 <= plan.splits <= tail_split.MAX_SPLITS
-            assert blocks // plan.splits >= tail_split.MIN_TILES_PER_SPLIT  # every key range has tiles
+            assert tiles // plan.splits >= tail_split.MIN_TILES_PER_SPLIT  # every key range has tiles
             overhead = tail_split.PROGRAM_OVERHEAD_TILES
-            whole = math.ceil(blocks * heads / sms) * (blocks + overhead)
+            whole = math.ceil(blocks * heads / sms) * (tiles + overhead)
             split = (
-                math.ceil(plan.first_tail_block * heads / sms) * (blocks + overhead)
-                + math.ceil(plan.tail_blocks * heads * plan.splits / sms) * (math.ceil(blocks / plan.splits) + overhead)
+                math.ceil(plan.first_tail_block * heads / sms) * (tiles + overhead)
+                + math.ceil(plan.tail_blocks * heads * plan.splits / sms) * (math.ceil(tiles / plan.splits) + overhead)
                 + tail_split.SPLIT_OVERHEAD_TILES
             )
             assert split <= whole * (1 - tail_split.MIN_GAIN), (seq_len, heads, sms, plan)

@@ -201,8 +201,9 @@ def test_triton_attn_writes_into_out_and_allocates_nothing_else():
     assert _relative_error(out, _reference(q, k, v, layout.seq_lens, 0.1)) < TOLERANCE[torch.bfloat16]
 
 
-def _gluon_kernel_only(monkeypatch):
-    """gluon_attn's wrapper with its triton_attn fallback made to fail: what passes ran the Gluon kernel."""
+def _gluon_kernel_only(monkeypatch, consumers: int | None = None):
+    """gluon_attn's wrapper with its triton_attn fallback made to fail: what passes ran the Gluon kernel
+    (with ``consumers`` warpgroups per program whatever the lengths, where given)."""
     _backend("gluon_attn")
     from rocm_vit.backends import gluon_attn
 
@@ -210,16 +211,19 @@ def _gluon_kernel_only(monkeypatch):
         raise AssertionError("gluon_attn fell back to triton_attn")
 
     monkeypatch.setattr(gluon_attn, "triton_varlen_attention", no_fallback)
+    if consumers is not None:
+        monkeypatch.setattr(gluon_attn, "THREE_CONSUMER_WAVES", 0 if consumers == 3 else float("inf"))
     return gluon_attn.gluon_varlen_attention
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("consumers", [2, 3])
 @pytest.mark.parametrize("head_dim", [64, 72, 80])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gluon_kernel_writes_every_valid_row_into_a_poisoned_out(monkeypatch, head_dim, dtype):
-    attend = _gluon_kernel_only(monkeypatch)
+def test_gluon_kernel_writes_every_valid_row_into_a_poisoned_out(monkeypatch, head_dim, dtype, consumers):
+    attend = _gluon_kernel_only(monkeypatch, consumers)
     # 1-token, 7-token and partial-tile segments, a 300-token one spanning three key tiles, and 16384
-    # tokens: every last-tile and last-query-tile case, and programs whose second warpgroup is idle.
+    # tokens: every last-tile and last-query-tile case, and programs whose later warpgroups are idle.
     layout = VisionLayout.from_grid_thw([(1, 10, 10), (1, 1, 7), (1, 1, 1), (1, 15, 20), (1, 128, 128)], 1)
     q, k, v = _qkv(layout.num_patches, head_dim, dtype)
     out = torch.full_like(q, float("nan"))
@@ -230,8 +234,9 @@ def test_gluon_kernel_writes_every_valid_row_into_a_poisoned_out(monkeypatch, he
 
 
 @torch.inference_mode()
-def test_gluon_kernel_is_deterministic_and_masks_the_next_segments_keys(monkeypatch):
-    attend = _gluon_kernel_only(monkeypatch)
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_gluon_kernel_is_deterministic_and_masks_the_next_segments_keys(monkeypatch, consumers):
+    attend = _gluon_kernel_only(monkeypatch, consumers)
     layout = VisionLayout.from_grid_thw([(1, 30, 37), (1, 16, 16), (1, 9, 13)], 1)
     q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
     cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
@@ -249,26 +254,28 @@ def test_gluon_kernel_is_deterministic_and_masks_the_next_segments_keys(monkeypa
 
 # gluon_attn's tail split (backends/tail_split.py). The plan is taken for an H200's 132 SMs whatever
 # the GPU, so each case splits; segments of equal length, as one image or a video's frames.
-SPLIT_CASES = {
-    "1x12800_d72_bf16": (1, 12800, 72, torch.bfloat16),
-    "2x6400_d64_fp16": (2, 6400, 64, torch.float16),
-    "1x6400_d80_bf16": (1, 6400, 80, torch.bfloat16),
+SPLIT_CASES = {  # (segments, tokens each, head dim, dtype, consumer warpgroups)
+    "1x12800_d72_bf16_3": (1, 12800, 72, torch.bfloat16, 3),
+    "2x6400_d64_fp16_3": (2, 6400, 64, torch.float16, 3),
+    "1x6400_d80_bf16_2": (1, 6400, 80, torch.bfloat16, 2),
+    "1x2176_d72_bf16_2": (1, 2176, 72, torch.bfloat16, 2),
 }
 
 
 def _split_case(monkeypatch, case: str):
-    """The kernel-only wrapper on 132 SMs, inputs, offsets, and the plan it will run."""
+    """The kernel-only wrapper on 132 SMs, inputs, offsets, the plan it will run and its block rows."""
     from rocm_vit.backends import gluon_attn
     from rocm_vit.backends.tail_split import plan_tail_split
 
-    attend = _gluon_kernel_only(monkeypatch)
+    segments, seq_len, head_dim, dtype, consumers = SPLIT_CASES[case]
+    attend = _gluon_kernel_only(monkeypatch, consumers)
     monkeypatch.setattr(gluon_attn, "_sm_count", lambda index: 132)
-    segments, seq_len, head_dim, dtype = SPLIT_CASES[case]
     q, k, v = _qkv(segments * seq_len, head_dim, dtype)
     cu_seqlens = torch.arange(segments + 1, dtype=torch.int32, device=DEVICE) * seq_len
-    plan = plan_tail_split(seq_len, gluon_attn.BLOCK_M, HEADS * segments, 132)
+    block_rows = consumers * gluon_attn.CONSUMER_ROWS
+    plan = plan_tail_split(seq_len, block_rows, gluon_attn.BLOCK_N, HEADS * segments, 132)
     assert plan is not None, f"{case} does not split on 132 SMs"
-    return attend, (q, k, v, cu_seqlens, seq_len, head_dim**-0.5), plan
+    return attend, (q, k, v, cu_seqlens, seq_len, head_dim**-0.5), plan, block_rows
 
 
 @torch.inference_mode()
@@ -276,13 +283,13 @@ def _split_case(monkeypatch, case: str):
 def test_gluon_tail_split_rows_match_fp32_and_the_rest_equal_whole_programs(monkeypatch, case):
     from rocm_vit.backends import gluon_attn
 
-    attend, (q, k, v, cu_seqlens, seq_len, scale), plan = _split_case(monkeypatch, case)
+    attend, (q, k, v, cu_seqlens, seq_len, scale), plan, block_rows = _split_case(monkeypatch, case)
     split = attend(q, k, v, cu_seqlens, seq_len, scale, out=torch.full_like(q, float("nan")))
     monkeypatch.setattr(gluon_attn, "plan_tail_split", lambda *args: None)
     whole = attend(q, k, v, cu_seqlens, seq_len, scale)
     assert not split.isnan().any()
     segments = len(cu_seqlens) - 1
-    tail_row = plan.first_tail_block * gluon_attn.BLOCK_M
+    tail_row = plan.first_tail_block * block_rows
     for seq in range(segments):
         start, end = seq * seq_len, (seq + 1) * seq_len
         assert torch.equal(split[start : start + tail_row], whole[start : start + tail_row])
@@ -296,7 +303,7 @@ def test_gluon_tail_split_rows_match_fp32_and_the_rest_equal_whole_programs(monk
 
 @torch.inference_mode()
 def test_gluon_tail_split_replays_bitwise_and_syncs_nothing(monkeypatch):
-    attend, (q, k, v, cu_seqlens, seq_len, scale), _ = _split_case(monkeypatch, "1x12800_d72_bf16")
+    attend, (q, k, v, cu_seqlens, seq_len, scale), _, _ = _split_case(monkeypatch, "1x12800_d72_bf16_3")
     out = torch.empty_like(q)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
