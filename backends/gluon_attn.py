@@ -35,9 +35,9 @@ partials, merged in a fixed order by a second small kernel. 1x12800 (1,072 progr
 132 SMs) runs 66 whole query blocks per head and the 67th as 8 key ranges.
 
 Measured (H200, bf16, 16 heads, head dim 72, one segment; docs/benchmarks.md, tenth round): 1x12800
-1.64-1.66 ms (two consumers 1.79-1.82) against triton_attn's 2.25 and cuDNN's 2.18; 1x47376 475
-TFLOP/s (two consumers 436) against 356 and 333. Errors against float64 equal cuDNN's and
-triton_attn's to three digits.
+1.62-1.66 ms (two consumers 1.79-1.82) against triton_attn's 2.24 and cuDNN's 2.18; 1x47376 475-485
+TFLOP/s (two consumers 436) against 360 and 330. Errors against float64 equal cuDNN's and
+triton_attn's to three digits, with either schedule.
 
 Scope, checked by ``gluon_unsupported_reason``: an sm_90 GPU; q, k and v of one dtype, bf16 or
 fp16; head dim 64, 72 or 80; as many k/v heads as q heads; 16-byte aligned bases and strides (TMA's

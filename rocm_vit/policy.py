@@ -67,7 +67,8 @@ CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
 # FlashAttention-4 where installed on sm_90+ (1x12800 1.48 ms vs 2.15 cuDNN; 2x8192 1.24 vs 1.57;
 # 1x4096 188 us vs 211; shorter lose), else rocm-vit's Gluon kernel on sm_90 (head dims 64/72/80;
 # 1x12800 1.87 ms vs 2.18 cuDNN and 2.22 triton_attn; 1x3072 118 us vs 128 cuDNN; 1x1024 a tie,
-# 4x1024 72 us vs 65: docs/benchmarks.md, eighth round).
+# 4x1024 72 us vs 65: docs/benchmarks.md, eighth round; since the tenth round 1x12800 1.62 ms and
+# 1x4096 193 us vs 223, below 2,300 tokens unchanged).
 CUDA_LONG_KERNELS = ("fa4", "gluon_attn")
 CUDA_LONG_MIN_TOKENS = {"fa4": 2048, "gluon_attn": 2048}
 # The varlen kernel for the other layouts, in order of preference where available.
