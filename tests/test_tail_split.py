@@ -47,6 +47,8 @@ def test_plan_for_128_row_programs_splits_only_a_nearly_empty_last_wave(seq_len,
         # 5.21 waves: the last two blocks' 32 programs, 4 ways (the 128-row launch, 7.76 waves, keeps whole).
         (8160, 1, TailSplit(first_tail_block=41, tail_blocks=2, splits=4)),
         (14400, 1, TailSplit(first_tail_block=74, tail_blocks=1, splits=8)),
+        # 21 query blocks of 32 key tiles (2.55 waves): counting the tiles as blocks, no split would pay.
+        (4008, 1, TailSplit(first_tail_block=16, tail_blocks=5, splits=3)),
         (47376, 1, None),  # 29.94 waves
         (4096, 1, None),  # 22 blocks x 16 heads: 2.67 waves, a split would not end sooner
     ],
