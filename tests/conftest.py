@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from gpu_deadline import deadline, gpu_test_timeout_s
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -15,6 +16,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords or "rocm" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def gpu_deadline(request):
+    """GPU tests end the run with tracebacks after ``gpu_test_timeout_s()`` (tests/gpu_deadline.py)."""
+    if "gpu" in request.keywords or "rocm" in request.keywords:
+        with deadline(gpu_test_timeout_s()):
+            yield
+    else:
+        yield
 
 
 @pytest.fixture
