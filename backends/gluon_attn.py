@@ -102,13 +102,16 @@ def gluon_varlen_attention(
     scale: float,
     *,
     out: torch.Tensor | None = None,
+    three_consumer_waves: float | None = None,
 ) -> torch.Tensor:
     """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
 
     The contract of ``triton_varlen_attention``: ``cu_seqlens`` int32 (or int64) ``[B + 1]`` segment
     offsets, ``max_seqlen`` a host int bounding the longest segment (``None``: the token count),
     returns ``[N, H, D]`` in ``v.dtype`` (into ``out`` when given). Calls outside this kernel's scope
-    (``gluon_unsupported_reason``) run ``triton_varlen_attention``.
+    (``gluon_unsupported_reason``) run ``triton_varlen_attention``. ``three_consumer_waves``: the
+    waves from which programs get three consumer warpgroups (``None``: ``THREE_CONSUMER_WAVES``;
+    ``rocm-vit tune`` measures it per GPU).
     """
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
     unsupported = gluon_unsupported_reason(q, k, v)
@@ -124,7 +127,8 @@ def gluon_varlen_attention(
     cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True)
     descriptors = (*_descriptors(q, CONSUMER_ROWS), *_descriptors(k, BLOCK_N), *_descriptors(v, BLOCK_N))
     sms = _sm_count(q.device.index or 0)
-    consumers = consumer_warpgroups(bound, heads * num_seqs, sms)
+    waves = THREE_CONSUMER_WAVES if three_consumer_waves is None else three_consumer_waves
+    consumers = consumer_warpgroups(bound, heads * num_seqs, sms, waves)
     block_rows = consumers * CONSUMER_ROWS
     launch = functools.partial(_launch, descriptors, out, cu_seqlens, float(scale) * _LOG2_E, head_dim, consumers)
     # Equal segments (one image, a video's frames): the host knows every program's work and can split
@@ -182,11 +186,16 @@ def _launch(
     )
 
 
-def consumer_warpgroups(longest_segment: int, programs_per_block: int, sms: int) -> int:
+def consumer_warpgroups(longest_segment: int, programs_per_block: int, sms: int, three_from_waves: float) -> int:
     """Consumer warpgroups per program (2 or 3) for a launch of ``programs_per_block`` (heads times
-    segments) programs per query block over segments of up to ``longest_segment`` tokens."""
-    programs = cdiv(longest_segment, 3 * CONSUMER_ROWS) * programs_per_block
-    return 3 if programs >= THREE_CONSUMER_WAVES * sms else 2
+    segments) programs per query block over segments of up to ``longest_segment`` tokens: three once
+    their programs fill ``three_from_waves`` waves of ``sms``."""
+    return 3 if three_consumer_programs(longest_segment, programs_per_block) >= three_from_waves * sms else 2
+
+
+def three_consumer_programs(longest_segment: int, programs_per_block: int) -> int:
+    """Programs of a launch with three consumer warpgroups (192 query rows each)."""
+    return cdiv(longest_segment, 3 * CONSUMER_ROWS) * programs_per_block
 
 
 def gluon_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:

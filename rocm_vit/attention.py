@@ -218,7 +218,9 @@ class GluonAttention(TritonAttention):
     def __init__(self) -> None:
         from rocm_vit.backends.gluon_attn import gluon_varlen_attention
 
-        self._attend = gluon_varlen_attention
+        # Where three consumer warpgroups start to pay: the tuned profile's crossover, else the kernel's.
+        waves = active_policy().gluon_consumers.value
+        self._attend = functools.partial(gluon_varlen_attention, three_consumer_waves=waves)
 
 
 class TorchVarlenAttention(_VarlenAttention):

@@ -233,6 +233,7 @@ class Policy:
     gelu_epilogue: Choice
     side_stream: Choice
     graph_max_tokens: Choice
+    gluon_consumers: Choice  # value: the waves from which gluon_attn runs three consumers; None: its default
     profile: Choice  # value: the TunedProfile in force, or None
 
     def report(self) -> dict[str, Any]:
@@ -243,6 +244,7 @@ class Policy:
             "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},
             "side_stream": {"on": self.side_stream.value, "why": self.side_stream.reason},
             "graph_max_tokens": {"tokens": self.graph_max_tokens.value, "why": self.graph_max_tokens.reason},
+            "gluon_consumers": {"three_from_waves": self.gluon_consumers.value, "why": self.gluon_consumers.reason},
             "profile": {"in_force": self.profile.reason, **profile_summary(self.profile.value)},
         }
 
@@ -263,6 +265,7 @@ def resolve_policy(
         gelu_epilogue=_gelu_epilogue(facts, fused.value),
         side_stream=_side_stream(facts),
         graph_max_tokens=_graph_max_tokens(settings, profile),
+        gluon_consumers=_gluon_consumers(profile),
         profile=Choice(profile, profile_status or ("none" if profile is None else profile.path)),
     )
 
@@ -541,6 +544,14 @@ def _graph_max_tokens(settings: Settings, profile: TunedProfile | None) -> Choic
     if profile is not None and profile.graph_max_tokens is not None:
         return Choice(profile.graph_max_tokens, f"tuned: eager/graph crossover of {profile.preset}")
     return Choice(DEFAULT_GRAPH_MAX_TOKENS, "default: Qwen3-VL's eager/graph crossover on an H200")
+
+
+def _gluon_consumers(profile: TunedProfile | None) -> Choice:
+    if profile is not None and profile.three_consumer_waves is not None:
+        waves = profile.three_consumer_waves
+        where = "nowhere it was measured" if math.isinf(waves) else f"from {waves:g} waves of programs"
+        return Choice(waves, f"tuned: gluon_attn's three consumer warpgroups won {where} ({profile.preset})")
+    return Choice(None, "default: gluon_attn's rule, three consumer warpgroups from 1.5 waves (an H200)")
 
 
 def _cuda_capability(arch: str) -> tuple[int, int] | None:

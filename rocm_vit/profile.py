@@ -60,12 +60,25 @@ class GraphTiming:
 
 
 @dataclass(frozen=True)
+class ConsumerTiming:
+    """``gluon_attn`` on one image with two and with three consumer warpgroups per program; ``waves``
+    counts its three-consumer programs over the GPU's SMs."""
+
+    name: str
+    waves: float
+    two_ms: float
+    three_ms: float
+
+
+@dataclass(frozen=True)
 class TunedProfile:
     """What ``rocm-vit tune`` measured, and the choices it derived.
 
     ``attention`` holds timings per head dim (the tuned preset's, and any ``--head-dims`` named);
     ``rotary`` and ``fused_ops`` the milliseconds of each implementation; ``graph_max_tokens`` the
-    largest patch count at which graph replay beat eager by the tune's margin (0: never).
+    largest patch count at which graph replay beat eager by the tune's margin (0: never);
+    ``three_consumer_waves`` the waves from which ``gluon_attn``'s three-consumer programs won
+    (``inf``: nowhere; ``None``: not measured), from ``gluon_consumers``.
     """
 
     key: Mapping[str, str]
@@ -76,6 +89,8 @@ class TunedProfile:
     fused_ops_ms: Mapping[str, float] = field(default_factory=dict)
     graphs: tuple[GraphTiming, ...] = ()
     graph_max_tokens: int | None = None
+    gluon_consumers: tuple[ConsumerTiming, ...] = ()
+    three_consumer_waves: float | None = None
     path: str = ""
 
     @property
@@ -169,6 +184,8 @@ def read_profile(path: Path) -> TunedProfile:
             fused_ops_ms={str(k): float(v) for k, v in (document.get("fused_ops_ms") or {}).items()},
             graphs=tuple(GraphTiming(**row) for row in document.get("graphs") or ()),
             graph_max_tokens=document.get("graph_max_tokens"),
+            gluon_consumers=tuple(ConsumerTiming(**row) for row in document.get("gluon_consumers") or ()),
+            three_consumer_waves=_optional_float(document.get("three_consumer_waves")),
             path=str(path),
         )
     except (OSError, AttributeError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
@@ -181,6 +198,10 @@ def write_profile(profile: TunedProfile, path: Path) -> None:
     partial = path.with_suffix(path.suffix + ".partial")
     partial.write_text(profile.as_yaml())
     partial.replace(path)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _key_mismatch(stored: Mapping[str, str], current: Mapping[str, str]) -> str:

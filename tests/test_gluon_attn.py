@@ -200,6 +200,11 @@ def test_a_kernel_that_does_not_compile_is_logged_once_and_its_shape_runs_triton
 def test_launches_split_the_last_wave_only_where_the_host_knows_the_work(
     monkeypatch, offsets, max_seqlen, expected_grids
 ):
+    assert _recorded_launches(monkeypatch, offsets, max_seqlen) == expected_grids
+
+
+def _recorded_launches(monkeypatch, offsets: list[int], max_seqlen: int, **kwargs) -> list[tuple]:
+    """``(kernel, grid, SPLITS, CONSUMERS)`` of each launch of one call on 132 SMs, nothing run."""
     from triton.runtime.jit import JITFunction
 
     launches = []
@@ -208,13 +213,21 @@ def test_launches_split_the_last_wave_only_where_the_host_knows_the_work(
     monkeypatch.setattr(
         JITFunction,
         "run",
-        lambda self, *args, grid, warmup, **kwargs: launches.append(
-            (self.fn.__name__, grid, kwargs.get("SPLITS"), kwargs.get("CONSUMERS"))
+        lambda self, *args, grid, warmup, **kw: launches.append(
+            (self.fn.__name__, grid, kw.get("SPLITS"), kw.get("CONSUMERS"))
         ),
     )
     q, k, v = torch.empty(offsets[-1], 3, 16, 72, dtype=torch.bfloat16).unbind(1)
-    gluon_attn.gluon_varlen_attention(q, k, v, torch.tensor(offsets, dtype=torch.int32), max_seqlen, 0.1)
-    assert launches == expected_grids
+    gluon_attn.gluon_varlen_attention(q, k, v, torch.tensor(offsets, dtype=torch.int32), max_seqlen, 0.1, **kwargs)
+    return launches
+
+
+def test_a_tuned_wave_count_overrides_the_default_rule(monkeypatch):
+    # 1x1024 is 96 programs of 192 rows: two consumers by default, three from 0.5 waves; 1x12800 the reverse.
+    assert [launch[3] for launch in _recorded_launches(monkeypatch, [0, 1024], 1024)] == [2]
+    assert [launch[3] for launch in _recorded_launches(monkeypatch, [0, 1024], 1024, three_consumer_waves=0.5)] == [3]
+    never = _recorded_launches(monkeypatch, [0, 12800], 12800, three_consumer_waves=float("inf"))
+    assert {launch[3] for launch in never if launch[0] == "_attn_fwd"} == {2}
 
 
 @pytest.mark.parametrize(
@@ -229,4 +242,5 @@ def test_launches_split_the_last_wave_only_where_the_host_knows_the_work(
     ],
 )
 def test_three_consumers_once_their_programs_fill_one_and_a_half_waves(longest_segment, programs_per_block, expected):
-    assert gluon_attn.consumer_warpgroups(longest_segment, programs_per_block, 132) == expected
+    waves = gluon_attn.THREE_CONSUMER_WAVES
+    assert gluon_attn.consumer_warpgroups(longest_segment, programs_per_block, 132, waves) == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from rocm_vit.platform import PlatformInfo
 from rocm_vit.policy import Facts, resolve_policy
 from rocm_vit.profile import (
     AttentionTiming,
+    ConsumerTiming,
     GraphTiming,
     TunedProfile,
     default_profile_path,
@@ -115,6 +117,11 @@ def _profile(**overrides) -> TunedProfile:
         "fused_ops_ms": {"fused": 10.0, "plain": 9.0},
         "graphs": (GraphTiming(196, 10.0, 1.5), GraphTiming(2048, 12.0, 9.0), GraphTiming(4096, 15.0, 14.9)),
         "graph_max_tokens": 2048,
+        "gluon_consumers": (
+            ConsumerTiming("1x2048", 1.333, 0.0577, 0.061),
+            ConsumerTiming("1x2560", 1.697, 0.0923, 0.0848),
+        ),
+        "three_consumer_waves": 1.515,
     }
     return TunedProfile(**{**values, **overrides})
 
@@ -187,10 +194,60 @@ def test_auto_attention_follows_the_tuned_policy(fake_platform):
 
 
 def test_profile_round_trip(tmp_path):
-    path = tmp_path / "profile.yaml"
-    profile = _profile()
-    write_profile(profile, path)
-    assert read_profile(path) == dataclasses.replace(profile, path=str(path))
+    for profile in (
+        _profile(),
+        _profile(three_consumer_waves=math.inf),
+        _profile(gluon_consumers=(), three_consumer_waves=None),
+    ):
+        path = tmp_path / "profile.yaml"
+        write_profile(profile, path)
+        assert read_profile(path) == dataclasses.replace(profile, path=str(path))
+
+
+def test_gluon_consumers_follow_the_tuned_crossover_else_the_kernels_rule():
+    tuned = resolve_policy(CUDA, Settings(), _profile()).gluon_consumers
+    assert tuned.value == 1.515 and "tuned" in tuned.reason and "from 1.515 waves" in tuned.reason
+    never = resolve_policy(CUDA, Settings(), _profile(three_consumer_waves=math.inf)).gluon_consumers
+    assert never.value == math.inf and "nowhere" in never.reason
+    default = resolve_policy(CUDA, Settings(), _profile(three_consumer_waves=None)).gluon_consumers
+    assert default.value is None and default.reason.startswith("default")
+    assert resolve_policy(CUDA, Settings()).gluon_consumers.value is None
+
+
+def test_gluon_attention_runs_with_the_policys_crossover(monkeypatch):
+    from rocm_vit.backends import gluon_attn
+
+    from rocm_vit.attention import GluonAttention
+
+    calls = []
+    monkeypatch.setattr(gluon_attn, "gluon_varlen_attention", lambda *args, **kwargs: calls.append(kwargs))
+    layout = VisionLayout.from_grid_thw([(1, 4, 4)], 1)
+    q = k = v = torch.zeros(16, 2, 64)
+    for profile, expected in ((_profile(), 1.515), (None, None)):
+        with policy.use_policy(resolve_policy(CUDA, Settings(), profile)):
+            backend = GluonAttention()
+        backend(q, k, v, backend.runner_args(layout, layout.cu_seqlens_tensor("cpu")), 0.125)
+        assert calls.pop() == {"three_consumer_waves": expected}
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        # The H200's d72 crossover (docs/benchmarks.md, tenth round): three lose at 1.33 waves, win from 1.70.
+        ([(0.727, 19.5, 23.2), (1.09, 49.2, 48.6), (1.333, 57.6, 61.0), (1.697, 92.3, 84.8), (5.21, 761, 684)], 1.515),
+        ([(5.0, 761, 684), (1.0, 19.5, 23.2)], 3.0),  # unsorted in, sorted by waves
+        ([(1.0, 10.0, 9.0), (2.0, 10.0, 9.0)], 1.0),  # won everywhere: from the smallest measured
+        ([(1.0, 10.0, 9.0), (2.0, 10.0, 11.0)], math.inf),  # lost at the largest
+        ([(1.0, 10.0, 9.0), (2.0, 10.0, 10.1)], 1.0),  # a 1 % loss at the largest is a tie
+        ([(1.0, 10.0, 10.1), (2.0, 10.0, 9.0)], 1.5),  # the run starts where three won, not at a tie
+        ([], None),
+    ],
+)
+def test_tune_puts_the_three_consumer_crossover_halfway_after_the_last_loss(rows, expected):
+    from rocm_vit.cli.tune import three_consumer_waves
+
+    timings = [ConsumerTiming(f"row{i}", waves, two, three) for i, (waves, two, three) in enumerate(rows)]
+    assert three_consumer_waves(timings) == expected
 
 
 @pytest.fixture
@@ -243,6 +300,7 @@ def test_tune_on_a_cpu_writes_a_profile_the_policy_reads(tmp_path: Path, capsys)
     assert names == [(64, "1x196"), (64, "4x196"), (64, "1x576"), (32, "1x196"), (32, "4x196"), (32, "1x576")]
     assert all(set(timing.ms) == {"sdpa"} and timing.ms["sdpa"] > 0 for timing in profile.attention)
     assert set(profile.rotary_ms) == {"native"} and profile.graph_max_tokens is None
+    assert profile.gluon_consumers == () and profile.three_consumer_waves is None  # no Hopper GPU
     tuned = resolve_policy(dataclasses.replace(CUDA, modules=frozenset()), Settings(), profile)
     assert tuned.attention.pick((196,), 64)[0] == "sdpa"
 

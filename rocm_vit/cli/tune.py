@@ -3,8 +3,10 @@
 The policy's rules were measured on one H200; on any other GPU they are guesses. This command times,
 on the user's GPU and for one preset: every attention backend that can run here (on ROCm also aiter
 with the head dim padded to 128) over single images, batches and ragged mixes; each rotary
-implementation over fused-qkv views; the tower eagerly with the fused block ops on and off; and eager
-against graph replay per patch count, whose crossover becomes the graph ceiling. The profile
+implementation over fused-qkv views; on Hopper, ``gluon_attn`` with two and three consumer warpgroups
+per program over single images, whose crossover (in waves of programs) becomes its rule; the tower
+eagerly with the fused block ops on and off; and eager against graph replay per patch count, whose
+crossover becomes the graph ceiling. The profile
 (``rocm_vit.profile``) is keyed by device, arch and library versions: another version's is ignored.
 
 Measurements run under ``inference_mode`` with random weights and inputs (speed does not depend on
@@ -20,6 +22,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -49,6 +52,7 @@ from rocm_vit.policy import (
 )
 from rocm_vit.profile import (
     AttentionTiming,
+    ConsumerTiming,
     GraphTiming,
     TunedProfile,
     default_profile_path,
@@ -83,6 +87,11 @@ GRAPH_LAYOUTS = "1x224,1x448,1x640,1x768,1x896,1x1024,1x1152,1x1280,1x1536"
 # Replay must beat eager by this share for its patch count to stay under the ceiling: below it the
 # capture, staging and pool memory buy nothing measurable.
 GRAPH_MIN_GAIN = 0.03
+# Single images timed with gluon_attn's two and three consumer warpgroups: 0.7-5 waves of three-consumer
+# programs on an H200 at 16 heads, where the two cross (docs/benchmarks.md, tenth round).
+CONSUMER_TOKENS = (1024, 1600, 2048, 2560, 3072, 4096, 8160)
+# Three consumers must be at most this much slower at every larger measured layout: a tie is noise.
+CONSUMER_TIE = 0.02
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,13 +126,16 @@ def run(args: argparse.Namespace) -> int:
 
     head_dims = list(dict.fromkeys([config.head_dim, *(args.head_dims or ())]))
     with torch.inference_mode():
-        attention = tuple(
-            timing
-            for head_dim in head_dims
-            for timing in _tune_attention(timer, facts, config.num_heads, head_dim, dtype, device)
-        )
+        consumers = _tune_gluon_consumers(timer, facts, config.num_heads, config.head_dim, dtype, device)
+        draft = _profile(info, preset_name, (), {}, consumers)
+        with use_policy(resolve_policy(facts, settings, draft)):  # gluon_attn timed with the rule just tuned
+            attention = tuple(
+                timing
+                for head_dim in head_dims
+                for timing in _tune_attention(timer, facts, config.num_heads, head_dim, dtype, device)
+            )
         rotary_ms = _tune_rotary(timer, facts, config.num_heads, config.head_dim, dtype, device)
-        draft = _profile(info, preset_name, attention, rotary_ms)
+        draft = dataclasses.replace(draft, attention=attention, rotary_ms=rotary_ms)
         fused_ms = {}
         if defaults.fused_ops.value:  # nothing to compare where fused ops cannot run
             fused_ms = _tune_fused_ops(facts, settings, draft, preset_name, dtype, device, args.repeats)
@@ -164,6 +176,51 @@ def _tune_attention(
             ms[name] = round(timer(functools.partial(backend, q, k, v, attn_args, head_dim**-0.5)), 5)
         timings.append(AttentionTiming(layout_name, tuple(layout.seq_lens), ms, head_dim))
     return tuple(timings)
+
+
+def _tune_gluon_consumers(
+    timer: KernelTimer, facts: Facts, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> tuple[ConsumerTiming, ...]:
+    """``gluon_attn`` with two and with three consumers forced, where it runs at this head dim."""
+    if backend_unavailable_reason("gluon_attn", facts) is not None:
+        return ()
+    from rocm_vit.backends import gluon_attn
+
+    if head_dim not in gluon_attn.GLUON_HEAD_DIMS:
+        return ()
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    timings = []
+    for tokens in progress(CONSUMER_TOKENS, f"gluon_attn consumers d{head_dim}", "layout"):
+        generator = torch.Generator(device=device).manual_seed(0)
+        packed = torch.randn(tokens, 3, heads, head_dim, generator=generator, device=device)
+        q, k, v = packed.to(dtype).unbind(1)
+        cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32, device=device)
+        ms = {}
+        for count, forced in ((2, math.inf), (3, 0.0)):  # three consumers from: never, always
+            call = functools.partial(gluon_attn.gluon_varlen_attention, q, k, v, cu_seqlens, tokens, head_dim**-0.5)
+            ms[count] = round(timer(functools.partial(call, three_consumer_waves=forced)), 5)
+        waves = gluon_attn.three_consumer_programs(tokens, heads) / sms
+        timings.append(ConsumerTiming(f"1x{tokens}", round(waves, 3), ms[2], ms[3]))
+    return tuple(timings)
+
+
+def three_consumer_waves(timings: Sequence[ConsumerTiming]) -> float | None:
+    """The waves from which three consumers were faster, or at most ``CONSUMER_TIE`` slower, at every
+    larger measured layout: halfway between the last layout that lost and the first of that run
+    (``inf``: the largest lost or was a tie; ``None``: nothing measured)."""
+    rows = sorted(timings, key=lambda row: row.waves)
+    if not rows:
+        return None
+    start = len(rows)
+    while start > 0 and rows[start - 1].three_ms <= rows[start - 1].two_ms * (1 + CONSUMER_TIE):
+        start -= 1
+    while start < len(rows) and rows[start].three_ms >= rows[start].two_ms:  # begin where three won
+        start += 1
+    if start == len(rows):
+        return math.inf
+    if start == 0:
+        return rows[0].waves
+    return round((rows[start - 1].waves + rows[start].waves) / 2, 3)
 
 
 def _tune_rotary(
@@ -272,6 +329,7 @@ def _profile(
     preset_name: str,
     attention: tuple[AttentionTiming, ...],
     rotary_ms: dict[str, float],
+    consumers: tuple[ConsumerTiming, ...],
 ) -> TunedProfile:
     return TunedProfile(
         key=profile_key(info),
@@ -279,6 +337,8 @@ def _profile(
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         attention=attention,
         rotary_ms=rotary_ms,
+        gluon_consumers=consumers,
+        three_consumer_waves=three_consumer_waves(consumers),
     )
 
 
@@ -305,6 +365,15 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
         lines.append(f"  {f'd{timing.head_dim} {timing.name}':<14}" + "".join(cells))
     lines.append("\nrotary (geometric mean ms over token counts, fused-qkv views)")
     lines.extend(f"  {name:<10}{ms:.4f}" for name, ms in sorted(profile.rotary_ms.items(), key=lambda i: i[1]))
+    if profile.gluon_consumers:
+        lines.append(
+            f"\ngluon_attn, two against three consumer warpgroups (ms); three from {profile.three_consumer_waves} waves"
+        )
+        lines.append(f"  {'layout':<10}{'waves':>8}{'two':>10}{'three':>10}")
+        lines.extend(
+            f"  {row.name:<10}{row.waves:>8.2f}{row.two_ms:>10.4f}{row.three_ms:>10.4f}"
+            for row in profile.gluon_consumers
+        )
     if profile.fused_ops_ms:
         lines.append(f"\nfused block ops (graph replay ms, summed over {FUSED_LAYOUTS})")
         lines.extend(f"  {name:<10}{ms:.3f}" for name, ms in profile.fused_ops_ms.items())
@@ -321,6 +390,7 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
         ("rotary", defaults.rotary.value, tuned.rotary.value),
         ("fused ops", defaults.fused_ops.value, tuned.fused_ops.value),
         ("graph ceiling", defaults.graph_max_tokens.value, tuned.graph_max_tokens.value),
+        ("3 consumers", defaults.gluon_consumers.value, tuned.gluon_consumers.value),
     ):
         lines.append(f"  {label:<14}{before!s:>12} -> {after}")
     lines.append(f"\nprofile written to {out}")
