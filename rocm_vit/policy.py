@@ -244,7 +244,10 @@ class Policy:
             "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},
             "side_stream": {"on": self.side_stream.value, "why": self.side_stream.reason},
             "graph_max_tokens": {"tokens": self.graph_max_tokens.value, "why": self.graph_max_tokens.reason},
-            "gluon_consumers": {"three_from_waves": self.gluon_consumers.value, "why": self.gluon_consumers.reason},
+            "gluon_consumers": {
+                "three_from_waves": _json_waves(self.gluon_consumers.value),
+                "why": self.gluon_consumers.reason,
+            },
             "profile": {"in_force": self.profile.reason, **profile_summary(self.profile.value)},
         }
 
@@ -544,6 +547,11 @@ def _graph_max_tokens(settings: Settings, profile: TunedProfile | None) -> Choic
     if profile is not None and profile.graph_max_tokens is not None:
         return Choice(profile.graph_max_tokens, f"tuned: eager/graph crossover of {profile.preset}")
     return Choice(DEFAULT_GRAPH_MAX_TOKENS, "default: Qwen3-VL's eager/graph crossover on an H200")
+
+
+def _json_waves(waves: float | None) -> float | str | None:
+    """``doctor --json`` stays strict JSON: a crossover never reached is "never", not Infinity."""
+    return "never" if waves is not None and math.isinf(waves) else waves
 
 
 def _gluon_consumers(profile: TunedProfile | None) -> Choice:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from pathlib import Path
@@ -209,6 +210,8 @@ def test_gluon_consumers_follow_the_tuned_crossover_else_the_kernels_rule():
     assert tuned.value == 1.515 and "tuned" in tuned.reason and "from 1.515 waves" in tuned.reason
     never = resolve_policy(CUDA, Settings(), _profile(three_consumer_waves=math.inf)).gluon_consumers
     assert never.value == math.inf and "nowhere" in never.reason
+    report = resolve_policy(CUDA, Settings(), _profile(three_consumer_waves=math.inf)).report()
+    assert json.loads(json.dumps(report["gluon_consumers"], allow_nan=False))["three_from_waves"] == "never"
     default = resolve_policy(CUDA, Settings(), _profile(three_consumer_waves=None)).gluon_consumers
     assert default.value is None and default.reason.startswith("default")
     assert resolve_policy(CUDA, Settings()).gluon_consumers.value is None
