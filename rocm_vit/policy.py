@@ -559,7 +559,7 @@ def _gluon_consumers(profile: TunedProfile | None) -> Choice:
         waves = profile.three_consumer_waves
         where = "nowhere it was measured" if math.isinf(waves) else f"from {waves:g} waves of programs"
         return Choice(waves, f"tuned: gluon_attn's three consumer warpgroups won {where} ({profile.preset})")
-    return Choice(None, "default: gluon_attn's rule, three consumer warpgroups from 1.5 waves (an H200)")
+    return Choice(None, "default: gluon_attn's own rule (THREE_CONSUMER_WAVES, measured on an H200)")
 
 
 def _cuda_capability(arch: str) -> tuple[int, int] | None:
