@@ -42,6 +42,7 @@ class StandInGraphs:
     scratch_bytes_per_token: int = 0  # intermediates a capture needs, shared by all captures
     total_memory_bytes: int = 64 << 30
     events: list[str] = field(default_factory=list)
+    caller_stream: str = "caller-stream"  # what current_stream answers: set it to switch the caller's
     capture_pools: list[object] = field(default_factory=list)
     releases: int = 0
     _live: weakref.WeakSet = field(default_factory=weakref.WeakSet)
@@ -60,6 +61,16 @@ class StandInGraphs:
 
     def new_stream(self, device: torch.device) -> str:
         return "runner-stream"
+
+    def current_stream(self, device: torch.device) -> str:
+        return self.caller_stream
+
+    def mark(self, stream: str, marker: object) -> str:
+        self.events.append(f"mark {stream}")
+        return f"marker on {stream}"
+
+    def follow(self, stream: str, marker: str) -> None:
+        self.events.append(f"{stream} waits for {marker}")
 
     @contextmanager
     def on_stream(self, stream: str) -> Iterator[None]:
@@ -88,9 +99,6 @@ class StandInGraphs:
     def replay(self, graph: _StandInGraph) -> None:
         self.events.append("replay")
         graph.output.copy_(graph.fn())
-
-    def hand_over(self, output: torch.Tensor, stream: str) -> None:
-        self.events.append("hand_over")
 
     def pool_bytes(self, pool, device) -> int:
         return self._scratch_bytes[pool] + sum(graph.output.nbytes for graph in self._live if graph.pool is pool)
@@ -148,13 +156,47 @@ def test_replay_matches_eager_and_reads_new_inputs(generator: torch.Generator) -
     layout = _layout((1, 4, 4), (1, 2, 6))
     for _ in range(3):
         _run_checked(runner, layout, generator)
-    # Every device step runs inside on_stream (after the caller's work, before its later work), and
-    # each owned output is handed over to the caller's stream.
+    # Capture runs inside on_stream on the runner's stream (after the caller's work, before its later
+    # work); replays run on the caller's stream, which waits for the runner's stream once, and each
+    # device step leaves a marker behind it.
     assert mechanism.events == [
-        "enter", "warm_up", "capture", "exit",
-        *["enter", "replay", "exit", "hand_over"] * 3,
+        "enter", "warm_up", "capture", "mark runner-stream", "exit",
+        "caller-stream waits for marker on runner-stream", "replay", "mark caller-stream",
+        *["replay", "mark caller-stream"] * 2,
     ]  # fmt: skip
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 3)
+
+
+def test_a_caller_on_another_stream_waits_for_the_runners_last_work(generator: torch.Generator) -> None:
+    """Staging and pool are shared: replays from two streams must not overlap on the device."""
+    runner, mechanism = _runner()
+    layout = _layout((1, 4, 4))
+    _run_checked(runner, layout, generator)  # capture and first replay on "caller-stream"
+    mechanism.events.clear()
+    for stream in ("stream-b", "stream-b", "caller-stream"):
+        mechanism.caller_stream = stream
+        _run_checked(runner, layout, generator)
+    assert mechanism.events == [
+        "stream-b waits for marker on caller-stream", "replay", "mark stream-b",
+        "replay", "mark stream-b",  # the same stream: ordered by the stream itself
+        "caller-stream waits for marker on stream-b", "replay", "mark caller-stream",
+    ]  # fmt: skip
+
+
+def test_a_capture_waits_for_replays_on_other_streams_and_leaves_a_marker(generator: torch.Generator) -> None:
+    """Capture writes staging on the runner's stream; a failed one too, so both leave a marker."""
+    runner, mechanism = _runner()
+    first, failing, third = _layout((1, 4, 4)), _layout((1, 2, 6)), _layout((1, 6, 6))
+    _run_checked(runner, first, generator)
+    mechanism.events.clear()
+    mechanism.fail_captures = 1
+    _run_checked(runner, failing, generator)  # fails, served eagerly on the caller's stream
+    _run_checked(runner, third, generator)
+    assert mechanism.events == [
+        "enter", "runner-stream waits for marker on caller-stream", "warm_up", "capture", "mark runner-stream",
+        "enter", "warm_up", "capture", "mark runner-stream", "exit",
+        "caller-stream waits for marker on runner-stream", "replay", "mark caller-stream",
+    ]  # fmt: skip
 
 
 def test_equal_token_counts_with_other_boundaries_get_their_own_graph(generator: torch.Generator) -> None:
@@ -497,6 +539,35 @@ def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Gene
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (graphs, len(grids))
     (staging,) = runner._staging.values()
     assert list(staging.cu_seqlens) == segmentations
+
+
+def test_immutable_inputs_are_copied_again_whenever_another_tensor_is_passed(generator: torch.Generator) -> None:
+    """Two layouts share a graph but not their cos/sin (like a 16x32 and a 32x16 image): staging
+    must follow the tensor passed, call after call."""
+    runner, _ = _runner()
+    layout = _layout((1, 4, 4))
+    first, second = _inputs(layout, generator)[1:], _inputs(layout, generator)[1:]
+    for cos, sin in (first, second, first, first, second):
+        x = torch.randn(layout.num_patches, HIDDEN, generator=generator)
+        out = runner.run(x, layout, cos, sin, immutable=True)
+        assert torch.equal(out, _eager(layout, x, cos, sin))
+    assert runner.stats()["graphs"] == 1
+
+
+def test_immutable_inputs_passed_again_are_not_copied_but_x_always_is(generator: torch.Generator) -> None:
+    """What the promise buys: staging keeps the copy of the very tensor passed before. Writing to
+    it afterwards breaks the promise, and the replay shows the copy was skipped; x is always read."""
+    layout = _layout((1, 4, 4))
+    for immutable in (False, True):
+        runner, _ = _runner()
+        x, cos, sin = _inputs(layout, generator)
+        runner.run(x, layout, cos, sin, immutable=immutable)
+        original_cos = cos.clone()
+        cos.add_(1.0)
+        x.mul_(2.0)
+        out = runner.run(x, layout, cos, sin, immutable=immutable)
+        expected_cos = original_cos if immutable else cos
+        assert torch.equal(out, _eager(layout, x, expected_cos, sin)), immutable
 
 
 def test_tower_layouts_sharing_a_graph_differ_in_their_embedding_inputs() -> None:

@@ -29,11 +29,20 @@ class GraphMechanism(Protocol):
         """A memory pool that every graph of one runner captures into."""
 
     def new_stream(self, device: torch.device) -> Any:
-        """The runner's stream: warm-up, capture, staging copies and replays all run on it."""
+        """The runner's capture stream: warm-up and capture run on it (replays run on the caller's)."""
 
     def on_stream(self, stream: Any) -> contextlib.AbstractContextManager:
         """Run the block's device work on ``stream``, after the caller's pending work, and make the
         caller's later work wait for it: callers on any stream see the runner's work in order."""
+
+    def current_stream(self, device: torch.device) -> Any:
+        """The caller's current stream on ``device``: where a replay and its staging copies run."""
+
+    def mark(self, stream: Any, marker: Any) -> Any:
+        """A marker recorded on ``stream`` after the work enqueued so far (``marker`` reused when not None)."""
+
+    def follow(self, stream: Any, marker: Any) -> None:
+        """Make work enqueued later on ``stream`` wait until ``marker`` is reached on the device."""
 
     def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
         """Run ``fn`` eagerly on the current (runner) stream: kernels compile before a capture."""
@@ -42,10 +51,7 @@ class GraphMechanism(Protocol):
         """Capture ``fn`` into a new graph on ``stream`` in ``pool``; return graph and static output."""
 
     def replay(self, graph: Any) -> None:
-        """Replay ``graph`` on the current (runner) stream."""
-
-    def hand_over(self, output: torch.Tensor, stream: Any) -> None:
-        """``output`` was made on ``stream`` and is now read on the caller's stream: tell the allocator."""
+        """Replay ``graph`` on the current stream."""
 
     def pool_bytes(self, pool: Any, device: torch.device) -> int:
         """Bytes the allocator reserves for ``pool`` now."""
@@ -85,6 +91,18 @@ class CudaGraphs:
             yield
         caller.wait_stream(stream)  # the caller reads what the runner wrote only once it is there
 
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def mark(self, stream: Any, marker: Any) -> Any:
+        # One event re-recorded on every replay: a wait takes the record that precedes it.
+        marker = marker or torch.cuda.Event()
+        marker.record(stream)
+        return marker
+
+    def follow(self, stream: Any, marker: Any) -> None:
+        stream.wait_event(marker)
+
     def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
         fn()
 
@@ -101,11 +119,6 @@ class CudaGraphs:
 
     def replay(self, graph: Any) -> None:
         graph.replay()
-
-    def hand_over(self, output: torch.Tensor, stream: Any) -> None:
-        # Allocated on the runner's stream: without this the allocator could give its memory to the
-        # next replay's clone while the caller's stream still reads it.
-        output.record_stream(torch.cuda.current_stream(stream.device))
 
     def pool_bytes(self, pool: Any, device: torch.device) -> int:
         pool_id = tuple(pool)

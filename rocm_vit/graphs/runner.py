@@ -7,13 +7,17 @@ Why each rule exists (DESIGN.md, Known hazards):
   per-call tensors: a graph captured with fp32 cos/sin would round bf16 ones and differ from eager;
 - every graph reads its inputs from one set of staging buffers (``_Staging``), allocated once at the
   token ceiling and never regrown, and every per-call tensor and offset is copied in before each
-  replay: a shared workspace regrown under captured graphs silently corrupted 485 of 500 SGLang
-  replies, and layouts that share a key may differ in what is not attention metadata (rotary
-  angles, position embeddings, a window order). A graph's own memory is its share of the pool;
-- graphs share one pool, so replays must never overlap on the device: all of the runner's device
-  work (staging copies, replays, the output clone) runs on its own stream, after the caller's
-  pending work and before the caller's later work, whatever stream or thread the caller uses
-  (measured before: 188 of 200 outputs wrong with four threads on four streams);
+  replay unless staging holds it already (offsets: the same key; a tensor passed as immutable: the
+  very same object): a shared workspace regrown under captured graphs silently corrupted 485 of
+  500 SGLang replies, and layouts that share a key may differ in what is not attention metadata
+  (rotary angles, position embeddings, a window order). A graph's own memory is its share of the pool;
+- graphs share one pool and one staging area, so the runner's device work must never overlap
+  (measured before it was ordered: 188 of 200 outputs wrong with four threads on four streams).
+  A replay (staging copies, the graph, the output clone) runs on the caller's stream, after a
+  marker event recorded behind the runner's previous device work whenever that ran on another
+  stream; warm-up and capture run on the runner's own stream, ordered the same way. Replaying on
+  the caller's stream instead of switching to the runner's saved 0.07-0.12 ms per small-image call
+  on an H200 (two cross-stream waits and a stream switch; docs/benchmarks.md, eleventh round);
 - replay returns a clone: a caller holding a static output would see the next replay overwrite it;
 - warm-up runs on the capture stream before each capture: kernel JIT, ``torch.compile`` and
   per-stream library handles created inside a capture fail or hang;
@@ -96,9 +100,9 @@ class _Graph:
     host_offsets: dict[str, torch.Tensor]  # the layout's pinned int32 offsets, copied into ``offsets``
     tokens: int
 
-    def fill(self, tensors: tuple[torch.Tensor, ...]) -> None:
+    def fill(self, tensors: tuple[torch.Tensor, ...], immutable: bool) -> None:
         """Copy this call's tensors into staging, and this graph's offsets unless they are there already."""
-        self.staging.fill(self.key, self.inputs, tensors, self.offsets, self.host_offsets)
+        self.staging.fill(self.key, self.inputs, tensors, self.offsets, self.host_offsets, immutable)
 
 
 class _Staging:
@@ -118,6 +122,10 @@ class _Staging:
         # The graph key whose offsets the cu_seqlens buffers hold: a layout replayed again (the common
         # case) needs no offsets copy; its offsets follow from its key alone.
         self.offsets_key: tuple | None = None
+        # Per input buffer, the tensor it holds when that tensor was passed as immutable (never
+        # written after it is passed): passed again, the very object needs no copy. Held, so that
+        # no other tensor can take its memory and pass for it.
+        self.sources: list[torch.Tensor | None] = [None] * len(self.inputs)
         self._device = device
 
     @staticmethod
@@ -149,9 +157,15 @@ class _Staging:
         tensors: tuple[torch.Tensor, ...],
         offsets: dict[str, torch.Tensor],
         host_offsets: dict[str, torch.Tensor],
+        immutable: bool,
     ) -> None:
-        for view, given in zip(inputs, tensors, strict=True):
+        # x (index 0) is the caller's per-call data: always copied.
+        for index, (view, given) in enumerate(zip(inputs, tensors, strict=True)):
+            keep = immutable and index > 0
+            if keep and self.sources[index] is given:
+                continue
             view.copy_(given)
+            self.sources[index] = given if keep else None
         if self.offsets_key != key:
             for name, view in offsets.items():
                 view.copy_(host_offsets[name], non_blocking=True)
@@ -166,8 +180,9 @@ class ViTGraphRunner:
     an eager run. ``forward_blocks`` hands each block the list of the segmentation it attends within.
 
     ``run`` returns a tensor owned by the caller, ready on the caller's current stream. Calls are
-    serialised on the host by a lock and the runner's device work on its own stream; capture is
-    thread-local, so other threads may use the GPU meanwhile. Nothing escapes ``run`` that the eager
+    serialised on the host by a lock, and the runner's device work on the device by a marker event
+    (replays run on the caller's stream, captures on the runner's own); capture is thread-local, so
+    other threads may use the GPU meanwhile. Nothing escapes ``run`` that the eager
     ``forward_blocks`` would not raise too.
 
     Options (defaults in this module): ``capacity`` graphs at most; ``min_sightings`` calls of a
@@ -209,7 +224,11 @@ class ViTGraphRunner:
         self._failed: OrderedDict[tuple, None] = OrderedDict()
         self._over_budget: OrderedDict[tuple, None] = OrderedDict()  # captured once, alone over the budget
         self._pool: Any = None
-        self._stream: Any = None
+        self._stream: Any = None  # warm-up and capture run on it
+        # Recorded behind the runner's last device work, on the stream it ran on: work on another
+        # stream waits for it before touching staging or pool memory.
+        self._marker: Any = None
+        self._marker_stream: Any = None
         self._device: torch.device | None = None
         self._pool_bytes = 0
         # Learned from captures, to predict a capture's cost before it runs: output bytes per token,
@@ -227,15 +246,24 @@ class ViTGraphRunner:
         self._logged: set[str] = set()
 
     def run(
-        self, x: torch.Tensor, layout: AttentionLayout, cos: torch.Tensor, sin: torch.Tensor, *inputs: torch.Tensor
+        self,
+        x: torch.Tensor,
+        layout: AttentionLayout,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *inputs: torch.Tensor,
+        immutable: bool = False,
     ) -> torch.Tensor:
         """Forward ``x`` ``[N, ...]`` laid out as ``layout``; ``cos``/``sin`` ``[N, head_dim]``, any dtype.
 
         ``inputs`` are further tensors ``forward_blocks`` reads (a tower's position taps, ``[N, 4]``,
         or window index, one row per merge block); like ``x``, ``cos`` and ``sin`` they are copied
-        into staging before every replay. Returns ``forward_blocks``' output, freshly allocated: no
-        later call changes it. Raises ``ValueError`` (before anything runs) when ``x``, ``cos`` or
-        ``sin`` do not have one row per token of ``layout``, or a tensor is on another device.
+        into staging before every replay. ``immutable=True`` promises that ``cos``, ``sin`` and
+        ``inputs`` are never written after they are passed (a tower's prepared layouts): one passed
+        again, the very tensor object, is then not copied again while staging still holds it. Returns
+        ``forward_blocks``' output, freshly allocated: no later call changes it. Raises ``ValueError``
+        (before anything runs) when ``x``, ``cos`` or ``sin`` do not have one row per token of
+        ``layout``, or a tensor is on another device.
         """
         tensors = (x, cos, sin, *inputs)
         _check_inputs(tensors, layout)
@@ -246,15 +274,15 @@ class ViTGraphRunner:
             entry = self._graphs.get(key)
             if entry is not None:
                 self._graphs.move_to_end(key)
-                return self._replay(entry, tensors)
+                return self._replay(entry, tensors, immutable)
             reason = self._admission(key, layout.num_patches, x.device)
             if reason is None:
                 signature = _signature(tensors, layout.num_patches)
                 reason = self._make_room(signature, layout.num_patches)
             if reason is None:
-                entry, error = self._capture(key, signature, layout, tensors)
+                entry, error = self._capture(key, signature, layout, tensors, immutable)
                 if entry is not None:
-                    return self._replay(entry, tensors)
+                    return self._replay(entry, tensors, immutable)
                 if error is None:  # captured, but over the budget: dropped at once
                     self._eager_runs["over_budget"] += 1
                     return self._eager(tensors, layout)
@@ -382,7 +410,12 @@ class ViTGraphRunner:
     # Capture, replay, eager -----------------------------------------------------------------------
 
     def _capture(
-        self, key: tuple, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...]
+        self,
+        key: tuple,
+        signature: Signature,
+        layout: AttentionLayout,
+        tensors: tuple[torch.Tensor, ...],
+        immutable: bool,
     ) -> tuple[_Graph | None, Exception | None]:
         started = time.perf_counter()
         device = tensors[0].device
@@ -391,21 +424,26 @@ class ViTGraphRunner:
                 self._pool = self._mechanism.new_pool(device)
                 self._stream = self._mechanism.new_stream(device)
             with self._mechanism.on_stream(self._stream):
-                staging = self._staging.get(signature)
-                if staging is None:
-                    staging = self._staging[signature] = _Staging(signature, self.max_tokens, device)
-                views, offsets = staging.views(tensors, layout)
-                host_offsets = {name: layout.cu_seqlens_host(name) for name in offsets}
-                staging.fill(key, views, tensors, offsets, host_offsets)
-                attn_args = self.attention.layout_args(layout, offsets)
+                self._follow_marker(self._stream)
+                try:
+                    staging = self._staging.get(signature)
+                    if staging is None:
+                        staging = self._staging[signature] = _Staging(signature, self.max_tokens, device)
+                    views, offsets = staging.views(tensors, layout)
+                    host_offsets = {name: layout.cu_seqlens_host(name) for name in offsets}
+                    staging.fill(key, views, tensors, offsets, host_offsets, immutable)
+                    attn_args = self.attention.layout_args(layout, offsets)
 
-                def forward() -> torch.Tensor:
-                    x, cos, sin, *inputs = views
-                    return self.forward_blocks(x, attn_args, cos, sin, *inputs)
+                    def forward() -> torch.Tensor:
+                        x, cos, sin, *inputs = views
+                        return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
-                with self._capture_context():
-                    self._mechanism.warm_up(forward)
-                    graph, output = self._mechanism.capture(forward, self._pool, self._stream)
+                    with self._capture_context():
+                        self._mechanism.warm_up(forward)
+                        graph, output = self._mechanism.capture(forward, self._pool, self._stream)
+                finally:
+                    # Warm-up reads staging on this stream, also when the capture then fails.
+                    self._mark(self._stream)
         except Exception as error:  # any capture failure degrades to eager
             # Later captures get a fresh pool and stream: a failed capture can leave the old ones
             # mid-capture. Graphs already captured keep the memory of the pool they used.
@@ -440,14 +478,27 @@ class ViTGraphRunner:
             self._remember(self._over_budget, key)
         logger.debug("captured a graph for %d tokens; pool %.0f MiB", entry.tokens, self._pool_bytes / 2**20)
 
-    def _replay(self, entry: _Graph, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        with self._mechanism.on_stream(self._stream):
-            entry.fill(tensors)
-            self._mechanism.replay(entry.graph)
-            output = entry.output.clone()
-        self._mechanism.hand_over(output, self._stream)
+    def _replay(self, entry: _Graph, tensors: tuple[torch.Tensor, ...], immutable: bool) -> torch.Tensor:
+        # On the caller's stream: ordered after the caller's pending work (its inputs) by the stream
+        # itself, after the runner's last work on other streams by the marker; the clone is the
+        # caller's, allocated on its stream.
+        stream = self._mechanism.current_stream(tensors[0].device)
+        self._follow_marker(stream)
+        entry.fill(tensors, immutable)
+        self._mechanism.replay(entry.graph)
+        output = entry.output.clone()
+        self._mark(stream)
         self._replays += 1
         return output
+
+    def _follow_marker(self, stream: Any) -> None:
+        """Order ``stream`` after the runner's last device work, when that ran on another stream."""
+        if self._marker is not None and stream != self._marker_stream:
+            self._mechanism.follow(stream, self._marker)
+
+    def _mark(self, stream: Any) -> None:
+        self._marker = self._mechanism.mark(stream, self._marker)
+        self._marker_stream = stream
 
     def _eager(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> torch.Tensor:
         x, cos, sin, *inputs = tensors

@@ -68,8 +68,12 @@ class PreparedLayout:
     ready: torch.cuda.Event | None = None
 
     def wait_ready(self) -> None:
-        """Make the current stream wait until the tensors are written (no host sync)."""
-        if self.ready is not None:
+        """Make the current stream wait until the tensors are written (no host sync).
+
+        Once the event has completed, all later work sees the tensors: a query then replaces the
+        stream lookup and the wait (10-15 us of host time per call on the H200's host).
+        """
+        if self.ready is not None and not self.ready.query():
             torch.cuda.current_stream(self.cos.device).wait_event(self.ready)
 
 
@@ -132,7 +136,8 @@ class VisionTower(nn.Module, ABC):
         prepared.wait_ready()
         layout, cos, sin, inputs = prepared.layout, prepared.cos, prepared.sin, prepared.embed_inputs
         if use_graphs and self._graph_runner is not None:
-            out = self._graph_runner.run(pixel_values, layout.attention, cos, sin, *inputs)
+            # The prepared tensors are this tower's, never written after they are made.
+            out = self._graph_runner.run(pixel_values, layout.attention, cos, sin, *inputs, immutable=True)
         else:
             attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(pixel_values.device))
             out = self.encode(pixel_values, attn_args, cos, sin, *inputs)
