@@ -106,6 +106,12 @@ _AMD_CONFIGS = {
 }
 
 
+# The largest key tile this kernel is run with (the defaults use 32 and 64; `bench-attn --sweep-triton`
+# goes up to 128). A config override past it is refused: (64, 256, 4 warps, 1 stage) faulted with an
+# illegal memory access on an H200 under Triton 3.6 at 196 tokens, head dim 72, though every address
+# it computes stays inside the segment (not traced further); 256 with 16- and 32-row tiles ran.
+MAX_BLOCK_N = 128
+
 # At most this many 128-row query tiles (segments x heads x tiles per segment): half the SMs of an
 # H100/H200 or fewer, where 64-row tiles win.
 _FEW_QUERY_TILES = 64
@@ -147,6 +153,11 @@ def triton_varlen_attention(
         return out
     arch = arch or _device_arch(q.device)
     config = config or default_config(head_dim, v.dtype, cdiv(bound, 128) * num_seqs * heads, arch=arch)
+    if config.block_n > MAX_BLOCK_N:
+        raise ValueError(
+            f"config.block_n = {config.block_n} is over {MAX_BLOCK_N}: 256-key tiles with 64-row query tiles "
+            "faulted (illegal memory access) on an H200 under Triton 3.6 (docs/benchmarks.md, eleventh round)"
+        )
     block_d0, block_d1 = _head_dim_split(head_dim)
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2])
     grid = (cdiv(bound, config.block_m), num_seqs, heads)

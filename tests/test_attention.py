@@ -778,6 +778,19 @@ def test_bench_attn_keeps_its_first_twelve_layouts_and_adds_real_photo_sizes():
     }  # fmt: skip
 
 
+def test_triton_attn_refuses_key_tiles_past_the_largest_it_was_run_with():
+    """A 256-key tile faulted on the GPU (illegal memory access, which poisons the CUDA context): a
+    config override must fail as a ValueError before anything launches."""
+    triton_attn = pytest.importorskip("rocm_vit.backends.triton_attn")
+    q = torch.randn(8, 2, 16)
+    cu_seqlens = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="block_n = 256 is over 128"):
+        triton_attn.triton_varlen_attention(
+            q, q, q, cu_seqlens, 8, 0.25, config=triton_attn.TritonAttnConfig(64, 256, 4, 1)
+        )
+    assert max(config[1] for config in bench_attention.SWEEP_CONFIGS) <= triton_attn.MAX_BLOCK_N
+
+
 def test_triton_config_uses_smaller_query_tiles_only_when_few_tiles_would_run():
     triton_attn = pytest.importorskip("rocm_vit.backends.triton_attn")
     config = functools.partial(triton_attn.default_config, arch="sm_90")
