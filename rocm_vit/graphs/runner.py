@@ -164,8 +164,10 @@ class _Staging:
             keep = immutable and index > 0
             if keep and self.sources[index] is given:
                 continue
+            self.sources[index] = None  # no claim on the buffer while its copy is not enqueued
             view.copy_(given)
-            self.sources[index] = given if keep else None
+            if keep:
+                self.sources[index] = given
         if self.offsets_key != key:
             for name, view in offsets.items():
                 view.copy_(host_offsets[name], non_blocking=True)
