@@ -71,7 +71,8 @@ class PreparedLayout:
         """Make the current stream wait until the tensors are written (no host sync).
 
         Once the event has completed, all later work sees the tensors: a query then replaces the
-        stream lookup and the wait (10-15 us of host time per call on the H200's host).
+        stream lookup and the wait (together over 10 us of host time per call under cProfile on the
+        H200's host, docs/benchmarks.md, eleventh round).
         """
         if self.ready is not None and not self.ready.query():
             torch.cuda.current_stream(self.cos.device).wait_event(self.ready)

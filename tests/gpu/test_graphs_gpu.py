@@ -166,7 +166,7 @@ def test_thread_local_capture_while_another_thread_reads_values_back(mode: str) 
 def test_four_threads_on_their_own_streams_get_eager_outputs_bitwise() -> None:
     """Replays share staging and pool memory: the runner orders every caller's work on the device.
 
-    Measured before the runner had its own stream: 188 of 200 outputs wrong.
+    Measured before the runner ordered its callers' work on the device: 188 of 200 outputs wrong.
     """
     tower = _tower("qwen3-vl-8b", depth=4, deepstack_visual_indexes=[1, 2])
     runner = tower.enable_graphs()  # the serving defaults
