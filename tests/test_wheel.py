@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,21 @@ def test_wheel_holds_only_the_package(wheel: Path) -> None:
     assert (top_level - {"rocm_vit"}).pop().endswith(".dist-info")
     assert "rocm_vit/presets.yaml" in names
     assert "rocm_vit/backends/sdpa.py" in names
+
+
+def test_wheel_and_sdist_ship_the_license(wheel: Path, tmp_path: Path) -> None:
+    """pyproject says Apache-2.0: the license text travels with every distribution."""
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License") and "Version 2.0" in text
+    with zipfile.ZipFile(wheel) as archive:
+        licenses = [name for name in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/(licenses/)?LICENSE", name)]
+        assert [archive.read(name).decode() for name in licenses] == [text]
+    source = _committed_sources(tmp_path / "source")
+    _build(source, tmp_path / "dist", "--sdist")
+    (sdist,) = (tmp_path / "dist").glob("rocm_vit-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        (member,) = (name for name in archive.getnames() if name.count("/") == 1 and name.endswith("/LICENSE"))
+        assert archive.extractfile(member).read().decode() == text
 
 
 def test_wheel_ships_every_source_package(wheel: Path) -> None:
