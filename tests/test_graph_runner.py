@@ -570,6 +570,19 @@ def test_immutable_inputs_passed_again_are_not_copied_but_x_always_is(generator:
         assert torch.equal(out, _eager(layout, x, expected_cos, sin)), immutable
 
 
+def test_a_mutable_call_between_two_immutable_ones_drops_stagings_claim(generator: torch.Generator) -> None:
+    """Immutable A, then B passed as mutable, then A again: staging holds B's copy by then, so A must
+    be copied again although it is the very tensor staging last held as immutable."""
+    runner, _ = _runner()
+    layout = _layout((1, 4, 4))
+    first, second = _inputs(layout, generator)[1:], _inputs(layout, generator)[1:]
+    for (cos, sin), immutable in ((first, True), (second, False), (first, True)):
+        x = torch.randn(layout.num_patches, HIDDEN, generator=generator)
+        out = runner.run(x, layout, cos, sin, immutable=immutable)
+        assert torch.equal(out, _eager(layout, x, cos, sin)), immutable
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 3)
+
+
 def test_tower_layouts_sharing_a_graph_differ_in_their_embedding_inputs() -> None:
     """The premise of TOWER_CASES' shared graphs: equal keys, other per-call embedding inputs."""
     for name, (first, second) in {"tiny": ((1, 4, 6), (1, 6, 4)), "qwen2.5-vl-tiny": ((1, 8, 16), (1, 16, 8))}.items():

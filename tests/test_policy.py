@@ -146,6 +146,15 @@ def test_tuned_attention_picks_the_fastest_available_at_the_nearest_measured_lay
     assert (name, why in reason, reason.startswith("tuned: ")) == (expected, True, True)
 
 
+@pytest.mark.parametrize(("default_slower_by", "expected"), [(0.025, "sdpa"), (0.035, "triton_attn")])
+def test_a_tuned_pick_replaces_the_default_only_when_the_default_is_over_3_percent_slower(default_slower_by, expected):
+    """The margin is what separates noise between runs from a measured win: 2.5 % keeps the rule's
+    sdpa at 1x4096, 3.5 % hands it to the faster triton_attn."""
+    timing = AttentionTiming("1x4096", (4096,), {"sdpa": 0.2 * (1 + default_slower_by), "triton_attn": 0.2}, 72)
+    resolved = resolve_policy(CUDA, Settings(), _profile(attention=(timing,)))
+    assert resolved.attention.pick((4096,), head_dim=72)[0] == expected
+
+
 def test_tuned_attention_falls_back_to_the_rule_for_other_head_dims():
     resolved = resolve_policy(CUDA, Settings(), _profile())
     name, why = resolved.attention.pick((256,) * 16, head_dim=80)
