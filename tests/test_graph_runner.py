@@ -22,6 +22,7 @@ import torch
 
 from rocm_vit.attention import SdpaAttention, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
+from rocm_vit.graphs.memory import ScratchBounds
 from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
 from rocm_vit.models import preset, tower_class
 
@@ -31,22 +32,39 @@ class _StandInGraph:
     fn: Any
     output: torch.Tensor
     tokens: int
-    pool: object
+    pool: _StandInPool
+    corrupt: bool
+
+
+@dataclass(eq=False)
+class _StandInPool:
+    """A shared caching pool: it grows to what a capture needs beyond what it holds free, in whole
+    segments, and keeps what graphs free (an evicted graph's output, a capture's intermediates)."""
+
+    reserved_bytes: int = 0
+    live_output_bytes: int = 0
 
 
 @dataclass
 class StandInGraphs:
-    """CPU stand-in for ``CudaGraphs``: records what happens, can fail captures, models pool bytes."""
+    """CPU stand-in for ``CudaGraphs``: records what happens, models a caching pool, can fail captures.
+
+    ``corrupt_captures`` captures end without an error but record a graph that computes something
+    else (HIP before ROCm 7.14 could swallow a capture error). ``pool_bytes_offset`` makes this
+    process's allocator report every pool that much larger (ranks whose allocators disagree).
+    """
 
     fail_captures: int = 0
-    scratch_bytes_per_token: int = 0  # intermediates a capture needs, shared by all captures
+    corrupt_captures: int = 0
+    scratch_bytes_per_token: int = 0  # intermediates a capture needs beside its output
+    segment_bytes: int = 1  # pools grow in whole segments of this size
+    pool_bytes_offset: int = 0
     total_memory_bytes: int = 64 << 30
     events: list[str] = field(default_factory=list)
     caller_stream: str = "caller-stream"  # what current_stream answers: set it to switch the caller's
-    capture_pools: list[object] = field(default_factory=list)
+    capture_pools: list[_StandInPool] = field(default_factory=list)
     releases: int = 0
-    _live: weakref.WeakSet = field(default_factory=weakref.WeakSet)
-    _scratch_bytes: dict = field(default_factory=dict)  # pool -> its largest capture's intermediates
+    retired: int = 0
 
     def available(self, device: torch.device) -> bool:
         return True
@@ -54,10 +72,8 @@ class StandInGraphs:
     def total_memory(self, device: torch.device) -> int:
         return self.total_memory_bytes
 
-    def new_pool(self, device: torch.device) -> object:
-        pool = object()
-        self._scratch_bytes[pool] = 0
-        return pool
+    def new_pool(self, device: torch.device) -> _StandInPool:
+        return _StandInPool()
 
     def new_stream(self, device: torch.device) -> str:
         return "runner-stream"
@@ -79,11 +95,11 @@ class StandInGraphs:
         yield
         self.events.append("exit")
 
-    def warm_up(self, fn) -> None:
+    def warm_up(self, fn) -> torch.Tensor:
         self.events.append("warm_up")
-        fn()
+        return fn()
 
-    def capture(self, fn, pool, stream):
+    def capture(self, fn, pool: _StandInPool, stream):
         assert stream == "runner-stream"
         self.events.append("capture")
         self.capture_pools.append(pool)
@@ -91,20 +107,37 @@ class StandInGraphs:
             self.fail_captures -= 1
             raise torch.OutOfMemoryError("stand-in: out of memory during capture")
         output = fn()
-        graph = _StandInGraph(fn, output, output.shape[0], pool)
-        self._live.add(graph)
-        self._scratch_bytes[pool] = max(self._scratch_bytes[pool], self.scratch_bytes_per_token * graph.tokens)
-        return graph, output
+        tokens = output.shape[0]
+        need = pool.live_output_bytes + output.nbytes + self.scratch_bytes_per_token * tokens
+        if need > pool.reserved_bytes:
+            pool.reserved_bytes = -(-need // self.segment_bytes) * self.segment_bytes
+        pool.live_output_bytes += output.nbytes
+        # Like a caching allocator: the output's block is free inside the pool once nothing holds it.
+        weakref.finalize(output, _free_in_pool, pool, output.nbytes)
+        corrupt = self.corrupt_captures > 0
+        self.corrupt_captures -= corrupt
+        return _StandInGraph(fn, output, tokens, pool, corrupt), output
 
     def replay(self, graph: _StandInGraph) -> None:
         self.events.append("replay")
-        graph.output.copy_(graph.fn())
+        graph.output.copy_(graph.fn() + 1 if graph.corrupt else graph.fn())
 
-    def pool_bytes(self, pool, device) -> int:
-        return self._scratch_bytes[pool] + sum(graph.output.nbytes for graph in self._live if graph.pool is pool)
+    def retire(self, graph: _StandInGraph) -> None:
+        self.retired += 1
 
-    def release_pools(self, pools, device) -> None:
+    def pool_bytes(self, pool: _StandInPool, device) -> int:
+        return pool.reserved_bytes + self.pool_bytes_offset if pool.reserved_bytes else 0
+
+    def release_pools(self, pools: list[_StandInPool], device) -> None:
+        assert all(pool.live_output_bytes == 0 for pool in pools), "a pool released under a live graph"
         self.releases += 1
+        for pool in pools:
+            pool.reserved_bytes = 0
+        pools.clear()
+
+
+def _free_in_pool(pool: _StandInPool, nbytes: int) -> None:
+    pool.live_output_bytes -= nbytes
 
 
 HIDDEN = 8
@@ -231,8 +264,9 @@ def test_all_graphs_read_one_staging_set_that_never_grows(generator: torch.Gener
             staging_bytes = runner.stats()["staging_bytes"]
         assert runner.stats()["staging_bytes"] == staging_bytes  # allocated once, at the ceiling
     (staging,) = runner._staging.values()
-    # x, cos, sin at 64 rows of 8 fp32 values, plus the int32 offsets of up to 64 segments.
-    assert staging_bytes == 3 * 64 * HIDDEN * 4 + (64 + 2) * 4
+    # x, cos, sin at 64 rows of 8 fp32 values; each graph holds its own offsets (one segment: 2 int32).
+    assert staging_bytes == 3 * 64 * HIDDEN * 4
+    assert runner.stats()["offsets_bytes"] == 8 * 2 * 4
     assert all(buffer.shape[0] == 64 for buffer in staging.inputs)
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (8, 16)
 
@@ -251,15 +285,33 @@ def _offsets_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: t
     return torch.cat([part.cumsum(0) for part in x.split(lengths)]) * cos[:, :HIDDEN] + sin[:, :HIDDEN]
 
 
-def test_replays_read_their_own_offsets_from_staging(generator: torch.Generator) -> None:
-    """Equal token counts, other boundaries, alternating: each replay must find its offsets in staging."""
-    runner = ViTGraphRunner(_offsets_forward, _DeviceOffsets(), min_sightings=1, mechanism=StandInGraphs())
+class _RecordingOffsets(_DeviceOffsets):
+    """Records the offsets tensor each list was built on."""
+
+    def __init__(self) -> None:
+        self.built_on: list[torch.Tensor] = []
+
+    def runner_args(self, segmentation, cu_seqlens: torch.Tensor) -> list:
+        self.built_on.append(cu_seqlens)
+        return super().runner_args(segmentation, cu_seqlens)
+
+
+def test_replays_read_their_own_offsets_which_nothing_writes_after_capture(generator: torch.Generator) -> None:
+    """Equal token counts, other boundaries, alternating: each replay reads its own offsets, and no
+    copy lands in them between the capture and any replay (on MI355X a host-to-device copy right
+    before a replay was read stale: docs/rocm.md, "Hazards")."""
+    backend = _RecordingOffsets()
+    runner = ViTGraphRunner(_offsets_forward, backend, min_sightings=1, mechanism=StandInGraphs())
     layouts = [_layout((1, 4, 4), (1, 2, 2)), _layout((1, 2, 2), (1, 4, 4)), _layout((1, 2, 10))]
     for layout in layouts * 3 + layouts[:1] * 2:
         x, cos, sin = _inputs(layout, generator)
         expected = _offsets_forward(x, {"full": [layout.cu_seqlens_tensor("cpu")]}, cos, sin)
         assert torch.equal(runner.run(x, layout, cos, sin), expected)
+        # Written once before the warm-up read them (version 1 for a fresh tensor), never again.
+        assert [offsets._version for offsets in backend.built_on] == [1] * len(backend.built_on)
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (3, 11)
+    graphs_offsets = {id(graph.offsets["full"]) for graph in runner._graphs.values()}
+    assert {id(offsets) for offsets in backend.built_on} == graphs_offsets and len(graphs_offsets) == 3
 
 
 def test_capacity_evicts_the_least_recently_used_graph(generator: torch.Generator) -> None:
@@ -339,32 +391,112 @@ def test_staging_over_the_budget_means_no_graphs(generator: torch.Generator, cap
     assert caplog.text.count("over the 0 MiB budget") == 1
 
 
-def test_capture_alone_over_the_budget_releases_the_pool_and_runs_eagerly(generator: torch.Generator) -> None:
+def test_capture_alone_over_the_budget_releases_the_pool_and_refuses_it_and_larger_ones(
+    generator: torch.Generator,
+) -> None:
     mechanism = StandInGraphs(scratch_bytes_per_token=4096)
     runner, _ = _runner(mechanism=mechanism, max_tokens=64, budget_bytes=32 << 10)
-    small, large = _layout((1, 2, 2)), _layout((1, 4, 8))
+    small, large, larger = _layout((1, 2, 2)), _layout((1, 4, 8)), _layout((1, 6, 6))
     for _ in range(2):
         _run_checked(runner, large, generator)  # 32 tokens x 4 KiB of intermediates: over on its own
+    _run_checked(runner, larger, generator)  # more tokens: refused by that measurement, not captured
     stats = runner.stats()
     assert mechanism.releases == 1 and stats["pool_releases"] == 1
     assert (stats["graphs"], stats["bytes_held"] <= stats["budget_bytes"]) == (0, True)
-    assert stats["eager_runs"]["over_budget"] == 2  # the capture that broke it, then remembered
+    assert stats["eager_runs"]["over_budget"] == 2  # the capture measured it, then the two refusals
     assert mechanism.events.count("capture") == 1
     for _ in range(2):
         _run_checked(runner, small, generator)  # 4 tokens fit: captured in a fresh pool, replayed
-    assert (runner.stats()["graphs"], runner.stats()["replays"]) == (1, 2)
+    assert (runner.stats()["graphs"], runner.stats()["replays"]) == (1, 3)
     assert mechanism.capture_pools[0] is not mechanism.capture_pools[1]
 
 
-def test_layout_predicted_over_the_budget_evicts_nothing(generator: torch.Generator) -> None:
+def test_a_layout_bounded_over_the_budget_is_tried_alone_and_refused_only_when_measured_over(
+    generator: torch.Generator,
+) -> None:
+    """Bounds are upper bounds: where one says a layout may not fit even alone, every graph is
+    evicted and the pool released to measure it; only that measurement refuses it."""
     mechanism = StandInGraphs(scratch_bytes_per_token=512)
     runner, _ = _runner(mechanism=mechanism, max_tokens=64, budget_bytes=20 << 10)
-    small = [_layout((1, 2, 2)), _layout((1, 2, 4))]
-    for layout in small:
+    for layout in (_layout((1, 2, 2)), _layout((1, 2, 4))):
         _run_checked(runner, layout, generator)
-    _run_checked(runner, _layout((1, 8, 8)), generator)  # 64 tokens x (512 + 32) B: over on its own
+    large = _layout((1, 8, 8))  # 64 tokens x (512 + 32) B: over on its own
+    _run_checked(runner, large, generator)
     stats = runner.stats()
-    assert (stats["graphs"], stats["evictions"], stats["eager_runs"]["over_budget"]) == (2, 0, 1)
+    assert (stats["graphs"], stats["evictions"], stats["pool_releases"], stats["captures"]) == (0, 2, 2, 3)
+    _run_checked(runner, large, generator)
+    assert runner.stats()["eager_runs"]["over_budget"] == 1 and runner.stats()["captures"] == 3
+    medium = _layout((1, 4, 4))  # bounded by the large one's measurement, but it fits: captured
+    for _ in range(2):
+        _run_checked(runner, medium, generator)
+    stats = runner.stats()
+    assert (stats["graphs"], stats["captures"], stats["eager_runs"]["over_budget"]) == (1, 4, 1)
+
+
+def test_a_loose_bound_from_a_small_capture_does_not_refuse_a_larger_layout(generator: torch.Generator) -> None:
+    """A 4-token capture that grew the pool by a whole 4 KiB segment bounds scratch at ~1 KiB per
+    token; carried to 40 tokens that is over the budget, but 40 tokens really need 4 KiB."""
+    mechanism = StandInGraphs(scratch_bytes_per_token=64, segment_bytes=4 << 10)
+    runner, _ = _runner(mechanism=mechanism, max_tokens=64, budget_bytes=16 << 10)
+    for layout in (_layout((1, 2, 2)), _layout((1, 4, 10)), _layout((1, 4, 10))):
+        _run_checked(runner, layout, generator)
+    stats = runner.stats()
+    assert (stats["captures"], stats["replays"], stats["eager_runs"]["over_budget"]) == (2, 3, 0)
+
+
+def _churn(generator: torch.Generator, calls: int, seed: int) -> list[AttentionLayout]:
+    """1-6 images of 2a x 2b patches (a, b in 1..8); 35 % of the calls repeat one of 20 hot layouts."""
+    rng = random.Random(seed)
+
+    def layout() -> AttentionLayout:
+        return _layout(*[(1, 2 * rng.randint(1, 8), 2 * rng.randint(1, 8)) for _ in range(rng.randint(1, 6))])
+
+    hot = [layout() for _ in range(20)]
+    return [rng.choice(hot) if rng.random() < 0.35 else layout() for _ in range(calls)]
+
+
+def test_churn_with_an_ample_budget_never_refuses_a_capture(generator: torch.Generator) -> None:
+    """#27's churn: a small capture into a pool with free space must not teach the runner that every
+    token needs that much. Every call is a capture or a replay, graph memory stays within the budget,
+    and predicted pool growth is never short of the measured by more than a segment."""
+    mechanism = StandInGraphs(scratch_bytes_per_token=8, segment_bytes=4 << 10)
+    runner, _ = _runner(mechanism=mechanism, capacity=16, max_tokens=2048, budget_bytes=2 << 20)
+    stream = _churn(generator, 600, seed=3)
+    for layout in stream:
+        _run_checked(runner, layout, generator)
+        assert runner.stats()["bytes_held"] <= 2 << 20
+    stats = runner.stats()
+    assert sum(stats["eager_runs"].values()) == 0 and stats["replays"] == len(stream)
+    assert stats["pool_bytes"] < 1 << 20  # the budget is ample: twice what the pool ever took
+    assert stats["evictions"] > 0 and stats["pool_growth_prediction"]["captures"] > 0
+    assert stats["pool_growth_prediction"]["worst_under_bytes"] < 4 << 10
+
+
+def test_a_budget_just_above_one_graph_evicts_instead_of_refusing(generator: torch.Generator) -> None:
+    mechanism = StandInGraphs(scratch_bytes_per_token=256)
+    staging = 3 * 64 * HIDDEN * 4
+    one_graph = 16 * (HIDDEN * 4 + 256)  # 16 tokens: output and intermediates
+    runner, _ = _runner(mechanism=mechanism, max_tokens=64, budget_bytes=staging + one_graph + 64)
+    first, second = _layout((1, 4, 4)), _layout((1, 2, 2), (1, 2, 6))  # 16 tokens each, other boundaries
+    for layout in (first, second) * 4:
+        _run_checked(runner, layout, generator)
+        assert runner.stats()["bytes_held"] <= runner.stats()["budget_bytes"]
+    stats = runner.stats()
+    assert (stats["captures"], stats["evictions"], stats["eager_runs"]["over_budget"]) == (8, 7, 0)
+
+
+def test_scratch_bounds_use_a_larger_capture_and_scale_the_tightest_rate_past_the_largest() -> None:
+    bounds = ScratchBounds()
+    assert bounds.bound(4) is None
+    bounds.observe(4, 100)
+    bounds.observe(8, 150)
+    bounds.observe(6, 200)  # 8 tokens needed less: nothing learned
+    bounds.observe(2, 500)  # likewise
+    assert [bounds.bound(tokens) for tokens in (1, 4, 5, 8)] == [100, 100, 150, 150]
+    assert bounds.bound(16) == 300  # 150 / 8 tokens, the lowest rate, times 16
+    bounds.observe(8, 120)
+    bounds.observe(3, 40)
+    assert [bounds.bound(tokens) for tokens in (3, 4, 8, 16)] == [40, 100, 120, 214]  # ceil(16 * 40 / 3)
 
 
 def test_default_budget_is_a_fraction_of_the_device_memory(generator: torch.Generator) -> None:
@@ -390,7 +522,24 @@ def test_failed_capture_is_remembered_served_eagerly_and_runner_keeps_working(
     assert mechanism.events.count("capture") == 2  # the failed layout is not captured again
     # The capture after a failure goes to a fresh pool: the failed one may be left mid-capture.
     assert mechanism.capture_pools[0] is not mechanism.capture_pools[1]
-    assert "graph capture failed" in caplog.text
+    assert "is not used (capture_failed: OutOfMemoryError" in caplog.text
+
+
+def test_a_capture_whose_first_replay_differs_from_its_warm_up_is_never_used(
+    generator: torch.Generator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A capture that ends without an error can still record a wrong graph (HIP before ROCm 7.14
+    swallowed some capture errors): its first replay is compared with the warm-up, bit for bit."""
+    runner, mechanism = _runner(mechanism=StandInGraphs(corrupt_captures=1))
+    broken, good = _layout((1, 2, 6)), _layout((1, 4, 4))
+    for layout in (broken, broken, good, good, broken):
+        _run_checked(runner, layout, generator)  # every output equals eager
+    stats = runner.stats()
+    assert stats["eager_runs"]["capture_unverified"] == 3
+    assert (stats["graphs"], stats["failed_layouts"], stats["captures"], stats["replays"]) == (1, 1, 2, 3)
+    assert mechanism.events.count("capture") == 2  # the broken layout is not captured again
+    assert caplog.text.count("capture_unverified") == 1
+    assert stats["verify_seconds"] > 0
 
 
 def test_bytes_held_counts_the_pool_graphs_were_captured_into_before_a_failed_capture(
@@ -460,7 +609,8 @@ def test_rotary_staging_keeps_the_dtype_the_model_passed(generator: torch.Genera
     runner.run(x, layout, cos, cos)
     (staging,) = runner._staging.values()
     assert [t.dtype for t in staging.inputs] == [torch.bfloat16, torch.float32, torch.float32]
-    assert staging.cu_seqlens["full"].dtype == torch.int32
+    (graph,) = runner._graphs.values()
+    assert graph.offsets["full"].dtype == torch.int32
 
 
 @pytest.mark.parametrize(
@@ -537,8 +687,7 @@ def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Gene
     tower.disable_graphs()
     assert all(torch.equal(a, b) for a, b in zip(eager, graphed, strict=True))
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (graphs, len(grids))
-    (staging,) = runner._staging.values()
-    assert list(staging.cu_seqlens) == segmentations
+    assert all(list(graph.offsets) == segmentations for graph in runner._graphs.values())
 
 
 def test_immutable_inputs_are_copied_again_whenever_another_tensor_is_passed(generator: torch.Generator) -> None:
@@ -650,7 +799,7 @@ def _windowed_runner(backend: SdpaAttention | None = None) -> ViTGraphRunner:
     return ViTGraphRunner(_windowed_toy_forward_blocks, backend, min_sightings=1, mechanism=StandInGraphs())
 
 
-def test_windowed_layout_gets_a_staging_cu_seqlens_buffer_per_segmentation(generator: torch.Generator) -> None:
+def test_windowed_graph_owns_offsets_per_segmentation(generator: torch.Generator) -> None:
     backend = _RecordingSdpa()
     runner = _windowed_runner(backend)
     layout = _windowed((1, 12, 20), (1, 4, 4))
@@ -658,13 +807,13 @@ def test_windowed_layout_gets_a_staging_cu_seqlens_buffer_per_segmentation(gener
         x, cos, sin = _inputs(layout, generator)
         eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
-    (staging,) = runner._staging.values()
-    assert list(staging.cu_seqlens) == ["full", "window"]
-    # The captured argument lists were built on views of the staging offsets, holding this layout's.
+    (graph,) = runner._graphs.values()
+    assert list(graph.offsets) == ["full", "window"]
+    # The captured argument lists were built on the graph's own offsets, holding this layout's.
     assert len(backend.built_on) == 2
     for name, built_on in zip(("full", "window"), backend.built_on, strict=True):
         assert built_on.dtype == torch.int32
-        assert built_on.data_ptr() == staging.cu_seqlens[name].data_ptr()
+        assert built_on.data_ptr() == graph.offsets[name].data_ptr()
         assert built_on.tolist() == list(layout.segmentations[name].cu_seqlens)
 
 

@@ -1,7 +1,13 @@
 """The graph mechanism the runner drives: real CUDA/HIP graphs, behind a small seam.
 
-The runner's policy (keys, admission, staging, budget, failure handling) is tested on CPU by swapping
-this mechanism for a stand-in; everything the GPU must do lives here, in a handful of lines.
+The runner's policy (keys, admission, staging, budget, verification, failures) is tested on CPU by
+swapping this mechanism for a stand-in; everything the GPU must do lives here.
+
+Captures never stall the device: ``torch.cuda.graph`` synchronizes the device and empties the
+allocator's cache on entry, which stops every stream of a server; ``capture`` calls the graph's
+``capture_begin``/``capture_end`` on the runner's stream instead, ordered after the caller's work by
+the runner. Pools are ``torch.cuda.MemPool`` objects where torch has them, so a release frees this
+runner's pools only and leaves what other users cached (docs/rocm.md, "Hazards").
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ from typing import Any, Protocol
 import torch
 
 logger = logging.getLogger(__name__)
+
+# Retired graphs kept before they are destroyed together: on ROCm each destruction synchronizes the
+# device (torch's ~CUDAGraph), so a batch costs one stall instead of one per eviction.
+_RETIRED_GRAPHS_KEPT = 256
 
 
 class GraphMechanism(Protocol):
@@ -44,8 +54,9 @@ class GraphMechanism(Protocol):
     def follow(self, stream: Any, marker: Any) -> None:
         """Make work enqueued later on ``stream`` wait until ``marker`` is reached on the device."""
 
-    def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
-        """Run ``fn`` eagerly on the current (runner) stream: kernels compile before a capture."""
+    def warm_up(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Run ``fn`` eagerly on the current (runner) stream, so kernels compile before a capture;
+        return its output, which the graph's first replay must equal."""
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         """Capture ``fn`` into a new graph on ``stream`` in ``pool``; return graph and static output."""
@@ -53,15 +64,19 @@ class GraphMechanism(Protocol):
     def replay(self, graph: Any) -> None:
         """Replay ``graph`` on the current stream."""
 
+    def retire(self, graph: Any) -> None:
+        """``graph`` will never replay again: let go of it and of its hold on its pool."""
+
     def pool_bytes(self, pool: Any, device: torch.device) -> int:
         """Bytes the allocator reserves for ``pool`` now."""
 
     def release_pools(self, pools: list[Any], device: torch.device) -> None:
-        """Give the memory of ``pools`` back to the device; no graph uses them any more."""
+        """Give the memory of ``pools`` back to the device; every graph of them is retired. The list
+        is emptied: the runner holds no other reference to the pools."""
 
 
 class CudaGraphs:
-    """``torch.cuda`` graphs (CUDA and HIP): thread-local capture into one shared pool.
+    """``torch.cuda`` graphs (CUDA and HIP): thread-local capture into one shared pool, without a device sync.
 
     ``capture_error_mode`` is torch's: "thread_local" (the default, and what serving needs: other
     threads may launch, allocate and read values back meanwhile) or "global", for tests that show why.
@@ -69,6 +84,7 @@ class CudaGraphs:
 
     def __init__(self, capture_error_mode: str = "thread_local") -> None:
         self.capture_error_mode = capture_error_mode
+        self._retired: list[Any] = []
 
     def available(self, device: torch.device) -> bool:
         return device.type == "cuda" and torch.cuda.is_available()
@@ -78,6 +94,8 @@ class CudaGraphs:
 
     def new_pool(self, device: torch.device) -> Any:
         with torch.cuda.device(device):
+            if hasattr(torch.cuda, "MemPool"):  # torch >= 2.5
+                return torch.cuda.MemPool()
             return torch.cuda.graph_pool_handle()
 
     def new_stream(self, device: torch.device) -> Any:
@@ -103,50 +121,67 @@ class CudaGraphs:
     def follow(self, stream: Any, marker: Any) -> None:
         stream.wait_event(marker)
 
-    def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
-        fn()
+    def warm_up(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        return fn()
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
+        # torch.cuda.graph's body minus its torch.cuda.synchronize() and empty_cache(): the runner
+        # has ordered this stream after the caller's work, and other streams need not wait.
         graph = torch.cuda.CUDAGraph()
-        caller_stream = torch.cuda.current_stream(stream.device)
-        try:
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=self.capture_error_mode):
+        pool_id = _pool_id(pool)
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool_id, capture_error_mode=self.capture_error_mode)
+            try:
                 output = fn()
-        except BaseException:
-            _clean_up_failed_capture(pool, stream.device, caller_stream)
-            raise
+            finally:  # the capture ends whatever happened inside it
+                try:
+                    graph.capture_end()
+                except BaseException:
+                    _end_pool_recording(pool_id, stream.device)
+                    raise
         return graph, output
 
     def replay(self, graph: Any) -> None:
         graph.replay()
 
+    def retire(self, graph: Any) -> None:
+        graph.reset()  # frees its executable graph and its hold on the pool, without a device sync
+        self._retired.append(graph)
+        if len(self._retired) > _RETIRED_GRAPHS_KEPT:
+            self._retired.clear()
+
     def pool_bytes(self, pool: Any, device: torch.device) -> int:
-        pool_id = tuple(pool)
-        segments = torch.cuda.memory_snapshot()
+        pool_id = tuple(_pool_id(pool))
         return sum(
             segment["total_size"]
-            for segment in segments
+            for segment in torch.cuda.memory_snapshot()
             if tuple(segment.get("segment_pool_id", ())) == pool_id and segment["device"] == device.index
         )
 
     def release_pools(self, pools: list[Any], device: torch.device) -> None:
-        # The allocator frees pools that no graph uses only when its cache is emptied, which frees
-        # them all at once. Rare: the runner releases its pools only when the budget demands it.
+        self._retired.clear()
+        if all(hasattr(pool, "id") for pool in pools):
+            pools.clear()  # each MemPool's destructor frees its own segments, nothing else
+            return
+        # Pools from graph_pool_handle (torch < 2.5) are freed only by emptying the whole cache.
+        pools.clear()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
 
 
-def _clean_up_failed_capture(pool: Any, device: torch.device, caller_stream: Any) -> None:
-    """Undo what a capture that failed half-way leaves behind.
+def _pool_id(pool: Any) -> tuple[int, int]:
+    return pool.id if hasattr(pool, "id") else pool
 
-    When the capture is invalidated (a sync or an illegal call inside it), ``capture_end`` raises
-    before the allocator stops routing the capture stream's allocations to the pool and before the
-    stream context is left. Seen on torch 2.11 (H200): every later capture into that pool failed
-    with "beginAllocateToPool: already recording to mempool_id". The runner also moves on to a fresh
-    pool after a failure; this restores the caller's stream and ends the pool recording.
+
+def _end_pool_recording(pool_id: tuple[int, int], device: torch.device) -> None:
+    """Stop routing the capture stream's allocations to the pool after a capture that did not end.
+
+    When a capture is invalidated (a sync or an illegal call inside it), ``capture_end`` raises
+    before the allocator stops routing to the pool. Seen on torch 2.11 (H200): every later capture
+    into that pool then failed with "beginAllocateToPool: already recording to mempool_id". The
+    runner also moves on to a fresh pool after a failure.
     """
-    torch.cuda.set_stream(caller_stream)
     try:
-        torch._C._cuda_endAllocateToPool(device.index, tuple(pool))
+        torch._C._cuda_endAllocateToPool(device.index, pool_id)
     except RuntimeError as error:  # the capture had already ended cleanly
         logger.debug("no pool recording to end after the failed capture: %s", error)

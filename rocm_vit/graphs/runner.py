@@ -1,32 +1,16 @@
 """ViTGraphRunner: graphs for the small, repeated calls of a server, within a memory budget, for any caller.
 
-Why each rule exists (DESIGN.md, Known hazards):
-- keys come from host data and carry every segmentation's ``cu_seqlens`` (the full one, and the
-  window one of a windowed tower): equal token counts with other image or window boundaries would
-  otherwise replay stale attention metadata. Keys also carry the dtypes and trailing shapes of the
-  per-call tensors: a graph captured with fp32 cos/sin would round bf16 ones and differ from eager;
-- every graph reads its inputs from one set of staging buffers (``_Staging``), allocated once at the
-  token ceiling and never regrown, and every per-call tensor and offset is copied in before each
-  replay unless staging holds it already (offsets: the same key; a tensor passed as immutable: the
-  very same object): a shared workspace regrown under captured graphs silently corrupted 485 of
-  500 SGLang replies, and layouts that share a key may differ in what is not attention metadata
-  (rotary angles, position embeddings, a window order). A graph's own memory is its share of the pool;
-- graphs share one pool and one staging area, so the runner's device work must never overlap
-  (measured before it was ordered: 188 of 200 outputs wrong with four threads on four streams).
-  A replay (staging copies, the graph, the output clone) runs on the caller's stream, after a
-  marker event recorded behind the runner's previous device work whenever that ran on another
-  stream; warm-up and capture run on the runner's own stream, ordered the same way. Replaying on
-  the caller's stream instead of switching to the runner's saved 0.07-0.12 ms per small-image call
-  on an H200 (two cross-stream waits and a stream switch; docs/benchmarks.md, eleventh round);
-- replay returns a clone: a caller holding a static output would see the next replay overwrite it;
-- warm-up runs on the capture stream before each capture: kernel JIT, ``torch.compile`` and
-  per-stream library handles created inside a capture fail or hang;
-- admission keeps graphs for what pays: a layout is captured on its ``min_sightings``-th call and
-  only up to ``max_tokens`` tokens (past that, replay saves under 10 % on an H200:
-  docs/benchmarks.md); least recently used graphs are evicted to stay within ``capacity`` graphs
-  and ``budget_bytes`` of staging plus pool. Everything else runs the same function eagerly;
-- bad input raises ``ValueError`` before anything runs and changes nothing; a layout is remembered
-  as failed only when its capture fails where the eager run of the same input succeeds.
+Invariants (docs/usage.md, "Graphs"; docs/rocm.md, "Hazards"):
+- a graph key carries every segmentation's offsets and the per-call tensors' dtypes and shapes;
+- every graph of one input signature reads one set of staging buffers, allocated once at the token
+  ceiling and never regrown; per-call tensors are copied in (device to device) before each replay;
+- each graph owns its segment offsets, written once before its capture and never again: no
+  host-to-device copy is ever enqueued into what a graph reads between its capture and its replays;
+- a new graph is kept only if its first replay equals the eager warm-up before it, bit for bit;
+- replays return a clone; the runner's device work is ordered by one marker event, whatever the
+  caller's stream;
+- admission, eviction and release follow from the call sequence and from pool sizes agreed across
+  ranks (``agree_max``), so tensor-parallel ranks capture the same layouts in the same order.
 """
 
 from __future__ import annotations
@@ -37,7 +21,7 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -46,6 +30,7 @@ import torch
 
 from rocm_vit.attention import AttentionBackend
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
+from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.policy import DEFAULT_GRAPH_MAX_TOKENS
 
@@ -56,6 +41,8 @@ ForwardBlocks = Callable[..., torch.Tensor]
 # Per per-call tensor, in call order: dtype, shape past the first dim, and rows per token (1 for x,
 # cos, sin; 1/4 for a window index with one entry per 2x2 merge block).
 Signature = tuple[tuple[torch.dtype, tuple[int, ...], Fraction], ...]
+# The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
+AgreeMax = Callable[[Sequence[int]], list[int]]
 
 EAGER_REASONS = (
     "no_gpu",
@@ -64,13 +51,13 @@ EAGER_REASONS = (
     "below_min_sightings",
     "over_budget",
     "capture_failed",
+    "capture_unverified",
 )
 
 DEFAULT_CAPACITY = 32
 # A layout is captured on its second call: one-off layouts (most of a real image mix) never are.
 DEFAULT_MIN_SIGHTINGS = 2
-# The policy's ceiling without a tuned profile: replay beats eager by >= 10 % up to about this many
-# tokens on an H200 (qwen3-vl-8b: 13.7 vs 16.0 ms at 4096, 27.8 vs 28.0 at 6400; docs/benchmarks.md).
+# The policy's ceiling without a tuned profile (docs/benchmarks.md, "Graph ceiling").
 DEFAULT_MAX_TOKENS = DEFAULT_GRAPH_MAX_TOKENS
 # Default budget: 1/64 of the device's memory, between 256 MiB and 4 GiB (H200: 2.2 GB; MI355X: 4 GiB).
 _BUDGET_FRACTION = 64
@@ -88,45 +75,36 @@ def default_budget_bytes(total_memory_bytes: int) -> int:
 
 @dataclass
 class _Graph:
-    """A captured layout: the graph, its static output (in the pool), and the staging views it reads."""
+    """A captured layout: the graph, its static output (in the pool), the staging views and offsets it reads."""
 
     graph: Any
     output: torch.Tensor
-    key: tuple
     pool: Any  # the pool it was captured into (a failed capture moves later ones to a fresh pool)
     staging: _Staging
     inputs: tuple[torch.Tensor, ...]  # views of staging.inputs, one per per-call tensor
-    offsets: dict[str, torch.Tensor]  # views of staging.cu_seqlens, by segmentation
-    host_offsets: dict[str, torch.Tensor]  # the layout's pinned int32 offsets, copied into ``offsets``
+    offsets: dict[str, torch.Tensor]  # this graph's own int32 offsets by segmentation, written once
     tokens: int
 
-    def fill(self, tensors: tuple[torch.Tensor, ...], immutable: bool) -> None:
-        """Copy this call's tensors into staging, and this graph's offsets unless they are there already."""
-        self.staging.fill(self.key, self.inputs, tensors, self.offsets, self.host_offsets, immutable)
+    @property
+    def offsets_bytes(self) -> int:
+        return sum(offsets.nbytes for offsets in self.offsets.values())
 
 
 class _Staging:
-    """The static inputs every graph of one signature reads, at ``max_tokens`` rows, never regrown.
+    """The per-call inputs every graph of one signature reads, at ``max_tokens`` rows, never regrown.
 
-    One buffer per per-call tensor, and one int32 offsets buffer per segmentation name; a graph
-    captures views of their first rows, so every graph reads the same memory, filled before each
-    replay.
+    A graph captures views of the first rows of each buffer, so every graph reads the same memory,
+    filled before each replay by device-to-device copies.
     """
 
     def __init__(self, signature: Signature, max_tokens: int, device: torch.device) -> None:
-        self.max_tokens = max_tokens
         self.inputs = tuple(
             torch.empty(shape, dtype=dtype, device=device) for dtype, shape in _buffer_shapes(signature, max_tokens)
         )
-        self.cu_seqlens: dict[str, torch.Tensor] = {}
-        # The graph key whose offsets the cu_seqlens buffers hold: a layout replayed again (the common
-        # case) needs no offsets copy; its offsets follow from its key alone.
-        self.offsets_key: tuple | None = None
         # Per input buffer, the tensor it holds when that tensor was passed as immutable (never
         # written after it is passed): passed again, the very object needs no copy. Held, so that
         # no other tensor can take its memory and pass for it.
         self.sources: list[torch.Tensor | None] = [None] * len(self.inputs)
-        self._device = device
 
     @staticmethod
     def planned_bytes(signature: Signature, max_tokens: int) -> int:
@@ -135,32 +113,15 @@ class _Staging:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (*self.inputs, *self.cu_seqlens.values()))
+        return sum(t.nbytes for t in self.inputs)
 
-    def views(
-        self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout
-    ) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
-        """The views a graph of ``layout`` reads: its rows of each input buffer, its offsets by segmentation."""
-        inputs = tuple(buffer[: given.shape[0]] for buffer, given in zip(self.inputs, tensors, strict=True))
-        offsets = {}
-        for name, segmentation in layout.segmentations.items():
-            if name not in self.cu_seqlens:
-                # Offsets of up to max_tokens segments (plus an empty leading one, as SGLang passes).
-                self.cu_seqlens[name] = torch.zeros(self.max_tokens + 2, dtype=torch.int32, device=self._device)
-            offsets[name] = self.cu_seqlens[name][: len(segmentation.cu_seqlens)]
-        return inputs, offsets
+    def views(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The rows of each input buffer a graph of these tensors reads."""
+        return tuple(buffer[: given.shape[0]] for buffer, given in zip(self.inputs, tensors, strict=True))
 
-    def fill(
-        self,
-        key: tuple,
-        inputs: tuple[torch.Tensor, ...],
-        tensors: tuple[torch.Tensor, ...],
-        offsets: dict[str, torch.Tensor],
-        host_offsets: dict[str, torch.Tensor],
-        immutable: bool,
-    ) -> None:
+    def fill(self, views: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...], immutable: bool) -> None:
         # x (index 0) is the caller's per-call data: always copied.
-        for index, (view, given) in enumerate(zip(inputs, tensors, strict=True)):
+        for index, (view, given) in enumerate(zip(views, tensors, strict=True)):
             keep = immutable and index > 0
             if keep and self.sources[index] is given:
                 continue
@@ -168,18 +129,23 @@ class _Staging:
             view.copy_(given)
             if keep:
                 self.sources[index] = given
-        if self.offsets_key != key:
-            for name, view in offsets.items():
-                view.copy_(host_offsets[name], non_blocking=True)
-            self.offsets_key = key
+
+
+@dataclass
+class _Attempt:
+    """A capture's outcome before the ranks agree on it."""
+
+    entry: _Graph | None
+    warm_output: torch.Tensor | None
+    error: Exception | None
 
 
 class ViTGraphRunner:
     """Runs ``forward_blocks(x, attn_args, cos, sin, *inputs)`` under graphs keyed by the exact layout.
 
     ``attn_args`` is ``attention.layout_args(layout, cu_seqlens)``: one backend argument list per
-    segmentation, by name, built on the staging offsets in a graph and on the layout's own tensors in
-    an eager run. ``forward_blocks`` hands each block the list of the segmentation it attends within.
+    segmentation, by name, built on the graph's own offsets in a graph and on the layout's tensors
+    in an eager run. ``forward_blocks`` hands each block the list of the segmentation it attends within.
 
     ``run`` returns a tensor owned by the caller, ready on the caller's current stream. Calls are
     serialised on the host by a lock, and the runner's device work on the device by a marker event
@@ -189,7 +155,9 @@ class ViTGraphRunner:
 
     Options (defaults in this module): ``capacity`` graphs at most; ``min_sightings`` calls of a
     layout before it is captured; ``max_tokens`` per captured layout (also the staging size);
-    ``budget_bytes`` for staging plus pool (``None``: 1/64 of the device's memory, 256 MiB .. 4 GiB).
+    ``budget_bytes`` for staging, offsets and pool (``None``: 1/64 of the device's memory, 256 MiB ..
+    4 GiB); ``agree_max``: the element-wise maximum over the ranks of a tensor-parallel group, for
+    runners whose captures must happen on every rank alike (``None``: this process decides alone).
     """
 
     def __init__(
@@ -203,6 +171,7 @@ class ViTGraphRunner:
         budget_bytes: int | None = None,
         capture_context: Callable[[], contextlib.AbstractContextManager] | None = None,
         mechanism: GraphMechanism | None = None,
+        agree_max: AgreeMax | None = None,
     ) -> None:
         for name, value, least in (("capacity", capacity, 0), ("min_sightings", min_sightings, 1)):
             if not isinstance(value, int) or value < least:
@@ -219,31 +188,32 @@ class ViTGraphRunner:
         self._budget_bytes = budget_bytes
         self._capture_context = capture_context or contextlib.nullcontext
         self._mechanism = mechanism or CudaGraphs()
+        self._agree_max = agree_max
         self._lock = threading.Lock()
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently used first
         self._staging: dict[Signature, _Staging] = {}
         self._sightings: OrderedDict[tuple, int] = OrderedDict()
-        self._failed: OrderedDict[tuple, None] = OrderedDict()
-        self._over_budget: OrderedDict[tuple, None] = OrderedDict()  # captured once, alone over the budget
+        self._failed: OrderedDict[tuple, str] = OrderedDict()  # key -> capture_failed / capture_unverified
+        # Token count from which a capture was measured, alone in an empty pool, over the budget.
+        self._over_budget_tokens: int | None = None
         self._pool: Any = None
+        self._retired_pools: list[Any] = []  # pools of failed captures: no graph, memory still reserved
         self._stream: Any = None  # warm-up and capture run on it
         # Recorded behind the runner's last device work, on the stream it ran on: work on another
         # stream waits for it before touching staging or pool memory.
         self._marker: Any = None
         self._marker_stream: Any = None
         self._device: torch.device | None = None
-        self._pool_bytes = 0
-        # Learned from captures, to predict a capture's cost before it runs: output bytes per token,
-        # and the pool beside the live outputs (the intermediates all captures share: ``_scratch_bytes``
-        # now, and per token of the capture that last grew it).
-        self._output_bytes_per_token = 0.0
-        self._scratch_bytes = 0
-        self._scratch_bytes_per_token = 0.0
+        self._pool_bytes = 0  # reserved by the live and retired pools, as agreed after the last capture
+        self._scratch = ScratchBounds()
+        self._output_bytes_per_token: dict[Signature, float] = {}
+        self._prediction_errors = PredictionErrors()
         self._captures = 0
         self._replays = 0
         self._evictions = 0
         self._pool_releases = 0
         self._capture_seconds = 0.0
+        self._verify_seconds = 0.0
         self._eager_runs: Counter[str] = Counter({reason: 0 for reason in EAGER_REASONS})
         self._logged: set[str] = set()
 
@@ -282,25 +252,17 @@ class ViTGraphRunner:
                 signature = _signature(tensors, layout.num_patches)
                 reason = self._make_room(signature, layout.num_patches)
             if reason is None:
-                entry, error = self._capture(key, signature, layout, tensors, immutable)
-                if entry is not None:
-                    return self._replay(entry, tensors, immutable)
-                if error is None:  # captured, but over the budget: dropped at once
-                    self._eager_runs["over_budget"] += 1
-                    return self._eager(tensors, layout)
-                # Only a capture that fails where eager works marks the layout: bad input raises here.
-                output = self._eager(tensors, layout)
-                self._remember_failure(key, layout, error)
-                self._eager_runs["capture_failed"] += 1
-                return output
+                return self._capture_and_serve(key, signature, layout, tensors, immutable)
             self._eager_runs[reason] += 1
         return self._eager(tensors, layout)
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs, ``rocm-vit bench`` and ``bench-memory``: captures, replays, evictions,
-        eager runs by reason, graphs held, and the bytes held (staging plus pool) against the budget."""
+        eager runs by reason, graphs held, the bytes held (staging, offsets and pool) against the
+        budget, and how far the pool growth predicted before each capture was from what it took."""
         with self._lock:
             staging_bytes = self._staging_bytes()
+            offsets_bytes = self._offsets_bytes()
             return {
                 "captures": self._captures,
                 "replays": self._replays,
@@ -310,10 +272,13 @@ class ViTGraphRunner:
                 "graphs": len(self._graphs),
                 "failed_layouts": len(self._failed),
                 "capture_seconds": self._capture_seconds,
+                "verify_seconds": self._verify_seconds,
                 "pool_bytes": self._pool_bytes,
                 "staging_bytes": staging_bytes,
-                "bytes_held": self._pool_bytes + staging_bytes,
+                "offsets_bytes": offsets_bytes,
+                "bytes_held": self._pool_bytes + staging_bytes + offsets_bytes,
                 "budget_bytes": self._budget_bytes,
+                "pool_growth_prediction": self._prediction_errors.summary(),
                 "capacity": self.capacity,
                 "min_sightings": self.min_sightings,
                 "max_tokens": self.max_tokens,
@@ -327,8 +292,8 @@ class ViTGraphRunner:
             self._log_once("no_gpu", "graphs need a CUDA/ROCm device; running %s eagerly", device)
             return "no_gpu"
         if key in self._failed:
-            return "capture_failed"
-        if key in self._over_budget:
+            return self._failed[key]
+        if self._over_budget_tokens is not None and tokens >= self._over_budget_tokens:
             return "over_budget"
         if self.capacity == 0:
             return "over_capacity"
@@ -343,84 +308,156 @@ class ViTGraphRunner:
         if self._device is None:
             self._device = device
             if self._budget_bytes is None:
-                self._budget_bytes = default_budget_bytes(self._mechanism.total_memory(device))
+                total = self._mechanism.total_memory(device)
+                if self._agree_max is not None:  # the smallest device of the group
+                    total = -self._agree_max([-total])[0]
+                self._budget_bytes = default_budget_bytes(total)
                 logger.info("graph memory budget %.0f MiB (1/64 of %s)", self._budget_bytes / 2**20, device)
         return None
 
     def _make_room(self, signature: Signature, tokens: int) -> str | None:
-        """Evict least recently used graphs until a capture of ``tokens`` fits; ``"over_budget"`` if none can."""
+        """Evict least recently used graphs until a capture of ``tokens`` is predicted to fit.
+
+        ``"over_budget"`` only where staging alone is over the budget; a capture whose bound says it
+        may not fit even alone is tried alone (every graph evicted, the pool released): only a
+        measurement refuses it (``_over_budget_tokens``).
+        """
         budget = self._budget_bytes
-        staging_bytes = self._staging_bytes()
+        fixed_bytes = self._staging_bytes() + self._offsets_bytes()
         if signature not in self._staging:
-            staging_bytes += _Staging.planned_bytes(signature, self.max_tokens)
-        if staging_bytes > budget:
+            fixed_bytes += _Staging.planned_bytes(signature, self.max_tokens)
+        if fixed_bytes > budget:
             self._log_once(
                 "staging",
                 "graph staging for %d tokens needs %.0f MiB, over the %.0f MiB budget; calls run eagerly",
                 self.max_tokens,
-                staging_bytes / 2**20,
+                fixed_bytes / 2**20,
                 budget / 2**20,
             )
             return "over_budget"
-        alone = self._output_bytes_per_token * tokens + self._scratch_bytes_per_token * tokens
-        if staging_bytes + alone > budget:  # would not fit in an empty pool: evict nothing for it
-            return "over_budget"
         while len(self._graphs) >= self.capacity:
             self._evict_oldest()
-        while self._graphs and staging_bytes + self._predicted_pool_bytes(tokens) > budget:
+        need = self._predicted_need(signature, tokens)
+        if need is None:
+            return None  # nothing captured yet: the capture measures it
+        while self._graphs and fixed_bytes + self._predicted_pool_bytes(need) > budget:
             self._evict_oldest()
-        if staging_bytes + self._predicted_pool_bytes(tokens) > budget and self._pool_bytes:
+        if fixed_bytes + self._predicted_pool_bytes(need) > budget and self._pool_bytes:
             self._release_pools()  # no graph left: what the pool still reserves is only in the way
-        if staging_bytes + self._predicted_pool_bytes(tokens) > budget:
-            return "over_budget"
         return None
 
-    def _predicted_pool_bytes(self, tokens: int) -> int:
-        """The pool after capturing ``tokens`` more: today's, or the live outputs plus the new one's
-        output and intermediates, whichever is larger (freed intermediates are shared)."""
-        live_outputs = sum(entry.output.nbytes for entry in self._graphs.values())
-        scratch = max(self._scratch_bytes, self._scratch_bytes_per_token * tokens)
-        return max(self._pool_bytes, int(live_outputs + self._output_bytes_per_token * tokens + scratch))
+    def _predicted_need(self, signature: Signature, tokens: int) -> int | None:
+        """An upper bound on what a capture of ``tokens`` takes in the pool: its output and scratch."""
+        scratch = self._scratch.bound(tokens)
+        per_token = self._output_bytes_per_token.get(signature)
+        if scratch is None or per_token is None:
+            return None
+        return math.ceil(per_token * tokens) + scratch
+
+    def _predicted_pool_bytes(self, need: int) -> int:
+        """The pool after a capture that needs ``need`` bytes: it grows only past what it holds free."""
+        return max(self._pool_bytes, self._live_output_bytes() + need)
+
+    def _live_output_bytes(self) -> int:
+        return sum(entry.output.nbytes for entry in self._graphs.values())
 
     def _evict_oldest(self) -> None:
         _, entry = self._graphs.popitem(last=False)
+        self._mechanism.retire(entry.graph)
         self._evictions += 1
         logger.debug("evicted the graph of %d tokens (least recently used)", entry.tokens)
 
     def _release_pools(self) -> None:
         """Drop every graph and hand the pools' memory back; later captures start a fresh pool."""
         pools = self._live_pools()
-        self._graphs.clear()
-        if pools:
-            self._mechanism.release_pools(pools, self._device)
+        self._retire_all_graphs()  # in a call of its own: no local may keep an output in the pools alive
         self._pool = None
+        self._retired_pools = []
+        if pools:  # the list is now the only reference to the pools
+            self._mechanism.release_pools(pools, self._device)
         self._pool_bytes = 0
-        self._scratch_bytes = 0
         self._pool_releases += 1
+
+    def _retire_all_graphs(self) -> None:
+        while self._graphs:
+            _, entry = self._graphs.popitem()
+            self._mechanism.retire(entry.graph)
 
     def _staging_bytes(self) -> int:
         return sum(staging.nbytes for staging in self._staging.values())
 
+    def _offsets_bytes(self) -> int:
+        return sum(entry.offsets_bytes for entry in self._graphs.values())
+
     def _live_pools(self) -> list[Any]:
-        """The pool new captures go to, and any older one a live graph was captured into."""
+        """The pool new captures go to, the older ones live graphs were captured into, and retired ones."""
         pools = [] if self._pool is None else [self._pool]
-        for entry in self._graphs.values():
-            if all(entry.pool is not pool for pool in pools):
-                pools.append(entry.pool)
+        for pool in (*(entry.pool for entry in self._graphs.values()), *self._retired_pools):
+            if all(pool is not known for known in pools):
+                pools.append(pool)
         return pools
 
     # Capture, replay, eager -----------------------------------------------------------------------
 
-    def _capture(
+    def _capture_and_serve(
         self,
         key: tuple,
         signature: Signature,
         layout: AttentionLayout,
         tensors: tuple[torch.Tensor, ...],
         immutable: bool,
-    ) -> tuple[_Graph | None, Exception | None]:
+    ) -> torch.Tensor:
+        """Capture ``key`` and serve this call; past the budget afterwards, release the pools."""
+        pool_before, live_before = self._pool_bytes, self._live_output_bytes()
+        output = self._capture_and_verify(key, signature, layout, tensors, immutable)
+        # Here, not inside: a pool is released only once nothing holds the new graph's output.
+        self._hold_budget(layout.num_patches, pool_before, live_before)
+        return output
+
+    def _capture_and_verify(
+        self,
+        key: tuple,
+        signature: Signature,
+        layout: AttentionLayout,
+        tensors: tuple[torch.Tensor, ...],
+        immutable: bool,
+    ) -> torch.Tensor:
+        """Capture ``key``, agree on the outcome with the other ranks, keep the graph only if every
+        rank captured it and its first replay equals the warm-up everywhere; serve this call."""
+        pool_before, live_before = self._pool_bytes, self._live_output_bytes()
+        need = self._predicted_need(signature, layout.num_patches)
         started = time.perf_counter()
+        attempt = self._capture(signature, layout, tensors, immutable)
+        captured = attempt.entry is not None
+        measured = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._live_pools())
+        failed, self._pool_bytes = self._agree([int(not captured), measured])
+        if failed:
+            output = self._eager(tensors, layout)  # raises if eager fails too: then nothing is marked
+            if attempt.entry is not None:
+                self._mechanism.retire(attempt.entry.graph)
+            self._remember_failure(key, layout, "capture_failed", attempt.error or "another rank's capture failed")
+            return output
+        entry = attempt.entry
+        self._graphs[key] = entry
+        self._captures += 1
+        self._capture_seconds += time.perf_counter() - started
+        self._account(signature, entry, need, pool_before, live_before)
+        output = self._replay(entry, tensors, immutable)
+        verify_started = time.perf_counter()
+        (unverified,) = self._agree([int(not _bitwise_equal(output, attempt.warm_output))])
+        self._verify_seconds += time.perf_counter() - verify_started
+        if unverified:
+            del self._graphs[key]
+            self._mechanism.retire(entry.graph)
+            self._remember_failure(key, layout, "capture_unverified", "its first replay differs from the warm-up")
+            output = self._eager(tensors, layout)
+        return output
+
+    def _capture(
+        self, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
+    ) -> _Attempt:
         device = tensors[0].device
+        staging = views = offsets = None
         try:
             if self._pool is None:
                 self._pool = self._mechanism.new_pool(device)
@@ -431,9 +468,14 @@ class ViTGraphRunner:
                     staging = self._staging.get(signature)
                     if staging is None:
                         staging = self._staging[signature] = _Staging(signature, self.max_tokens, device)
-                    views, offsets = staging.views(tensors, layout)
-                    host_offsets = {name: layout.cu_seqlens_host(name) for name in offsets}
-                    staging.fill(key, views, tensors, offsets, host_offsets, immutable)
+                    views = staging.views(tensors)
+                    staging.fill(views, tensors, immutable)
+                    # Written once, here, before the warm-up reads them and the capture records them.
+                    offsets = {
+                        name: torch.empty_like(host, device=device).copy_(host, non_blocking=True)
+                        for name in layout.segmentations
+                        for host in (layout.cu_seqlens_host(name),)
+                    }
                     attn_args = self.attention.layout_args(layout, offsets)
 
                     def forward() -> torch.Tensor:
@@ -441,7 +483,7 @@ class ViTGraphRunner:
                         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
                     with self._capture_context():
-                        self._mechanism.warm_up(forward)
+                        warm_output = self._mechanism.warm_up(forward)
                         graph, output = self._mechanism.capture(forward, self._pool, self._stream)
                 finally:
                     # Warm-up reads staging on this stream, also when the capture then fails.
@@ -449,36 +491,55 @@ class ViTGraphRunner:
         except Exception as error:  # any capture failure degrades to eager
             # Later captures get a fresh pool and stream: a failed capture can leave the old ones
             # mid-capture. Graphs already captured keep the memory of the pool they used.
+            if self._pool is not None:
+                self._retired_pools.append(self._pool)
             self._pool = None
-            return None, error
-        entry = _Graph(graph, output, key, self._pool, staging, views, offsets, host_offsets, layout.num_patches)
-        self._graphs[key] = entry
-        self._captures += 1
-        self._capture_seconds += time.perf_counter() - started
-        self._account_capture(key, entry)
-        return self._graphs.get(key), None
+            return _Attempt(None, None, error)
+        entry = _Graph(graph, output, self._pool, staging, views, offsets, layout.num_patches)
+        return _Attempt(entry, warm_output, None)
 
-    def _account_capture(self, key: tuple, entry: _Graph) -> None:
-        """Measure the pool after a capture, learn from it, and hold the budget."""
-        self._pool_bytes = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._live_pools())
-        live_outputs = sum(graph.output.nbytes for graph in self._graphs.values())
-        self._output_bytes_per_token = max(self._output_bytes_per_token, entry.output.nbytes / entry.tokens)
-        scratch = self._pool_bytes - live_outputs
-        if scratch > self._scratch_bytes:  # this capture needed more intermediates than any before
-            self._scratch_bytes = scratch
-            self._scratch_bytes_per_token = max(self._scratch_bytes_per_token, scratch / entry.tokens)
-        held = self._pool_bytes + self._staging_bytes()
-        if held > self._budget_bytes:
-            logger.warning(
-                "graph memory %.0f MiB after capturing %d tokens is over the %.0f MiB budget; "
-                "graphs dropped and the pool released, this layout runs eagerly",
-                held / 2**20,
+    def _agree(self, values: list[int]) -> list[int]:
+        """``values`` as every rank sees them: the element-wise maximum over the group."""
+        return values if self._agree_max is None else self._agree_max(values)
+
+    def _account(
+        self, signature: Signature, entry: _Graph, need: int | None, pool_before: int, live_before: int
+    ) -> None:
+        """Learn from a capture what the next ones will take; log the prediction beside the measurement."""
+        pool_after = self._pool_bytes
+        output_bytes = entry.output.nbytes
+        self._output_bytes_per_token.setdefault(signature, output_bytes / entry.tokens)
+        self._scratch.observe(entry.tokens, pool_after - live_before - output_bytes)
+        growth = pool_after - pool_before
+        if need is not None:
+            predicted = max(0, live_before + need - pool_before)
+            self._prediction_errors.add(predicted, growth)
+            logger.debug(
+                "captured %d tokens: pool growth predicted %.1f MiB, measured %.1f MiB; pool %.0f MiB",
                 entry.tokens,
-                self._budget_bytes / 2**20,
+                predicted / 2**20,
+                growth / 2**20,
+                pool_after / 2**20,
             )
-            self._release_pools()
-            self._remember(self._over_budget, key)
-        logger.debug("captured a graph for %d tokens; pool %.0f MiB", entry.tokens, self._pool_bytes / 2**20)
+
+    def _hold_budget(self, tokens: int, pool_before: int, live_before: int) -> None:
+        """After a capture: past the budget, release the pools; a capture that was alone in an empty
+        pool is over the budget by measurement, and so is every larger one."""
+        held = self._pool_bytes + self._staging_bytes() + self._offsets_bytes()
+        if held <= self._budget_bytes:
+            return
+        alone = pool_before == 0 and live_before == 0
+        logger.warning(
+            "graph memory %.0f MiB after capturing %d tokens is over the %.0f MiB budget; graphs dropped and "
+            "the pool released%s",
+            held / 2**20,
+            tokens,
+            self._budget_bytes / 2**20,
+            f"; layouts of {tokens} tokens or more run eagerly" if alone else "",
+        )
+        self._release_pools()
+        if alone:
+            self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
 
     def _replay(self, entry: _Graph, tensors: tuple[torch.Tensor, ...], immutable: bool) -> torch.Tensor:
         # On the caller's stream: ordered after the caller's pending work (its inputs) by the stream
@@ -486,7 +547,7 @@ class ViTGraphRunner:
         # caller's, allocated on its stream.
         stream = self._mechanism.current_stream(tensors[0].device)
         self._follow_marker(stream)
-        entry.fill(tensors, immutable)
+        entry.staging.fill(entry.inputs, tensors, immutable)
         self._mechanism.replay(entry.graph)
         output = entry.output.clone()
         self._mark(stream)
@@ -507,26 +568,30 @@ class ViTGraphRunner:
         attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(x.device))
         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
-    def _remember_failure(self, key: tuple, layout: AttentionLayout, error: Exception | None) -> None:
-        self._remember(self._failed, key)
+    def _remember_failure(self, key: tuple, layout: AttentionLayout, reason: str, why: object) -> None:
+        self._failed[key] = reason
+        if len(self._failed) > _MAX_TRACKED_LAYOUTS:
+            self._failed.popitem(last=False)
+        self._eager_runs[reason] += 1
         logger.warning(
-            "graph capture failed for %d tokens in %d segments (%s: %s) where eager works; this layout runs eagerly",
+            "graph capture of %d tokens in %d segments is not used (%s: %s); this layout runs eagerly",
             layout.num_patches,
             len(layout.segmentations["full"].seq_lens),
-            type(error).__name__,
-            error,
+            reason,
+            f"{type(why).__name__}: {why}" if isinstance(why, Exception) else why,
         )
-
-    @staticmethod
-    def _remember(keys: OrderedDict[tuple, None], key: tuple) -> None:
-        keys[key] = None
-        if len(keys) > _MAX_TRACKED_LAYOUTS:
-            keys.popitem(last=False)
 
     def _log_once(self, topic: str, message: str, *args: object) -> None:
         if topic not in self._logged:
             self._logged.add(topic)
             logger.warning(message, *args)
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (NaNs too): what graph against eager promises."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def _buffer_shapes(signature: Signature, max_tokens: int) -> list[tuple[torch.dtype, tuple[int, ...]]]:
