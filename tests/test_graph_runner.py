@@ -55,6 +55,7 @@ class StandInGraphs:
     """
 
     fail_captures: int = 0
+    fail_replays: int = 0
     corrupt_captures: int = 0
     scratch_bytes_per_token: int = 0  # intermediates a capture needs beside its output
     segment_bytes: int = 1  # pools grow in whole segments of this size
@@ -120,6 +121,9 @@ class StandInGraphs:
 
     def replay(self, graph: _StandInGraph) -> None:
         self.events.append("replay")
+        if self.fail_replays:
+            self.fail_replays -= 1
+            raise RuntimeError("stand-in: the replay failed")
         graph.output.copy_(graph.fn() + 1 if graph.corrupt else graph.fn())
 
     def retire(self, graph: _StandInGraph) -> None:

@@ -171,11 +171,47 @@ def test_adapter_leaves_a_tower_it_does_not_fit_to_sglang(report: dict[str, Any]
 
 
 @needs_sglang
-def test_first_failure_in_rocm_vits_path_hands_the_tower_to_sglang_for_good(report: dict[str, Any]) -> None:
+def test_first_failure_in_rocm_vits_path_hands_the_tower_to_sglangs_eager_blocks_for_good(
+    report: dict[str, Any],
+) -> None:
     safety = report["adapter_safety"]
-    # Three calls: rocm-vit's runner is tried once, fails, and SGLang's runner serves all three.
-    assert (safety["runner_calls"], safety["handed_over"]) == (1, 3)
+    # Three calls: rocm-vit's runner is tried once and fails; SGLang's eager blocks serve all three,
+    # and SGLang's runner (it raises for aiter_attn) is never called.
+    assert (safety["runner_calls"], safety["handed_over"]) == (1, 0)
+    assert safety["served_equal_to_eager"] == [True, True, True]
     assert (safety["failures"], safety["deferred"]) == (1, True)
+
+
+@needs_sglang
+def test_after_a_runner_failure_every_request_is_served_equal_to_sglangs_eager_forward(
+    report: dict[str, Any],
+) -> None:
+    """aiter_attn on the emulation's aiter stand-in, SGLang's real ViTCudaGraphRunner behind the
+    adapter: the first replay fails, and that request and 50 more are served, bit for bit as eager."""
+    fallback = report["fallback"]
+    assert fallback["stand_in"].startswith("installed: the aiter stand-in")
+    assert fallback["upstream_runner"] == "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"
+    assert (fallback["error"], fallback["served"]) == (None, 51)
+    assert fallback["bitwise_equal"] == [True] * 51
+    assert (fallback["failures"], fallback["serves_graphs"]) == (1, False)
+
+
+@needs_sglang
+def test_tensor_parallel_ranks_agree_over_sglangs_tp_cpu_group(report: dict[str, Any]) -> None:
+    assert report["tp_agreement"] == {
+        "one_rank": False,
+        "two_ranks": True,
+        "data_parallel": False,  # each rank encodes its own images: nothing to agree on
+        "group_is_tp_cpu_group": True,
+    }
+
+
+@needs_sglang
+def test_a_backend_sglang_cannot_capture_runs_sglangs_eager_blocks_through_the_graph_path(
+    report: dict[str, Any],
+) -> None:
+    # SGLang's sdpa reads its offsets back: no runner, and SGLang's runner would fail on a CPU.
+    assert report["sdpa_graph_path"] == {"bitwise_equal": [True] * 6, "serves_graphs": False}
 
 
 @needs_sglang
@@ -214,8 +250,10 @@ def test_qwen2_5_vl_graph_gate_is_lifted_on_rocm_only_under_rocm_vits_runner(rep
     gate = report["qwen2_5_vl"]["gate"]
     assert gate["aiter_attn"] == {"enable_cg": True, "runner": f"{OURS}.graph_runner.ViTGraphRunnerAdapter"}
     off = {"enable_cg": False, "runner": None}
-    # Not capturable (SGLang's sdpa), not ROCm, or graphs not asked for: SGLang's decision stands.
+    # Not capturable (SGLang's sdpa), not ROCm, graphs not asked for, or no runner built (settings it
+    # refuses): SGLang's decision stands.
     assert gate["sglang_default"] == gate["aiter_attn_on_cpu"] == gate["aiter_attn_graphs_off"] == off
+    assert gate["aiter_attn_no_runner"] == off
 
 
 def test_adapter_run_takes_the_parameters_the_gate_expects_of_sglang() -> None:

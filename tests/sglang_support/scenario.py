@@ -103,6 +103,7 @@ def main() -> None:
 
 def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> None:
     import sglang.srt.plugins
+    from rocm_vit.backends import aiter_attn
     from sglang.srt.disaggregation.encoder import runtime  # imports encoder.server too
     from sglang.srt.layers.attention import vision
     from sglang.srt.models import qwen2_5_vl, qwen3_vl
@@ -172,11 +173,19 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     # 4. A TP worker of the encode server, spawned by the patched target.
     worker, worker_report = _spawn_tp_worker(runtime.launch_encoder)
 
-    # 5. Under the plugin: eager unchanged (SDPA), and aiter_attn graph == eager.
+    # 5. Under the plugin: eager unchanged (SDPA), also through the graph path (SGLang's sdpa cannot
+    # be captured: SGLang's eager blocks serve it), and aiter_attn graph == eager.
     model = _tiny_model("cpu")
     model.load_state_dict(state)
     report["runner_class"] = _qualname(type(model.graph_runners))
     report["eager_unchanged"] = _max_difference(_run(model, inputs, graphs=False), eager_before)
+    report["sdpa_graph_path"] = {
+        "bitwise_equal": [
+            torch.equal(a, b) for a, b in zip(_run(model, inputs, graphs=True), eager_before, strict=True)
+        ],
+        "serves_graphs": model.graph_runners.serves_graphs,
+    }
+    aiter_kernel = aiter_attn.aiter_varlen_attention
     _stand_in_aiter_kernel()
     model = _tiny_model("cpu", attention="aiter_attn")
     model.load_state_dict(state)
@@ -184,7 +193,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     eager = _run(model, inputs, graphs=False)
     report["aiter_vs_sdpa"] = _max_difference(eager, eager_before)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
-    report["adapter_safety"] = _adapter_safety(model, inputs)
+    report["adapter_safety"] = _adapter_safety(model, inputs, eager)
     report["tuned"] = _tuned_aiter_slot(state, inputs, eager_before)
 
     # 6. Qwen2.5-VL: eager unchanged, the gate, and windowed graph == eager.
@@ -196,6 +205,8 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
         "sglang_default": _graph_gate(None),  # SGLang's sdpa on a CPU: not capturable
         "aiter_attn_on_cpu": _graph_gate("aiter_attn", platform="cpu"),
         "aiter_attn_graphs_off": _graph_gate("aiter_attn", graphs=False),
+        # A capturable backend, but settings the runner refuses: no runner, so the gate stays shut.
+        "aiter_attn_no_runner": _graph_gate("aiter_attn", environ={"SGLANG_VIT_CUDA_GRAPH_MIN_HITS": "0"}),
     }
     model = _tiny_qwen2_5_vl("cpu", attention="aiter_attn")
     model.load_state_dict(state_2_5)
@@ -214,6 +225,11 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     }
     plugin_qwen2_5_vl.current_platform = lambda: "cpu"
     del qwen2_5_vl  # imported above so that its hook lands during load_plugins()
+
+    report["tp_agreement"] = _tp_agreement(model)
+
+    # 7. Last, as it puts the real aiter kernel wrapper back over the fake of step 5.
+    report["fallback"] = _fallback_serves_every_request(state, inputs, aiter_kernel)
 
     worker.join(timeout=180)
     report["worker"] = {
@@ -329,17 +345,25 @@ def _tiny_qwen2_5_vl(device: str, attention: str | None = None) -> torch.nn.Modu
         return Qwen2_5_VisionTransformer(config).eval()
 
 
-def _graph_gate(attention: str | None, platform: str = "rocm", graphs: bool = True) -> dict[str, Any]:
+def _graph_gate(
+    attention: str | None, platform: str = "rocm", graphs: bool = True, environ: dict[str, str] | None = None
+) -> dict[str, Any]:
     """What Qwen2.5-VL's tower decides about graphs when built on ``platform`` (as the plugin's gate sees it)."""
     import rocm_vit.integrations.sglang.qwen2_5_vl as plugin_qwen2_5_vl
 
     simulated = plugin_qwen2_5_vl.current_platform
     plugin_qwen2_5_vl.current_platform = lambda: platform
-    os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"] = "1" if graphs else "0"
+    variables = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1" if graphs else "0", **(environ or {})}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     try:
         model = _tiny_qwen2_5_vl("cpu", attention=attention)
     finally:
-        del os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"]
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
         plugin_qwen2_5_vl.current_platform = simulated
     runner = model.cuda_graph_runner
     return {"enable_cg": model.enable_cg, "runner": None if runner is None else _qualname(type(runner))}
@@ -512,8 +536,9 @@ class _UpstreamCalled(Exception):
     """Raised by a stand-in for SGLang's own runner: the adapter handed the call over."""
 
 
-def _adapter_safety(model: torch.nn.Module, inputs: list) -> dict:
-    """A tower the adapter does not fit is left to SGLang; a failing call hands the tower to SGLang for good."""
+def _adapter_safety(model: torch.nn.Module, inputs: list, eager: list[torch.Tensor]) -> dict:
+    """A tower whose blocks do not fit is left to SGLang's runner; a failing call hands the tower to
+    SGLang's eager blocks for good, never to SGLang's runner (which raises for aiter_attn)."""
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
     mergers = model.deepstack_merger_list
@@ -533,10 +558,11 @@ def _adapter_safety(model: torch.nn.Module, inputs: list) -> dict:
 
     adapter._runner.run = failing_run
     adapter._upstream.run = upstream_run
+    served = []
     handed_over = 0
     for _ in range(3):
         try:
-            _run(model, inputs[:1], graphs=True)
+            served.append(torch.equal(_run(model, inputs[:1], graphs=True)[0], eager[0]))
         except _UpstreamCalled:
             handed_over += 1
     stats = adapter.stats()
@@ -544,8 +570,71 @@ def _adapter_safety(model: torch.nn.Module, inputs: list) -> dict:
         "refused": {"deferred": refused["deferred"], "graphs": refused.get("graphs")},
         "runner_calls": len(runner_calls),
         "handed_over": handed_over,
+        "served_equal_to_eager": served,
         "failures": stats["failures"],
         "deferred": stats["deferred"],
+    }
+
+
+def _tp_agreement(model: torch.nn.Module) -> dict[str, Any]:
+    """Which group the adapter's runner agrees over: none for one rank or a data-parallel encoder,
+    SGLang's TP cpu_group otherwise (world size 2 simulated on SGLang's real group coordinator)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    from rocm_vit.integrations.sglang import graph_runner
+
+    tp_group = get_parallel().tp_group
+    groups: list[Any] = []
+    make, graph_runner.group_max = graph_runner.group_max, lambda group: groups.append(group) or make(group)
+    world_size, tp_group.world_size = tp_group.world_size, 2
+    try:
+        two_ranks = graph_runner._tensor_parallel_agreement(model) is not None
+        model.use_data_parallel = True
+        data_parallel = graph_runner._tensor_parallel_agreement(model) is not None
+    finally:
+        graph_runner.group_max, tp_group.world_size, model.use_data_parallel = make, world_size, False
+        one_rank = graph_runner._tensor_parallel_agreement(model) is not None
+    return {
+        "one_rank": one_rank,
+        "two_ranks": two_ranks,
+        "data_parallel": data_parallel,
+        "group_is_tp_cpu_group": groups == [tp_group.cpu_group],
+    }
+
+
+def _fallback_serves_every_request(state: dict, inputs: list, aiter_kernel: Callable) -> dict:
+    """aiter_attn on the emulation's aiter stand-in (aiter's signature and checks), bf16, with SGLang's
+    real runner behind the adapter: rocm-vit's runner fails on its first replay; that request and 50
+    more are served by SGLang's eager blocks, each equal to SGLang's eager forward bit for bit."""
+    from rocm_vit.backends import aiter_attn
+
+    from rocm_vit.emulation import aiter_standin
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+
+    aiter_attn.aiter_varlen_attention = aiter_kernel  # step 5 replaced it with a fake
+    installed = aiter_standin.install()
+    model = _tiny_model("cpu", torch.bfloat16, attention="aiter_attn")
+    model.load_state_dict(state)
+    requests = [inputs[index % len(inputs)] for index in range(51)]
+    requests = [(pixels.to(torch.bfloat16), grid) for pixels, grid in requests]
+    eager = _run(model, requests, graphs=False)
+    mechanism = _stand_in_mechanism()
+    mechanism.fail_replays = 1
+    adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism)
+    try:
+        served = _run(model, requests, graphs=True)
+        error = None
+    except Exception as raised:  # what a request would have seen
+        served, error = [], f"{type(raised).__name__}: {raised}"
+    stats = adapter.stats()
+    return {
+        "stand_in": installed,
+        "upstream_runner": _qualname(type(adapter._upstream)),
+        "error": error,
+        "served": len(served),
+        "bitwise_equal": [torch.equal(a, b) for a, b in zip(served, eager, strict=False)],
+        "failures": stats["failures"],
+        "serves_graphs": adapter.serves_graphs,
     }
 
 

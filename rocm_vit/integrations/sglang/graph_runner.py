@@ -17,14 +17,19 @@ take the same path: the layout carries SGLang's full and window offsets as given
 start with an empty segment, one segment per item), each block attends within the windows or,
 in ``fullatt_block_indexes``, the whole items, as SGLang's eager ``forward`` does, and the merged
 tokens are put back in order with ``output_indices`` outside the graph (the permutation is not part
-of the graph key). Attention backends without a graph-safe argument list still go to SGLang's own
-runner.
+of the graph key).
+
+Whatever rocm-vit's runner cannot serve (an attention backend without a graph-safe argument list, a
+call in another form, any failure) runs SGLang's eager block loop for that tower, never SGLang's own
+runner, which raises for every backend but triton_attn/fa3/fa4 and so fails every request with aiter.
+Under tensor parallelism the ranks agree on every capture through SGLang's TP group.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
 import operator
 from collections import OrderedDict
@@ -37,6 +42,8 @@ from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs
 from rocm_vit.graphs import DEFAULT_MAX_TOKENS, GraphMechanism, ViTGraphRunner
+from rocm_vit.graphs.ranks import group_max
+from rocm_vit.graphs.runner import AgreeMax
 from rocm_vit.integrations.sglang.imports import original
 from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
 from rocm_vit.policy import active_policy
@@ -93,29 +100,39 @@ class ViTGraphRunnerAdapter:
 
     ``vit`` is SGLang's vision tower: ``blocks`` (each with ``attn``, SGLang's ``VisionAttention``),
     ``merger`` and, for Qwen3-VL, ``deepstack_visual_indexes`` and ``deepstack_merger_list``. At
-    construction every attribute and signature this adapter relies on is checked; where one does not
-    fit, SGLang's own runner serves the tower (logged once). At run time the first failure inside
-    rocm-vit's path is logged with its traceback and counted, and SGLang's runner serves this tower
-    from then on: a request never fails because of rocm-vit. ``mechanism`` replaces CUDA/HIP graphs
-    (tests on a CPU pass a stand-in).
+    construction every attribute and signature this adapter relies on is checked. A tower whose
+    runner cannot be built, a call in another form, and every call after the first failure inside
+    rocm-vit's runner (logged with its traceback) run SGLang's eager block loop: a request never
+    fails because of rocm-vit. Only a tower whose blocks do not fit that loop either is left to
+    SGLang's own runner, as without the plugin. ``mechanism`` replaces CUDA/HIP graphs (tests on a
+    CPU pass a stand-in).
     """
 
     def __init__(self, vit: nn.Module, *, mechanism: GraphMechanism | None = None) -> None:
         self.vit = vit
-        # SGLang's runner: unsupported backends and calls, failures, and SGLang's TP capture context.
+        # SGLang's runner: only for a tower whose blocks do not fit the eager loop either.
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
         self._layouts: OrderedDict[tuple, AttentionLayout] = OrderedDict()
         self._failures = 0
-        self._deferred_stats: dict[str, Any] = {}  # the runner's last counters, once SGLang took over
+        self._deferred_stats: dict[str, Any] = {}  # the runner's last counters, once it stopped serving
         self._runner: ViTGraphRunner | None = None
         settings = _settings()
-        problem = unsupported_reason(vit, self._upstream)
+        eager_problem = eager_unsupported_reason(vit)
+        self._serves_eagerly = eager_problem is None
+        if self._serves_eagerly:
+            self._full_attention_blocks = frozenset(int(i) for i in getattr(vit, "fullatt_block_indexes", None) or ())
+            self._deepstack_slots = {
+                block: slot for slot, block in enumerate(getattr(vit, "deepstack_visual_indexes", None) or ())
+            }
+            self._takes_position_embeddings = "position_embeddings" in _parameters(vit.blocks[0].forward)
+        problem = eager_problem or unsupported_reason(vit, self._upstream)
         if problem is None:
             self._runner, problem = self._build_runner(settings, mechanism)
         if not settings.vit_cuda_graph:
             return
         if problem is not None:
-            logger.warning("rocm-vit graph runner: %s; SGLang's own runner serves %s", problem, type(vit).__name__)
+            served_by = "SGLang's eager blocks" if self._serves_eagerly else "SGLang's own runner"
+            logger.warning("rocm-vit graph runner: %s; %s serve %s", problem, served_by, type(vit).__name__)
         else:
             logger.info(
                 "rocm-vit graph runner for %s: attention %s, at most %d graphs within %s, captured from the "
@@ -130,6 +147,11 @@ class ViTGraphRunnerAdapter:
                 self._runner.max_tokens,
             )
 
+    @property
+    def serves_graphs(self) -> bool:
+        """Whether rocm-vit's runner serves this tower (built, and no failure yet)."""
+        return self._runner is not None
+
     def _build_runner(
         self, settings: Settings, mechanism: GraphMechanism | None
     ) -> tuple[ViTGraphRunner | None, str | None]:
@@ -138,14 +160,9 @@ class ViTGraphRunnerAdapter:
         spec = SGLANG_GRAPH_ARGS.get(backend)
         if spec is None:
             return None, f"SGLang's {backend} attention cannot be captured as it reads its arguments back"
-        deepstack_indexes = getattr(vit, "deepstack_visual_indexes", None) or ()
-        self._deepstack_slots = {block: slot for slot, block in enumerate(deepstack_indexes)}
         # Qwen2.5-VL: blocks in fullatt_block_indexes attend within whole items, the others within
         # windows; its blocks take rotary as ``position_embeddings=(cos, sin)``.
-        full_attention = getattr(vit, "fullatt_block_indexes", None)
-        self._windowed = full_attention is not None
-        self._full_attention_blocks = frozenset(int(index) for index in full_attention or ())
-        self._takes_position_embeddings = "position_embeddings" in _parameters(vit.blocks[0].forward)
+        self._windowed = getattr(vit, "fullatt_block_indexes", None) is not None
         budget_mb = settings.graph_memory_budget_mb
         try:
             runner = ViTGraphRunner(
@@ -157,6 +174,7 @@ class ViTGraphRunnerAdapter:
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
                 capture_context=self._upstream._capture_context,
                 mechanism=mechanism,
+                agree_max=_tensor_parallel_agreement(vit),
             )
         except ValueError as error:
             return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
@@ -192,24 +210,29 @@ class ViTGraphRunnerAdapter:
             output_indices,
             attention_layout_key,
         )
-        if self._runner is None:
+        if not self._serves_eagerly:
             return self._upstream.run(*upstream_args)
         rotary = self._rotary(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
-        windows_match = (cu_window_seqlens is not None) == self._windowed
-        if rotary is None or not windows_match or (output_indices is not None and not self._windowed):
-            return self._upstream.run(*upstream_args)
+        fits = (
+            self._runner is not None
+            and rotary is not None
+            and (cu_window_seqlens is not None) == self._windowed
+            and (output_indices is None or self._windowed)
+        )
+        if not fits:
+            return self._eager(*upstream_args)
         try:
             layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
-        except Exception:  # serving must go on: SGLang's own runner takes this tower over
+        except Exception:  # serving must go on: SGLang's eager blocks take this tower over
             self._failures += 1
             self._deferred_stats = self._runner.stats()
             self._runner = None
             logger.exception(
-                "rocm-vit graph runner failed for %s; SGLang's own runner serves it from now on",
+                "rocm-vit graph runner failed for %s; SGLang's eager blocks serve it from now on",
                 type(self.vit).__name__,
             )
-            return self._upstream.run(*upstream_args)
+            return self._eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
 
     def stats(self) -> dict[str, Any]:
@@ -217,6 +240,50 @@ class ViTGraphRunnerAdapter:
         held), plus ``failures`` (calls rocm-vit failed and handed to SGLang) and ``deferred``."""
         stats = self._runner.stats() if self._runner is not None else dict(self._deferred_stats)
         return {**stats, "failures": self._failures, "deferred": self._runner is None}
+
+    def _eager(
+        self,
+        x: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        cu_window_seqlens: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        rotary_pos_emb_cos: torch.Tensor | None = None,
+        rotary_pos_emb_sin: torch.Tensor | None = None,
+        output_indices: torch.Tensor | None = None,
+        attention_layout_key: Hashable | None = None,
+    ) -> torch.Tensor:
+        """The tower's blocks as SGLang's eager ``forward`` runs them (graphs off), from ``run``'s arguments.
+
+        Each block gets the offsets tensor and SGLang's precomputed metadata of the segmentation it
+        attends within; the longest segment comes from the host layout key where SGLang passed one.
+        """
+        vit = self.vit
+        if self._takes_position_embeddings:
+            rotary = {"position_embeddings": position_embeddings}
+        else:
+            rotary = {"rotary_pos_emb_cos": rotary_pos_emb_cos, "rotary_pos_emb_sin": rotary_pos_emb_sin}
+        key = attention_layout_key if isinstance(attention_layout_key, tuple) else ()
+        segmentations = {"full": (cu_seqlens, key[0] if len(key) > 0 else None)}
+        if cu_window_seqlens is not None:
+            segmentations["window"] = (cu_window_seqlens, key[1] if len(key) > 1 else None)
+        from sglang.srt.layers.attention.vision import prepare_vision_attention_metadata
+
+        metadata = {
+            name: (offsets, prepare_vision_attention_metadata(offsets, offsets.device, max_seqlen=_longest(host)))
+            for name, (offsets, host) in segmentations.items()
+        }
+        hidden = x.unsqueeze(1)  # SGLang's blocks take [S, B=1, hidden]
+        deepstack = []
+        for index, block in enumerate(vit.blocks):
+            windowed = "window" in metadata and index not in self._full_attention_blocks
+            offsets, block_metadata = metadata["window" if windowed else "full"]
+            hidden = block(hidden, cu_seqlens=offsets, forward_metadata=block_metadata, **rotary)
+            slot = self._deepstack_slots.get(index)
+            if slot is not None:
+                deepstack.append(vit.deepstack_merger_list[slot](hidden))
+        merged = vit.merger(hidden)
+        merged = torch.cat([merged, *deepstack], dim=1) if deepstack else merged
+        return merged if output_indices is None else merged.index_select(0, output_indices)
 
     def _rotary(
         self,
@@ -295,15 +362,32 @@ class _SegmentOffsets(AttentionBackend):
         raise NotImplementedError("SGLang towers attend in SGLang's VisionAttention")
 
 
-def unsupported_reason(vit: nn.Module, upstream: Any) -> str | None:
-    """What in ``vit`` (SGLang's vision tower) or SGLang's runner does not fit this adapter, or ``None``.
-
-    Checks every attribute and signature the adapter reads, so that a changed SGLang release is
-    refused at construction, with the reason, instead of failing inside a request.
-    """
+def eager_unsupported_reason(vit: nn.Module) -> str | None:
+    """What in ``vit`` (SGLang's vision tower) does not fit the eager block loop, or ``None``."""
     blocks = getattr(vit, "blocks", None)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
         return f"{type(vit).__name__}.blocks is not a non-empty ModuleList"
+    parameters = _parameters(blocks[0].forward)
+    takes_pair = "position_embeddings" in parameters
+    rotary = ["position_embeddings"] if takes_pair else ["rotary_pos_emb_cos", "rotary_pos_emb_sin"]
+    missing = sorted({"cu_seqlens", "forward_metadata", *rotary} - set(parameters))
+    if missing:
+        return f"{type(blocks[0]).__name__}.forward takes ({', '.join(parameters)}), without {', '.join(missing)}"
+    if not callable(getattr(vit, "merger", None)):
+        return f"{type(vit).__name__} lacks a merger"
+    deepstack = getattr(vit, "deepstack_visual_indexes", None) or ()
+    if len(deepstack) != len(getattr(vit, "deepstack_merger_list", ()) or ()):
+        return f"{type(vit).__name__} has {len(deepstack)} deepstack indexes but not as many deepstack mergers"
+    return None
+
+
+def unsupported_reason(vit: nn.Module, upstream: Any) -> str | None:
+    """What else rocm-vit's runner needs from ``vit`` and SGLang's runner, or ``None``.
+
+    Checked at construction, after ``eager_unsupported_reason``, so that a changed SGLang release is
+    refused with the reason instead of failing inside a request.
+    """
+    blocks = vit.blocks
     attn = getattr(blocks[0], "attn", None)
     if not isinstance(getattr(attn, "qkv_backend_name", None), str):
         return f"{type(blocks[0]).__name__}.attn has no qkv_backend_name"
@@ -311,20 +395,40 @@ def unsupported_reason(vit: nn.Module, upstream: Any) -> str | None:
         isinstance(getattr(attn, name, None), int) for name in ("num_attention_heads_per_partition", "head_size")
     ):
         return "VisionAttention lacks num_attention_heads_per_partition/head_size (the triton_attn workspace)"
-    parameters = _parameters(blocks[0].forward)
-    takes_pair = "position_embeddings" in parameters
-    rotary = ["position_embeddings"] if takes_pair else ["rotary_pos_emb_cos", "rotary_pos_emb_sin"]
-    missing = sorted({"cu_seqlens", "output_ws", *rotary} - set(parameters))
-    if missing:
-        return f"{type(blocks[0]).__name__}.forward takes ({', '.join(parameters)}), without {', '.join(missing)}"
-    if not callable(getattr(vit, "merger", None)) or not isinstance(getattr(vit, "spatial_merge_size", None), int):
-        return f"{type(vit).__name__} lacks merger or an int spatial_merge_size"
-    deepstack = getattr(vit, "deepstack_visual_indexes", None) or ()
-    if len(deepstack) != len(getattr(vit, "deepstack_merger_list", ()) or ()):
-        return f"{type(vit).__name__} has {len(deepstack)} deepstack indexes but not as many deepstack mergers"
-    if not callable(getattr(upstream, "_capture_context", None)) or not callable(getattr(upstream, "run", None)):
-        return "SGLang's ViTCudaGraphRunner lacks _capture_context or run"
+    if "output_ws" not in _parameters(blocks[0].forward):
+        return f"{type(blocks[0]).__name__}.forward takes no output_ws"
+    if not isinstance(getattr(vit, "spatial_merge_size", None), int):
+        return f"{type(vit).__name__} lacks an int spatial_merge_size"
+    if not callable(getattr(upstream, "_capture_context", None)):
+        return "SGLang's ViTCudaGraphRunner lacks _capture_context"
     return None
+
+
+def _tensor_parallel_agreement(vit: nn.Module) -> AgreeMax | None:
+    """The runner's ``agree_max`` over SGLang's TP group, where its ranks capture together.
+
+    A data-parallel encoder gives each rank its own images (SGLang captures locally there), and a
+    group of one has nothing to agree on.
+    """
+    if getattr(vit, "use_data_parallel", False):
+        return None
+    from sglang.srt.runtime_context import get_parallel
+
+    try:
+        tp_group = get_parallel().tp_group
+    except Exception as error:  # no parallel state (a tower built outside a server): one rank
+        logger.debug("rocm-vit graph runner: no SGLang TP group (%s); deciding alone", error)
+        return None
+    if getattr(tp_group, "world_size", 1) <= 1:
+        return None
+    return group_max(tp_group.cpu_group)
+
+
+def _longest(offsets: tuple[int, ...] | None) -> int | None:
+    """The longest segment of host offsets, or ``None`` (SGLang then reads it from the device)."""
+    if not isinstance(offsets, tuple) or len(offsets) < 2:
+        return None
+    return max(end - start for start, end in itertools.pairwise(offsets))
 
 
 def _parameters(fn: Callable) -> list[str]:

@@ -3,10 +3,11 @@
 In SGLang 0.5.23 ``Qwen2_5_VisionTransformer.__init__`` sets ``enable_cg = _is_cuda and
 SGLANG_VIT_ENABLE_CUDA_GRAPH``: SGLang's own runner captures with ``torch.cuda.CUDAGraph`` and knows
 only CUDA's attention layouts, so on ROCm the tower always ran eagerly. Once the ``graph_runner``
-hook has put ``ViTGraphRunnerAdapter`` in the model module and the tower's attention backend has a
-graph-safe argument list (``aiter_attn``, ``triton_attn``), rocm-vit's runner serves the windowed
-calls on HIP as well, and the gate is lifted for that tower only. Anywhere else SGLang's decision
-stands: CUDA already has it, and CPU, NPU or XPU keep their eager path.
+hook has put ``ViTGraphRunnerAdapter`` in the model module and the adapter built rocm-vit's runner
+for the tower (its attention backend has a graph-safe argument list, ``aiter_attn`` or
+``triton_attn``, and the settings are valid), the windowed calls are served on HIP as well, and the
+gate is lifted for that tower only. Anywhere else SGLang's decision stands: CUDA already has it, and
+CPU, NPU or XPU keep their eager path.
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ def lift_graph_gate(original_init: Callable[..., None]) -> Callable[..., None]:
             return
         backend = getattr(self.blocks[0].attn, "qkv_backend_name", None)
         if backend not in SGLANG_GRAPH_ARGS:
-            # SGLang's runner would be the one to capture, and it cannot on ROCm: stay eager.
             logger.warning("rocm-vit: Qwen2.5-VL's ViT stays eager on ROCm: %s attention cannot be captured", backend)
             return
-        self.cuda_graph_runner = ViTGraphRunnerAdapter(self)
+        runner = ViTGraphRunnerAdapter(self)
+        if not runner.serves_graphs:  # the adapter said why; SGLang's eager forward stays in charge
+            return
+        self.cuda_graph_runner = runner
         self.enable_cg = True
 
     # __wrapped__ (inspect.signature follows it) but rocm-vit's own name, so logs and the doctor
