@@ -1,23 +1,16 @@
-"""Varlen attention through aiter's ``flash_attn_varlen_func`` (ROCm, CK/ASM kernels).
+"""Varlen attention through aiter's ``flash_attn_varlen_func`` (ROCm: assembly and CK kernels).
 
-``aiter`` is imported when a call is made, never when this module is: importing it runs
-``rocminfo`` and loads dozens of modules (DESIGN.md, Known hazards).
-
-The call was checked against ``flash_attn_varlen_func`` in ``aiter/ops/mha.py`` of amd-aiter
-0.1.7.post2.dev18 (the only PyPI wheel; tags v0.1.7 to v0.1.7.post2 have the same parameters), of tag
-v0.1.20.post1 (the newest release, de07f3885ee5) and of main at e4048607a535 (2026-08-22). Their
-parameter lists are pinned in ``rocm_vit/emulation/aiter_signature.py``; tests/test_aiter_standin.py
-compares them with the stand-in, with what this module passes and with an installed aiter. All take
-``(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, min_seqlen_q=0, dropout_p=0.0,
-softmax_scale=None, logits_soft_cap=0.0, causal=False, window_size=..., ...)`` and return the output
-tensor alone (``return_lse`` and ``return_attn_probs`` default to False). This module passes q, k, v,
-the cu_seqlens, the max_seqlens, ``softmax_scale`` and ``causal``, all by keyword; it does not pass
-``window_size`` (``(-1, -1)`` in 0.1.7, ``(-1, -1, 0)`` with a sink size from v0.1.8) or ``sink_ptr``
-(appended in v0.1.10, absent from the PyPI wheel). The output has ``q.dtype``; head dims that are
-multiples of 8 (64/72/80/128) run unpadded.
+``aiter`` is imported at the first call, never with this module: importing it runs ``rocminfo``
+and loads dozens of modules. The call asks for the log-sum-exp and drops it: aiter compiles one
+module per kernel variant, and SGLang's ROCm image prebuilds the bf16 non-causal variant with LSE,
+not the one without, which would run hipcc inside the first request (docs/rocm.md, "Hazards").
+``prepare_aiter`` loads, or builds, the module of a head dim and dtype ahead of serving.
 """
 
 from __future__ import annotations
+
+import functools
+import time
 
 import torch
 import torch.nn.functional as F
@@ -41,15 +34,13 @@ def aiter_varlen_attention(
 ) -> torch.Tensor:
     """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
 
-    ``cu_seqlens`` is the int32 ``[B + 1]`` offsets tensor on q's device (the graph runner's static
-    buffer, used as is); ``max_seqlen`` a host int (a tensor is refused: reading it would sync).
-    Returns ``[N, H, D]`` in ``v.dtype``: q and k are cast to it first, since aiter returns
-    ``q.dtype``. An int64, non-contiguous or CPU ``cu_seqlens`` from an eager caller is converted
-    here (an extra device op, never a host read).
+    ``cu_seqlens`` is the int32 ``[B + 1]`` offsets tensor on q's device (the graph runner's buffer,
+    used as is); ``max_seqlen`` a host int (a tensor is refused: reading it would sync). Returns
+    ``[N, H, D]`` in ``v.dtype`` (q and k are cast to it; aiter returns ``q.dtype``). An int64,
+    non-contiguous or CPU ``cu_seqlens`` from an eager caller is converted here, never read back.
 
-    ``pad_head_dim_to`` (e.g. 128, where aiter has assembly kernels) zero-pads q, k and v to that head
-    dim and returns the first ``D`` columns, contiguous: zero columns add nothing to a score, and
-    padded v columns are cut off; ``scale`` stays the caller's.
+    ``pad_head_dim_to`` (128: aiter's assembly kernel) zero-pads q, k and v to that head dim and
+    returns the first ``D`` columns, contiguous: zero columns change no score; ``scale`` stays the caller's.
     """
     head_dim = q.shape[-1]
     if pad_head_dim_to is not None and pad_head_dim_to > head_dim:
@@ -61,7 +52,7 @@ def aiter_varlen_attention(
     except ImportError as err:
         raise RuntimeError(AITER_MISSING) from err
     cu_seqlens, max_seqlen = varlen_offsets(cu_seqlens, max_seqlen, q.device)
-    return aiter.flash_attn_varlen_func(
+    output, _ = aiter.flash_attn_varlen_func(
         q=q.to(v.dtype),
         k=k.to(v.dtype),
         v=v,
@@ -71,4 +62,23 @@ def aiter_varlen_attention(
         max_seqlen_k=max_seqlen,
         softmax_scale=float(scale),
         causal=False,
+        return_lse=True,
     )
+    return output
+
+
+@functools.cache
+def prepare_aiter(
+    head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device, pad_head_dim_to: int | None
+) -> float:
+    """Run one tiny call of this shape, so aiter loads (or compiles) its module now; returns the seconds.
+
+    Cached: a tower's blocks share one call per shape.
+    """
+    started = time.perf_counter()
+    q, k, v = (torch.ones(8, n, head_dim, dtype=dtype, device=device) for n in (heads, kv_heads, kv_heads))
+    cu_seqlens = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    aiter_varlen_attention(q, k, v, cu_seqlens, 8, head_dim**-0.5, pad_head_dim_to)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started

@@ -97,6 +97,11 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """Attention output ``[N, H, D]`` in ``v.dtype``."""
 
+    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Get ready to serve this shape: a kernel that would compile at its first call compiles now,
+        before a request waits for it. Nothing to do for most backends."""
+        return
+
 
 class SdpaAttention(AttentionBackend):
     """Per-sequence ``scaled_dot_product_attention`` with host lengths: runs anywhere.
@@ -154,14 +159,28 @@ class AiterAttention(_VarlenAttention):
     """aiter's ``flash_attn_varlen_func`` (ROCm): ``aiter`` is imported at the first call."""
 
     name = "aiter_attn"
+    _pad_head_dim_to: int | None = None
 
     def __init__(self) -> None:
         from rocm_vit.backends.aiter_attn import aiter_varlen_attention
 
-        self._attend = aiter_varlen_attention
+        self._attend = functools.partial(aiter_varlen_attention, pad_head_dim_to=self._pad_head_dim_to)
+
+    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Load aiter's module for this shape, or build it now if this install lacks it (fp16, say)."""
+        from rocm_vit.backends.aiter_attn import prepare_aiter
+
+        seconds = prepare_aiter(head_dim, heads, kv_heads, dtype, torch.device(device), self._pad_head_dim_to)
+        logger.info(
+            "%s: aiter's kernel for head dim %d, %s is ready (%.1f s to load or build)",
+            self.name,
+            head_dim,
+            str(dtype).removeprefix("torch."),
+            seconds,
+        )
 
 
-class AiterPaddedAttention(_VarlenAttention):
+class AiterPaddedAttention(AiterAttention):
     """aiter with the head dim zero-padded to 128, where aiter has assembly kernels (72 and 80 have CK).
 
     Padding q and k with zeros leaves every score unchanged, and padded v columns come out zero and
@@ -170,11 +189,7 @@ class AiterPaddedAttention(_VarlenAttention):
     """
 
     name = "aiter_attn_pad128"
-
-    def __init__(self) -> None:
-        from rocm_vit.backends.aiter_attn import aiter_varlen_attention
-
-        self._attend = functools.partial(aiter_varlen_attention, pad_head_dim_to=128)
+    _pad_head_dim_to = 128
 
 
 class TritonAttention(_VarlenAttention):
@@ -284,6 +299,10 @@ class AutoAttention(AttentionBackend):
     ) -> torch.Tensor:
         backend, backend_args = attn_args
         return backend(q, k, v, backend_args, scale)
+
+    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
+        for backend in self._backends.values():
+            backend.prepare(head_dim, heads, kv_heads, dtype, device)
 
     def _pick(self, seq_lens: Sequence[int]) -> AttentionBackend:
         # Remembered per layout: eager callers ask for every layer of every call.

@@ -197,6 +197,18 @@ def test_after_a_runner_failure_every_request_is_served_equal_to_sglangs_eager_f
 
 
 @needs_sglang
+def test_sglangs_aiter_slot_compiles_nothing_inside_a_request(report: dict[str, Any]) -> None:
+    """bf16 lands on a module SGLang's ROCm image ships; fp16, which it lacks, is built while the
+    model is constructed (emulation stand-in's module table: tests/test_aiter_modules.py)."""
+    builds = report["fallback"]["aiter_builds"]
+    assert (builds["compiled_at_construction"], builds["compiled_in_requests"]) == ([], [])
+    assert builds["loaded"] == ["mha_varlen_fwd_bf16_nlogits_nbias_nmask_lse_ndropout_nskip_nqscale"]
+    fp16 = builds["fp16"]
+    assert fp16["compiled_at_construction"] == ["mha_varlen_fwd_fp16_nlogits_nbias_nmask_lse_ndropout_nskip_nqscale"]
+    assert fp16["compiled_in_requests"] == []
+
+
+@needs_sglang
 def test_tensor_parallel_ranks_agree_over_sglangs_tp_cpu_group(report: dict[str, Any]) -> None:
     assert report["tp_agreement"] == {
         "one_rank": False,

@@ -31,6 +31,11 @@ leaves its last rows unwritten. Accepted by aiter but not emulated (NotImplement
 sliding windows and sink tokens, logits soft cap, ``min_seqlen_q``, bias, ALiBi, paged KV, padded
 cu_seqlens, ``sink_ptr``, fp8, a backward.
 
+Like aiter as SGLang's ROCm image builds it, it loads a compiled module per call
+(``aiter_modules.varlen_forward_module``, for ``ARCH``) and records it in ``builds``: modules the
+image ships (``PREBUILD_KERNELS=1`` at the commit SGLang pins) load, any other is recorded as compiled
+inside that call, as aiter's JIT would build it there, and counts as built from then on.
+
 It computes non-causal or causal (aligned bottom-right, as aiter) attention within each segment: on
 CUDA through ``torch.nn.attention.varlen.varlen_attn`` where this torch's takes ``scale`` and
 ``window_size`` (2.11+; no host read, capturable), otherwise per segment with
@@ -48,10 +53,12 @@ import itertools
 import operator
 import sys
 import types
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from rocm_vit.emulation.aiter_modules import PREBUILT_VARLEN, SGLANG_IMAGE_AITER_COMMIT, varlen_forward_module
 from rocm_vit.emulation.aiter_signature import TARGET_RELEASE
 
 try:
@@ -64,6 +71,33 @@ _VARLEN_USABLE = {"scale", "window_size"} <= set(_VARLEN_PARAMETERS)
 
 _CK_CHECK = "TORCH_CHECK in aiter's mha_varlen_fwd, csrc/py_itfs_ck/mha_varlen_fwd_kernels.cu"
 _MAX_HEAD_DIM = 256
+# The GPU the stand-in's module choice is made for: MI355X.
+ARCH = "gfx950"
+
+
+@dataclass
+class Builds:
+    """What the stand-in's aiter has built: the image's modules, plus those compiled in this process."""
+
+    built: set[str]
+    loaded: list[str] = field(default_factory=list)  # the module of every call, in order
+    compiled: list[str] = field(default_factory=list)  # modules a call had to build first
+
+    def load(self, module: str) -> None:
+        self.loaded.append(module)
+        if module not in self.built:
+            self.compiled.append(module)
+            self.built.add(module)
+
+
+def reset_builds(prebuilt: frozenset[str] = PREBUILT_VARLEN[SGLANG_IMAGE_AITER_COMMIT]) -> Builds:
+    """Start over from an install that ships ``prebuilt`` (default: SGLang's ROCm image)."""
+    global builds
+    builds = Builds(set(prebuilt))
+    return builds
+
+
+builds = reset_builds()
 
 
 def flash_attn_varlen_func(
@@ -120,6 +154,17 @@ def flash_attn_varlen_func(
 
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     head_dim_v = v.shape[-1]
+    module = varlen_forward_module(
+        q.dtype,
+        _padded(q.shape[-1]),
+        _padded(head_dim_v),
+        heads=q.shape[1],
+        kv_heads=k.shape[1],
+        causal=causal,
+        return_lse=return_lse,
+        arch=ARCH,
+    )
+    builds.load(module)
     q, k, v = (_pad_head_dim(t) for t in (q, k, v))
     if q.is_cuda and _VARLEN_USABLE:
         result, lse = _attend_varlen(

@@ -434,7 +434,7 @@ def _stand_in_aiter_kernel() -> None:
 
     from rocm_vit.attention import AiterAttention
 
-    def attend(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, scale: float) -> torch.Tensor:
+    def attend(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, scale: float, pad_head_dim_to=None) -> torch.Tensor:
         assert isinstance(max_seqlen, int), f"max_seqlen must be a host int, got {type(max_seqlen).__name__}"
         offsets = cu_seqlens.tolist()
         return sdpa_varlen(q, k, v, [end - start for start, end in itertools.pairwise(offsets)], scale)
@@ -576,6 +576,26 @@ def _adapter_safety(model: torch.nn.Module, inputs: list, eager: list[torch.Tens
     }
 
 
+def _fp16_aiter_builds(state: dict, inputs: list) -> dict[str, list[str]]:
+    """An fp16 tower on the aiter stand-in: SGLang's image ships no fp16 module, so the slot builds
+    it while the model is constructed; the requests, eager and through graphs, build nothing."""
+    from rocm_vit.emulation import aiter_standin
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+
+    builds = aiter_standin.reset_builds()
+    model = _tiny_model("cpu", torch.float16, attention="aiter_attn")
+    model.load_state_dict(state)
+    at_construction = list(builds.compiled)
+    requests = [(pixels.to(torch.float16), grid) for pixels, grid in inputs[:3]]
+    _run(model, requests, graphs=False)
+    model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
+    _run(model, requests, graphs=True)
+    return {
+        "compiled_at_construction": at_construction,
+        "compiled_in_requests": builds.compiled[len(at_construction) :],
+    }
+
+
 def _tp_agreement(model: torch.nn.Module) -> dict[str, Any]:
     """Which group the adapter's runner agrees over: none for one rank or a data-parallel encoder,
     SGLang's TP cpu_group otherwise (world size 2 simulated on SGLang's real group coordinator)."""
@@ -613,8 +633,10 @@ def _fallback_serves_every_request(state: dict, inputs: list, aiter_kernel: Call
 
     aiter_attn.aiter_varlen_attention = aiter_kernel  # step 5 replaced it with a fake
     installed = aiter_standin.install()
+    builds = aiter_standin.reset_builds()
     model = _tiny_model("cpu", torch.bfloat16, attention="aiter_attn")
     model.load_state_dict(state)
+    compiled_at_construction = list(builds.compiled)
     requests = [inputs[index % len(inputs)] for index in range(51)]
     requests = [(pixels.to(torch.bfloat16), grid) for pixels, grid in requests]
     eager = _run(model, requests, graphs=False)
@@ -629,6 +651,12 @@ def _fallback_serves_every_request(state: dict, inputs: list, aiter_kernel: Call
     stats = adapter.stats()
     return {
         "stand_in": installed,
+        "aiter_builds": {
+            "compiled_at_construction": compiled_at_construction,
+            "compiled_in_requests": builds.compiled[len(compiled_at_construction) :],
+            "loaded": sorted(set(builds.loaded)),
+            "fp16": _fp16_aiter_builds(state, inputs),
+        },
         "upstream_runner": _qualname(type(adapter._upstream)),
         "error": error,
         "served": len(served),

@@ -16,6 +16,7 @@ same rocm-vit implementation (``rocm_vit.rotary.apply_rotary``) runs in eager an
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any
 
 import torch
@@ -26,6 +27,8 @@ from torch import nn
 from rocm_vit.attention import AiterAttention, AutoAttention, get_backend
 from rocm_vit.policy import active_policy
 from rocm_vit.rotary import apply_rotary
+
+logger = logging.getLogger(__name__)
 
 
 class AiterVisionAttention(nn.Module):
@@ -41,7 +44,24 @@ class AiterVisionAttention(nn.Module):
         super().__init__()
         policy = active_policy()
         tuned = policy.attention.backend == AutoAttention.name and policy.facts.platform == "rocm"
-        self.attention = get_backend(AutoAttention.name if tuned else AiterAttention.name, kwargs.get("head_dim"))
+        head_dim = kwargs.get("head_dim")
+        self.attention = get_backend(AutoAttention.name if tuned else AiterAttention.name, head_dim)
+        self._prepare(head_dim, kwargs.get("num_heads"), kwargs.get("num_kv_heads"))
+
+    def _prepare(self, head_dim: int | None, heads: int | None, kv_heads: int | None) -> None:
+        """Load or build aiter's kernel while SGLang builds the model, not in the first request.
+
+        SGLang constructs its models under the checkpoint's dtype and on the serving device as
+        defaults. A failure here is logged and left to the first call, which raises it as before.
+        """
+        dtype, device = torch.get_default_dtype(), torch.get_default_device()
+        if dtype not in (torch.float16, torch.bfloat16) or not all(isinstance(n, int) for n in (head_dim, heads)):
+            logger.debug("aiter_attn: not prepared (default dtype %s, head dim %s, heads %s)", dtype, head_dim, heads)
+            return
+        try:
+            self.attention.prepare(head_dim, heads, kv_heads if isinstance(kv_heads, int) else heads, dtype, device)
+        except Exception:  # construction must not fail over a warm-up; the first call reports it
+            logger.exception("aiter_attn: preparing aiter's kernel for head dim %d failed", head_dim)
 
     def forward(
         self,
