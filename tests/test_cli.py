@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from rocm_vit import __version__
 from rocm_vit.cli import main as cli_main
@@ -283,11 +284,12 @@ def test_bench_memory_parses_its_arguments() -> None:
     assert (args.scenario, args.preset, args.budget_mib, args.calls, args.random_calls, args.max_side) == (
         "all",
         "qwen3-vl-8b",
-        1024,
+        None,  # the runner's default budget
         1500,
         2000,
         1344,
     )
+    assert args.churn_calls == 1200
     assert (args.seed, args.json, args.plot) == (0, False, None)
     given = "--scenario streams --budget-mib 256 --calls 30 --random-calls 40 --max-side 4032 --seed 3 --json"
     args = build_parser().parse_args(["bench-memory", *given.split(), "--plot", "memory.png"])
@@ -351,6 +353,31 @@ def test_mixed_stream_sends_the_hot_share_to_small_hot_layouts_and_never_repeats
         assert parse_layouts(workload.spec, config)[0].grid_thw == workload.grid_thw
 
 
+def test_churn_stream_repeats_hot_layouts_at_its_share_and_draws_the_rest_afresh() -> None:
+    from collections import Counter
+
+    from rocm_vit.cli.workload import churn_stream
+    from rocm_vit.models import preset
+
+    config = preset("qwen3-vl-8b")
+    stream = churn_stream(1200, 0, config)
+    assert stream == churn_stream(1200, 0, config) != churn_stream(1200, 1, config)
+    counts = Counter(stream)
+    assert 700 < len(counts) < 900  # about 760 distinct layouts, as #27's churn had
+    sides = [side for workload in stream for _, *sides in workload.grid_thw for side in sides]
+    assert min(sides) >= 4 and max(sides) <= 80 and all(side % 2 == 0 for side in sides)
+    assert {len(workload.grid_thw) for workload in stream} == set(range(1, 7))
+
+
+def test_a_shallow_tower_keeps_its_widths_and_scales_its_block_indexes() -> None:
+    from rocm_vit.cli.workload import build_tower
+
+    tower = build_tower("qwen3-vl-8b", torch.device("meta"), torch.bfloat16, "sdpa", 0, depth=4)
+    assert (tower.config.depth, tower.config.hidden_size, tower.config.deepstack_visual_indexes) == (4, 1152, (1, 2, 3))
+    windowed = build_tower("qwen2.5-vl-7b", torch.device("meta"), torch.bfloat16, "sdpa", 0, depth=8)
+    assert windowed.config.fullatt_block_indexes == (1, 3, 5, 7)
+
+
 def test_revisiting_workloads_repeat_earlier_layouts_at_the_given_share() -> None:
     from rocm_vit.cli.workload import revisiting_workloads
     from rocm_vit.models import preset
@@ -383,8 +410,28 @@ def test_bench_memory_plot_without_matplotlib_says_what_to_install(
     assert "pip install rocm-vit[bench]" in capsys.readouterr().err
 
 
-def _bench_memory_report(hit_rate: float = 0.787, max_bytes_held: int = 600 << 20, mismatches: int = 0) -> dict:
+def _bench_memory_report(
+    hit_rate: float = 0.787,
+    max_bytes_held: int = 600 << 20,
+    mismatches: int = 0,
+    ample_refused: int = 0,
+    stall_p99_ms: float = 1.9,
+) -> dict:
     runs = {"captures": 20, "evictions": 0, "pool_releases": 0, "graphs_held": 20}
+    churn_run = {
+        **runs,
+        "eager_runs": {},
+        "max_bytes_held": 3 << 30,
+        "mismatches": 0,
+        "refused_calls": 0,
+        "smallest_refused_tokens": None,
+        "over_budget_from_tokens": None,
+        "replays": 1200,
+        "capture_seconds": 40.0,
+        "verify_seconds": 0.5,
+        "pool_growth_prediction": {"captures": 400, "mean_absolute_error_bytes": 1 << 20, "worst_under_bytes": 0},
+    }
+    stall = {"iterations": 400, "p50_ms": 1.0, "captures": 24, "seconds": 3.0, "capture_ms_each": 90.0}
     timed = {"mean_ms": 6.0, "median_ms": 3.0, "total_s": 9.0, "peak_reserved_growth_bytes": 2 << 30}
     return {
         "rocm_vit": "0.1.0",
@@ -427,6 +474,31 @@ def _bench_memory_report(hit_rate: float = 0.787, max_bytes_held: int = 600 << 2
                 "reserved_after_warm_up_bytes": 8 << 30,
                 "reserved_growth_after_warm_up_bytes": 0,
                 "peak_reserved_growth_after_warm_up_bytes": 100 << 20,
+                "reserved_at_the_largest_sample": {"bytes": 9 << 30, "by_holder": {"private pools (graphs)": 1 << 30}},
+            },
+            "churn": {
+                "depth": 4,
+                "calls": 1200,
+                "distinct_layouts": 817,
+                "largest_tokens": 23328,
+                "runs": {
+                    "ample": {**churn_run, "budget_bytes": 64 << 30, "refused_calls": ample_refused},
+                    "default": {
+                        **churn_run,
+                        "budget_bytes": 2 << 30,
+                        "max_bytes_held": 2 << 30,
+                        "refused_calls": 5,
+                        "smallest_refused_tokens": 20000,
+                        "over_budget_from_tokens": 19000,
+                    },
+                },
+            },
+            "capture-stall": {
+                "layouts": 24,
+                "loop": "4 x 4096^2 bf16 matmuls",
+                "alone": {"iterations": 800, "p50_ms": 1.0, "p99_ms": 1.1},
+                "before": {**stall, "p99_ms": 40.0, "verify_ms_each": 0.2},
+                "now": {**stall, "p99_ms": stall_p99_ms, "verify_ms_each": 0.2},
             },
             "streams": {
                 "threads": 4,
@@ -445,8 +517,8 @@ def _bench_memory_report(hit_rate: float = 0.787, max_bytes_held: int = 600 << 2
     }
 
 
-def _met_column(table: str, metric: str) -> str:
-    (line,) = [line for line in table.splitlines() if metric in line]
+def _met_column(table: str, metric: str, scenario: str = "") -> str:
+    (line,) = [line for line in table.splitlines() if line.startswith(scenario) and metric in line]
     return line.split()[-1]
 
 
@@ -458,8 +530,10 @@ def test_bench_memory_table_shows_every_target_met() -> None:
     assert table.startswith("rocm-vit 0.1.0 bench-memory  2026-01-01  NVIDIA H200  commit 0123abcd-stamped  ")
     assert _met_column(table, "hit rate (replays / calls)") == "yes"
     assert "78.7% (1180 replays)" in table
-    assert _met_column(table, "mixed     max bytes held") == "yes"
-    assert _met_column(table, "outputs unequal to eager") == "yes"
+    assert _met_column(table, "max bytes held", "mixed") == "yes"
+    assert _met_column(table, "outputs unequal to eager", "streams") == "yes"
+    assert _met_column(table, "calls refused over_budget", "churn, default") == "yes"  # measured over alone
+    assert _met_column(table, "while 24 captures run, capture_begin") == "yes"
     assert "NO" not in table
     assert exit_status(report) == 0
 
@@ -467,16 +541,18 @@ def test_bench_memory_table_shows_every_target_met() -> None:
 @pytest.mark.parametrize(
     ("missed", "metric"),
     [
-        ({"hit_rate": 0.70}, "hit rate (replays / calls)"),
-        ({"max_bytes_held": (1 << 30) + 1}, "mixed     max bytes held"),
-        ({"mismatches": 1}, "outputs unequal to eager"),
+        ({"hit_rate": 0.70}, ("hit rate (replays / calls)", "mixed")),
+        ({"max_bytes_held": (1 << 30) + 1}, ("max bytes held", "mixed")),
+        ({"mismatches": 1}, ("outputs unequal to eager", "streams")),
+        ({"ample_refused": 1}, ("calls refused over_budget", "churn, ample")),
+        ({"stall_p99_ms": 2.5}, ("while 24 captures run, capture_begin", "capture-stall")),
     ],
 )
-def test_bench_memory_table_marks_a_missed_target_and_exits_1(missed: dict, metric: str) -> None:
+def test_bench_memory_table_marks_a_missed_target_and_exits_1(missed: dict, metric: tuple[str, str]) -> None:
     from rocm_vit.cli.bench_memory import exit_status, format_table
 
     report = _bench_memory_report(**missed)
-    assert _met_column(format_table(report), metric) == "NO"
+    assert _met_column(format_table(report), *metric) == "NO"
     assert exit_status(report) == 1
 
 

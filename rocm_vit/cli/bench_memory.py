@@ -43,22 +43,45 @@ from rocm_vit.cli.workload import (
     DEFAULT_ONE_OFF_MAX_SIDE_PX,
     Workload,
     build_tower,
+    churn_stream,
     mixed_stream,
     progress,
     revisiting_workloads,
     table_lines,
 )
-from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SIGHTINGS
+from rocm_vit.graphs import (
+    DEFAULT_CAPACITY,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_MIN_SIGHTINGS,
+    CudaGraphs,
+    default_budget_bytes,
+)
+from rocm_vit.graphs.capture import GraphMechanism
 from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
 from rocm_vit.version import build_info
 
 logger = logging.getLogger(__name__)
 
-SCENARIOS = ("mixed", "random", "streams")
+SCENARIOS = ("mixed", "random", "streams", "churn", "capture-stall")
 HIT_RATE_TARGET = 0.75
-# Reserved memory is compared against what it was after this share of the random calls.
+# Reserved memory is compared against what it was after this share of the random calls, and may
+# grow past it by at most this much (the pool growing to its steady size, the runner's stream).
 WARM_UP_SHARE = 0.1
+RESERVED_GROWTH_TARGET_BYTES = 256 << 20
+# churn: #27's stream through a tower of the preset's widths and CHURN_DEPTH blocks, capturing every
+# layout at its first call up to CHURN_MAX_TOKENS, CHURN_CAPACITY graphs.
+CHURN_DEPTH = 4
+CHURN_CAPACITY = 16
+CHURN_MAX_TOKENS = 65536
+CHURN_AMPLE_BUDGET_BYTES = 64 << 30
+# capture-stall: captures of CAPTURE_STALL_LAYOUTS new layouts while another thread keeps a stream
+# busy with LOOP_MATMULS matmuls of LOOP_SIDE squared per iteration; its p99 should stay within
+# STALL_P99_TARGET times its p50.
+CAPTURE_STALL_LAYOUTS = 24
+LOOP_MATMULS = 4
+LOOP_SIDE = 4096
+STALL_P99_TARGET = 2.0
 STREAM_THREADS = 4
 CALLS_PER_THREAD = 50
 STREAM_HOT_LAYOUTS = 4
@@ -77,7 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--preset", choices=preset_names(), default="qwen3-vl-8b", help="tower (default qwen3-vl-8b)")
     parser.add_argument(
-        "--budget-mib", type=_int_at_least(0), default=1024, help="graph staging plus pool budget, MiB (default 1024)"
+        "--budget-mib",
+        type=_int_at_least(0),
+        default=None,
+        help="graph memory budget, MiB (default: the runner's, 1/64 of the device's memory, 256 MiB .. 4 GiB)",
+    )
+    parser.add_argument(
+        "--churn-calls", type=_int_at_least(1), default=1200, help="calls of the churn stream (default 1200)"
     )
     parser.add_argument("--calls", type=_int_at_least(1), default=1500, help="calls of the mixed stream (default 1500)")
     parser.add_argument(
@@ -106,7 +135,10 @@ def run(args: argparse.Namespace) -> int:
         print("rocm-vit bench-memory replays serving streams through CUDA/HIP graphs and needs a GPU; none is visible.")
         return 2
     tower = build_tower(args.preset, torch.device("cuda"), torch.bfloat16, None, args.seed)
-    budget_bytes = args.budget_mib * _MIB
+    if args.budget_mib is None:
+        budget_bytes = default_budget_bytes(torch.cuda.get_device_properties(tower.device).total_memory)
+    else:
+        budget_bytes = args.budget_mib * _MIB
     chosen = SCENARIOS if args.scenario == "all" else (args.scenario,)
     scenarios: dict[str, dict] = {}
     traces = _Traces()
@@ -119,6 +151,11 @@ def run(args: argparse.Namespace) -> int:
             _release_graphs(tower)
         if "streams" in chosen:
             scenarios["streams"] = _streams(tower, budget_bytes, args.max_side, args.seed)
+            _release_graphs(tower)
+        if "churn" in chosen:
+            scenarios["churn"] = _churn(args.preset, budget_bytes, args.churn_calls, args.seed)
+        if "capture-stall" in chosen:
+            scenarios["capture-stall"] = _capture_stall(tower, args.seed)
             _release_graphs(tower)
     report = {
         **build_info(),
@@ -218,6 +255,7 @@ def _random(tower: VisionTower, budget_bytes: int, calls: int, max_side_px: int,
     warm_up_calls = max(1, round(calls * WARM_UP_SHARE))
     bytes_held = []
     reserved_after_warm_up = 0
+    peak_sample: tuple[int, dict[str, int]] = (0, {})
     for index, workload in enumerate(progress(stream, "random", "call")):
         _call(tower, pixels, index, workload, use_graphs=True)
         bytes_held.append(runner.stats()["bytes_held"])
@@ -225,6 +263,8 @@ def _random(tower: VisionTower, budget_bytes: int, calls: int, max_side_px: int,
             torch.cuda.synchronize()
             reserved_after_warm_up = torch.cuda.memory_reserved()
             torch.cuda.reset_peak_memory_stats()
+        if index + 1 > warm_up_calls and torch.cuda.memory_reserved() > peak_sample[0]:
+            peak_sample = (torch.cuda.memory_reserved(), _reserved_by_holder())
     torch.cuda.synchronize()
     stats = runner.stats()
     traces.bytes_held["random"] = bytes_held
@@ -240,6 +280,7 @@ def _random(tower: VisionTower, budget_bytes: int, calls: int, max_side_px: int,
         "reserved_after_warm_up_bytes": reserved_after_warm_up,
         "reserved_growth_after_warm_up_bytes": torch.cuda.memory_reserved() - reserved_after_warm_up,
         "peak_reserved_growth_after_warm_up_bytes": torch.cuda.max_memory_reserved() - reserved_after_warm_up,
+        "reserved_at_the_largest_sample": {"bytes": peak_sample[0], "by_holder": peak_sample[1]},
     }
 
 
@@ -295,7 +336,158 @@ def _streams(tower: VisionTower, budget_bytes: int, max_side_px: int, seed: int)
     }
 
 
+def _churn(preset_name: str, default_budget: int, calls: int, seed: int) -> dict:
+    """#27's stream: random layouts through a shallow tower of the preset's widths, every layout
+    captured at its first call; once with an ample budget, once with the default. Every output is
+    compared with the eager run of the same call, bit for bit."""
+    tower = build_tower(preset_name, torch.device("cuda"), torch.bfloat16, None, seed, depth=CHURN_DEPTH)
+    stream = churn_stream(calls, seed, tower.config)
+    pixels = _PixelRows(stream, tower, seed)
+    runs = {}
+    for name, budget in (("ample", CHURN_AMPLE_BUDGET_BYTES), ("default", default_budget)):
+        runner = tower.enable_graphs(
+            capacity=CHURN_CAPACITY, min_sightings=1, max_tokens=CHURN_MAX_TOKENS, budget_bytes=budget
+        )
+        mismatches, max_held, refused = 0, 0, []
+        for index, workload in enumerate(progress(stream, f"churn, {name} budget", "call")):
+            refused_before = runner.stats()["eager_runs"]["over_budget"]
+            output = _call(tower, pixels, index, workload, use_graphs=True)
+            stats = runner.stats()
+            max_held = max(max_held, stats["bytes_held"])
+            if stats["eager_runs"]["over_budget"] > refused_before:
+                refused.append(workload.patches)
+            mismatches += not torch.equal(output, _call(tower, pixels, index, workload, use_graphs=False))
+        stats = runner.stats()
+        runs[name] = {
+            "budget_bytes": budget,
+            "max_bytes_held": max_held,
+            "mismatches": mismatches,
+            "refused_calls": len(refused),
+            "smallest_refused_tokens": min(refused, default=None),
+            "over_budget_from_tokens": stats["over_budget_from_tokens"],
+            "replays": stats["replays"],
+            "capture_seconds": stats["capture_seconds"],
+            "verify_seconds": stats["verify_seconds"],
+            "pool_growth_prediction": stats["pool_growth_prediction"],
+            **_runner_counters(stats),
+        }
+        _release_graphs(tower)
+    return {
+        "depth": CHURN_DEPTH,
+        "calls": calls,
+        "distinct_layouts": len(set(stream)),
+        "largest_tokens": max(workload.patches for workload in stream),
+        "runs": runs,
+    }
+
+
+class _SyncingGraphs(CudaGraphs):
+    """Captures through ``torch.cuda.graph``, which synchronizes the device and empties the allocator's
+    cache on entry: how rocm-vit captured before, kept to measure what that costs others."""
+
+    def capture(self, fn, pool, stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool.id, stream=stream, capture_error_mode=self.capture_error_mode):
+            output = fn()
+        return graph, output
+
+
+class _SteadyLoop:
+    """Another thread's stream kept busy: each iteration allocates and multiplies, then waits for its
+    stream; the host time of every iteration is recorded with when it ended."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._stop = threading.Event()
+        self.iterations: list[tuple[float, float]] = []  # (end, milliseconds)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _SteadyLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        stream = torch.cuda.Stream(self._device)
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            a = torch.randn(LOOP_SIDE, LOOP_SIDE, device=self._device, dtype=torch.bfloat16)
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                for _ in range(LOOP_MATMULS):
+                    a = torch.mm(a, a).div_(LOOP_SIDE**0.5)  # a fresh output each time, through the allocator
+                stream.synchronize()
+                ended = time.perf_counter()
+                self.iterations.append((ended, (ended - started) * 1e3))
+
+    def percentiles(self, since: float, until: float) -> dict[str, float]:
+        window = sorted(ms for ended, ms in self.iterations if since <= ended <= until)
+        if not window:
+            return {"iterations": 0, "p50_ms": 0.0, "p99_ms": 0.0}
+        return {
+            "iterations": len(window),
+            "p50_ms": window[len(window) // 2],
+            "p99_ms": window[min(len(window) - 1, round(0.99 * (len(window) - 1)))],
+        }
+
+
+def _capture_stall(tower: VisionTower, seed: int) -> dict:
+    """How long captures hold up another thread's stream: its loop alone, then while this thread
+    captures new layouts, with torch.cuda.graph (before) and with the runner's own capture (now)."""
+    layouts = [
+        Workload(f"1x{side}", ((1, side // tower.config.patch_size, side // tower.config.patch_size),))
+        for side in range(64, 64 + 32 * CAPTURE_STALL_LAYOUTS, 32)
+    ]
+    pixels = _PixelRows(layouts, tower, seed)
+    # The switch interval bounds how long the loop's thread waits for the GIL behind this one's
+    # Python: what is measured is the device and the allocator, not the interpreter.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
+    results = {}
+    try:
+        with _SteadyLoop(tower.device) as loop:
+            time.sleep(1.0)
+            results["alone"] = loop.percentiles(time.perf_counter() - 0.8, time.perf_counter())
+            mechanisms: list[tuple[str, GraphMechanism]] = [("before", _SyncingGraphs()), ("now", CudaGraphs())]
+            for name, mechanism in mechanisms:
+                runner = tower.enable_graphs(capacity=len(layouts), min_sightings=1, mechanism=mechanism)
+                started = time.perf_counter()
+                for index, workload in enumerate(layouts):
+                    _call(tower, pixels, index, workload, use_graphs=True)
+                torch.cuda.synchronize()
+                window = loop.percentiles(started, time.perf_counter())
+                stats = runner.stats()
+                results[name] = {
+                    **window,
+                    "captures": stats["captures"],
+                    "seconds": time.perf_counter() - started,
+                    "capture_ms_each": 1e3 * stats["capture_seconds"] / max(1, stats["captures"]),
+                    "verify_ms_each": 1e3 * stats["verify_seconds"] / max(1, stats["captures"]),
+                }
+                _release_graphs(tower)
+    finally:
+        sys.setswitchinterval(switch_interval)
+    return {"layouts": len(layouts), "loop": f"{LOOP_MATMULS} x {LOOP_SIDE}^2 bf16 matmuls", **results}
+
+
 # Measuring --------------------------------------------------------------------------------------
+
+
+def _reserved_by_holder() -> dict[str, int]:
+    """Reserved bytes by holder: private pools (the graphs'), the default stream (this command's eager
+    calls), other streams (the runner's warm-ups)."""
+    held: Counter[str] = Counter()
+    default_stream = torch.cuda.default_stream().cuda_stream
+    for segment in torch.cuda.memory_snapshot():
+        if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
+            held["private pools (graphs)"] += segment["total_size"]
+        elif segment.get("stream") == default_stream:
+            held["default stream (eager calls)"] += segment["total_size"]
+        else:
+            held["other streams (warm-ups)"] += segment["total_size"]
+    return dict(held)
 
 
 class _PixelRows:
@@ -463,11 +655,99 @@ def table_rows(report: dict) -> list[Row]:
                 "random",
                 f"reserved growth after {random_run['warm_up_calls']} warm-up calls",
                 f"{_mib(growth)} peak, {_mib(random_run['reserved_growth_after_warm_up_bytes'])} at the end",
-                within_budget,
-                growth <= budget,
+                f"<= {_mib(RESERVED_GROWTH_TARGET_BYTES)}",
+                growth <= RESERVED_GROWTH_TARGET_BYTES,
+            ),
+            (
+                "random",
+                "reserved at the largest sample, by holder",
+                ", ".join(
+                    f"{holder} {_mib(size)}"
+                    for holder, size in random_run["reserved_at_the_largest_sample"]["by_holder"].items()
+                )
+                or "-",
+                "",
+                None,
             ),
             *_counter_rows("random", random_run),
         ]
+    if "churn" in scenarios:
+        churn = scenarios["churn"]
+        rows.append(
+            (
+                "churn",
+                "calls",
+                f"{churn['calls']}: {churn['distinct_layouts']} distinct layouts up to {churn['largest_tokens']} "
+                f"patches, {churn['depth']} blocks, capacity {CHURN_CAPACITY}, every layout captured at first sight",
+                "",
+                None,
+            )
+        )
+        for name, run in churn["runs"].items():
+            scenario = f"churn, {name} budget {_mib(run['budget_bytes'])}"
+            refused_ok = run["refused_calls"] == 0 if name == "ample" else _refused_only_when_measured(run)
+            rows += [
+                (
+                    scenario,
+                    "calls refused over_budget",
+                    f"{run['refused_calls']} (smallest {run['smallest_refused_tokens']} patches; measured over "
+                    f"alone from {run['over_budget_from_tokens']})",
+                    "0" if name == "ample" else "only layouts measured over the budget alone",
+                    refused_ok,
+                ),
+                (
+                    scenario,
+                    "max bytes held",
+                    _mib(run["max_bytes_held"]),
+                    f"<= {_mib(run['budget_bytes'])}",
+                    run["max_bytes_held"] <= run["budget_bytes"],
+                ),
+                (scenario, "outputs unequal to eager", f"{run['mismatches']}", "0", run["mismatches"] == 0),
+                (
+                    scenario,
+                    "pool growth predicted vs measured",
+                    f"mean error {_mib(run['pool_growth_prediction']['mean_absolute_error_bytes'])}, worst under "
+                    f"{_mib(run['pool_growth_prediction']['worst_under_bytes'])} over "
+                    f"{run['pool_growth_prediction']['captures']} captures",
+                    "",
+                    None,
+                ),
+                (
+                    scenario,
+                    "capture / verification ms each",
+                    f"{1e3 * run['capture_seconds'] / max(1, run['captures']):.1f} / "
+                    f"{1e3 * run['verify_seconds'] / max(1, run['captures']):.2f}",
+                    "",
+                    None,
+                ),
+                *_counter_rows(scenario, run),
+            ]
+    if "capture-stall" in scenarios:
+        stall = scenarios["capture-stall"]
+        alone = stall["alone"]
+        rows.append(
+            (
+                "capture-stall",
+                f"another thread's loop ({stall['loop']}), alone",
+                f"p50 {alone['p50_ms']:.2f} ms, p99 {alone['p99_ms']:.2f} ms",
+                "",
+                None,
+            )
+        )
+        for name in ("before", "now"):
+            window = stall[name]
+            ratio = window["p99_ms"] / window["p50_ms"] if window["p50_ms"] else float("inf")
+            label = "torch.cuda.graph (before)" if name == "before" else "capture_begin on the runner's stream (now)"
+            rows.append(
+                (
+                    "capture-stall",
+                    f"its p50 / p99 while {window['captures']} captures run, {label}",
+                    f"p50 {window['p50_ms']:.2f} ms, p99 {window['p99_ms']:.2f} ms ({ratio:.1f}x); "
+                    f"{window['capture_ms_each']:.0f} ms per capture, {window['verify_ms_each']:.2f} ms verifying",
+                    f"p99 <= {STALL_P99_TARGET:g} x p50" if name == "now" else "",
+                    ratio <= STALL_P99_TARGET if name == "now" else None,
+                )
+            )
     if "streams" in scenarios:
         streams = scenarios["streams"]
         rows += [
@@ -519,6 +799,15 @@ def format_table(report: dict) -> str:
 def exit_status(report: dict) -> int:
     """1 when any target was missed, else 0."""
     return 1 if any(met is False for *_, met in table_rows(report)) else 0
+
+
+def _refused_only_when_measured(run: dict) -> bool:
+    """Every refusal is of a layout at least as large as one measured alone over the budget."""
+    if run["refused_calls"] == 0:
+        return True
+    return (
+        run["over_budget_from_tokens"] is not None and run["smallest_refused_tokens"] >= run["over_budget_from_tokens"]
+    )
 
 
 def _counter_rows(scenario: str, measured: dict) -> list[Row]:

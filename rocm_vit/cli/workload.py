@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import random
 import statistics
@@ -177,6 +178,23 @@ def revisiting_workloads(
     return stream
 
 
+def churn_stream(
+    calls: int, seed: int, config: TowerConfig, hot: int = 20, hot_share: float = 0.35, max_images: int = 6
+) -> list[Workload]:
+    """Graph-cache churn: 1..``max_images`` images of 4..80 patches a side (whole merge blocks) per call;
+    ``hot_share`` of the calls repeat one of ``hot`` layouts, the others are drawn afresh (most once)."""
+    rng = random.Random(f"{seed}:churn")
+    merge = config.spatial_merge_size
+
+    def draw() -> Workload:
+        sides = [(rng.randrange(4, 81, merge), rng.randrange(4, 81, merge)) for _ in range(rng.randint(1, max_images))]
+        grid = tuple((1, h, w) for h, w in sides)
+        return Workload("+".join(f"1x{h * config.patch_size}x{w * config.patch_size}" for _, h, w in grid), grid)
+
+    hot_layouts = [draw() for _ in range(hot)]
+    return [rng.choice(hot_layouts) if rng.random() < hot_share else draw() for _ in range(calls)]
+
+
 def _distinct_layouts(
     rng: random.Random,
     config: TowerConfig,
@@ -218,11 +236,25 @@ def _segment_lengths(grid: tuple[GridTHW, ...]) -> tuple[int, ...]:
 
 
 def build_tower(
-    preset_name: str, device: torch.device, dtype: torch.dtype, attention_backend: str | None, seed: int
+    preset_name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention_backend: str | None,
+    seed: int,
+    depth: int | None = None,
 ) -> VisionTower:
-    """A preset tower (its ``model_type`` picks the class) with random weights (seeded), in eval mode on ``device``."""
+    """A preset tower (its ``model_type`` picks the class) with random weights (seeded), in eval mode on
+    ``device``; ``depth`` keeps the preset's widths with that many blocks, its block indexes (deepstack
+    taps, full-attention blocks) scaled to the new depth."""
     torch.manual_seed(seed)
     config = preset(preset_name)
+    if depth is not None:
+        scaled = {
+            field.name: tuple(sorted({index * depth // config.depth for index in getattr(config, field.name)}))
+            for field in dataclasses.fields(config)
+            if field.name.endswith("_indexes")
+        }
+        config = dataclasses.replace(config, depth=depth, **scaled)
     tower = tower_class(config)(config, attention_backend=attention_backend)
     return tower.to(device=device, dtype=dtype).eval()
 

@@ -278,6 +278,7 @@ class ViTGraphRunner:
                 "offsets_bytes": offsets_bytes,
                 "bytes_held": self._pool_bytes + staging_bytes + offsets_bytes,
                 "budget_bytes": self._budget_bytes,
+                "over_budget_from_tokens": self._over_budget_tokens,
                 "pool_growth_prediction": self._prediction_errors.summary(),
                 "capacity": self.capacity,
                 "min_sightings": self.min_sightings,

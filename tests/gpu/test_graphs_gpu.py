@@ -90,7 +90,7 @@ def test_nan_poisoned_pool_does_not_leak_into_outputs() -> None:
     grid = [(1, 4, 4)]
     tower(_pixels(tower, grid, 0), grid)  # creates the pool
     poison = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(poison, pool=runner._pool):
+    with torch.cuda.graph(poison, pool=runner._pool.id):
         scratch = torch.full((64, 2**20), float("nan"), device=DEVICE)
         del scratch
     poison.replay()  # the freed NaN block is now pool memory the next captures reuse
@@ -294,9 +294,9 @@ def test_qwen25_graphs_read_staging_full_and_window_cu_seqlens() -> None:
         pixels = _pixels(tower, grid, index)
         assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
     assert (runner.stats()["graphs"], runner.stats()["replays"]) == (2, 4)
-    (staging,) = runner._staging.values()
-    assert list(staging.cu_seqlens) == ["full", "window"]
-    assert all(cu.dtype == torch.int32 and cu.device.type == "cuda" for cu in staging.cu_seqlens.values())
+    for graph in runner._graphs.values():  # each graph's own offsets, written once before its capture
+        assert list(graph.offsets) == ["full", "window"]
+        assert all(cu.dtype == torch.int32 and cu.device.type == "cuda" for cu in graph.offsets.values())
 
 
 @torch.inference_mode()
@@ -310,3 +310,46 @@ def test_deepstack_mergers_on_a_side_stream_keep_graphs_exact() -> None:
     assert runner.stats()["replays"] == 3
     # On NVIDIA the mergers ran on the tower's side stream (ROCm, and its emulation, run them inline).
     assert bool(tower._side_stream._streams) == (current_platform() == "cuda")
+
+
+@torch.inference_mode()
+def test_captures_neither_synchronize_the_device_nor_empty_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda.graph does both on entry, stopping every stream of a server; the runner's capture
+    does neither (it verifies each new graph with one read on its own stream)."""
+    tower = _tower()
+    runner = _capture_at_once(tower)
+    calls: list[str] = []
+    for name in ("synchronize", "empty_cache"):
+        original = getattr(torch.cuda, name)
+        monkeypatch.setattr(torch.cuda, name, lambda *args, _name=name, _original=original: calls.append(_name))
+    for index, grid in enumerate([[(1, 8, 8)], [(1, 4, 16)], [(2, 6, 6)]]):
+        pixels = _pixels(tower, grid, index)
+        assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    monkeypatch.undo()
+    assert runner.stats()["captures"] == 3 and runner.stats()["eager_runs"]["capture_unverified"] == 0
+    assert calls == []
+
+
+@torch.inference_mode()
+def test_releasing_the_pools_frees_the_runners_segments_and_nothing_cached_by_others() -> None:
+    tower = _tower()
+    runner = _capture_at_once(tower)
+    others = torch.empty(8 << 20, dtype=torch.uint8, device=DEVICE)
+    others_address = others.data_ptr()
+    del others  # cached by the allocator, on the default stream
+    for index, grid in enumerate([[(1, 8, 8)], [(1, 4, 16)]]):
+        tower(_pixels(tower, grid, index), grid)
+    torch.cuda.synchronize()
+    pool_id = tuple(runner._pool.id)
+
+    def segments() -> list[dict]:
+        return torch.cuda.memory_snapshot()
+
+    assert any(tuple(segment["segment_pool_id"]) == pool_id for segment in segments())
+    runner._release_pools()
+    after = segments()
+    assert not any(tuple(segment["segment_pool_id"]) == pool_id for segment in after)
+    assert any(
+        segment["address"] <= others_address < segment["address"] + segment["total_size"] for segment in after
+    ), "releasing the graph pools emptied what another user had cached"
+    assert runner.stats()["pool_bytes"] == 0
