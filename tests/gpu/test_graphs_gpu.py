@@ -322,7 +322,7 @@ def test_captures_neither_synchronize_the_device_nor_empty_the_cache(monkeypatch
     for name in ("synchronize", "empty_cache"):
         original = getattr(torch.cuda, name)
         monkeypatch.setattr(torch.cuda, name, lambda *args, _name=name, _original=original: calls.append(_name))
-    for index, grid in enumerate([[(1, 8, 8)], [(1, 4, 16)], [(2, 6, 6)]]):
+    for index, grid in enumerate([[(1, 8, 8)], [(1, 4, 12)], [(2, 6, 6)]]):  # three attention layouts
         pixels = _pixels(tower, grid, index)
         assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
     monkeypatch.undo()
