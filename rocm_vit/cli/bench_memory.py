@@ -387,7 +387,7 @@ class _SyncingGraphs(CudaGraphs):
 
     def capture(self, fn, pool, stream):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool.id, stream=stream, capture_error_mode=self.capture_error_mode):
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=self.capture_error_mode):
             output = fn()
         return graph, output
 

@@ -6,8 +6,9 @@ swapping this mechanism for a stand-in; everything the GPU must do lives here.
 Captures never stall the device: ``torch.cuda.graph`` synchronizes the device and empties the
 allocator's cache on entry, which stops every stream of a server; ``capture`` calls the graph's
 ``capture_begin``/``capture_end`` on the runner's stream instead, ordered after the caller's work by
-the runner. Pools are ``torch.cuda.MemPool`` objects where torch has them, so a release frees this
-runner's pools only and leaves what other users cached (docs/rocm.md, "Hazards").
+the runner. Releasing pools still empties the allocator's cache (the runner does it only when the
+budget demands): freeing one ``torch.cuda.MemPool`` alone aborted the process under torch 2.11 on
+an H200 ("captures_underway.empty() INTERNAL ASSERT FAILED", docs/rocm.md, "Hazards").
 """
 
 from __future__ import annotations
@@ -94,8 +95,6 @@ class CudaGraphs:
 
     def new_pool(self, device: torch.device) -> Any:
         with torch.cuda.device(device):
-            if hasattr(torch.cuda, "MemPool"):  # torch >= 2.5
-                return torch.cuda.MemPool()
             return torch.cuda.graph_pool_handle()
 
     def new_stream(self, device: torch.device) -> Any:
@@ -128,16 +127,15 @@ class CudaGraphs:
         # torch.cuda.graph's body minus its torch.cuda.synchronize() and empty_cache(): the runner
         # has ordered this stream after the caller's work, and other streams need not wait.
         graph = torch.cuda.CUDAGraph()
-        pool_id = _pool_id(pool)
         with torch.cuda.stream(stream):
-            graph.capture_begin(pool=pool_id, capture_error_mode=self.capture_error_mode)
+            graph.capture_begin(pool=pool, capture_error_mode=self.capture_error_mode)
             try:
                 output = fn()
             finally:  # the capture ends whatever happened inside it
                 try:
                     graph.capture_end()
                 except BaseException:
-                    _end_pool_recording(pool_id, stream.device)
+                    _end_pool_recording(pool, stream.device)
                     raise
         return graph, output
 
@@ -151,7 +149,7 @@ class CudaGraphs:
             self._retired.clear()
 
     def pool_bytes(self, pool: Any, device: torch.device) -> int:
-        pool_id = tuple(_pool_id(pool))
+        pool_id = tuple(pool)
         return sum(
             segment["total_size"]
             for segment in torch.cuda.memory_snapshot()
@@ -159,18 +157,11 @@ class CudaGraphs:
         )
 
     def release_pools(self, pools: list[Any], device: torch.device) -> None:
+        # A pool no graph uses is freed when the allocator's cache is emptied, all of it at once.
         self._retired.clear()
-        if all(hasattr(pool, "id") for pool in pools):
-            pools.clear()  # each MemPool's destructor frees its own segments, nothing else
-            return
-        # Pools from graph_pool_handle (torch < 2.5) are freed only by emptying the whole cache.
         pools.clear()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
-
-
-def _pool_id(pool: Any) -> tuple[int, int]:
-    return pool.id if hasattr(pool, "id") else pool
 
 
 def _end_pool_recording(pool_id: tuple[int, int], device: torch.device) -> None:
