@@ -410,7 +410,7 @@ class ViTGraphRunner:
     ) -> torch.Tensor:
         """Capture ``key`` and serve this call; past the budget afterwards, release the pools."""
         pool_before, live_before = self._pool_bytes, self._live_output_bytes()
-        output = self._capture_and_verify(key, signature, layout, tensors, immutable)
+        output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before, live_before)
         # Here, not inside: a pool is released only once nothing holds the new graph's output.
         self._hold_budget(layout.num_patches, pool_before, live_before)
         return output
@@ -422,10 +422,11 @@ class ViTGraphRunner:
         layout: AttentionLayout,
         tensors: tuple[torch.Tensor, ...],
         immutable: bool,
+        pool_before: int,
+        live_before: int,
     ) -> torch.Tensor:
         """Capture ``key``, agree on the outcome with the other ranks, keep the graph only if every
         rank captured it and its first replay equals the warm-up everywhere; serve this call."""
-        pool_before, live_before = self._pool_bytes, self._live_output_bytes()
         need = self._predicted_need(signature, layout.num_patches)
         started = time.perf_counter()
         attempt = self._capture(signature, layout, tensors, immutable)
@@ -458,7 +459,6 @@ class ViTGraphRunner:
         self, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
     ) -> _Attempt:
         device = tensors[0].device
-        staging = views = offsets = None
         try:
             if self._pool is None:
                 self._pool = self._mechanism.new_pool(device)
