@@ -2,7 +2,7 @@
 
 The tower and the graph runner never test a backend's name: they ask the backend for its list
 (``runner_args``) once per layout segmentation and hand each layer the list of the segmentation it
-attends within (DESIGN.md, Attention backend); ``layout_args`` builds them all. Callers without a
+attends within; ``layout_args`` builds them all. Callers without a
 layout (SGLang's ``VisionAttention``) build the list from a ``cu_seqlens`` tensor with
 ``attn_args_from_tensor``.
 

@@ -62,7 +62,7 @@ def implementation(name: str) -> RotaryFn:
 
 def _triton_or_native() -> RotaryFn:
     # Imported only once Triton is chosen: importing it on a ROCm box that uses the compiled path,
-    # or on a CPU-only install, would be wasted work (DESIGN.md, Known hazards).
+    # or on a CPU-only install, would be wasted work.
     from rocm_vit.backends import triton_rope
 
     supports, kernel = triton_rope.triton_rotary_supports, triton_rope.triton_rotary_

@@ -137,7 +137,6 @@ class StandInGraphs:
         self.releases += 1
         for pool in pools:
             pool.reserved_bytes = 0
-        pools.clear()
 
 
 def _free_in_pool(pool: _StandInPool, nbytes: int) -> None:

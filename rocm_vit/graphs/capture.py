@@ -72,8 +72,7 @@ class GraphMechanism(Protocol):
         """Bytes the allocator reserves for ``pool`` now."""
 
     def release_pools(self, pools: list[Any], device: torch.device) -> None:
-        """Give the memory of ``pools`` back to the device; every graph of them is retired. The list
-        is emptied: the runner holds no other reference to the pools."""
+        """Give the memory of ``pools`` back to the device; every graph of them is retired."""
 
 
 class CudaGraphs:
@@ -159,7 +158,6 @@ class CudaGraphs:
     def release_pools(self, pools: list[Any], device: torch.device) -> None:
         # A pool no graph uses is freed when the allocator's cache is emptied, all of it at once.
         self._retired.clear()
-        pools.clear()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
 

@@ -252,7 +252,11 @@ class ViTGraphRunner:
                 signature = _signature(tensors, layout.num_patches)
                 reason = self._make_room(signature, layout.num_patches)
             if reason is None:
-                return self._capture_and_serve(key, signature, layout, tensors, immutable)
+                pool_before, live_before = self._pool_bytes, self._live_output_bytes()
+                output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before, live_before)
+                # Here, not inside: a pool is released only once nothing holds the new graph's output.
+                self._hold_budget(layout.num_patches, pool_before, live_before)
+                return output
             self._eager_runs[reason] += 1
         return self._eager(tensors, layout)
 
@@ -374,7 +378,7 @@ class ViTGraphRunner:
         self._retire_all_graphs()  # in a call of its own: no local may keep an output in the pools alive
         self._pool = None
         self._retired_pools = []
-        if pools:  # the list is now the only reference to the pools
+        if pools:
             self._mechanism.release_pools(pools, self._device)
         self._pool_bytes = 0
         self._pool_releases += 1
@@ -399,21 +403,6 @@ class ViTGraphRunner:
         return pools
 
     # Capture, replay, eager -----------------------------------------------------------------------
-
-    def _capture_and_serve(
-        self,
-        key: tuple,
-        signature: Signature,
-        layout: AttentionLayout,
-        tensors: tuple[torch.Tensor, ...],
-        immutable: bool,
-    ) -> torch.Tensor:
-        """Capture ``key`` and serve this call; past the budget afterwards, release the pools."""
-        pool_before, live_before = self._pool_bytes, self._live_output_bytes()
-        output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before, live_before)
-        # Here, not inside: a pool is released only once nothing holds the new graph's output.
-        self._hold_budget(layout.num_patches, pool_before, live_before)
-        return output
 
     def _capture_and_verify(
         self,
