@@ -47,7 +47,7 @@ def _rank(rank: int, store_path: str, report_dir: str, agree: bool) -> None:
             min_sightings=1,
             capacity=8,
             max_tokens=2048,
-            budget_bytes=256 << 10,
+            budget_bytes=320 << 10,
             agree_max=group_max() if agree else None,
         )
         decisions = []

@@ -64,6 +64,8 @@ from rocm_vit.version import build_info
 logger = logging.getLogger(__name__)
 
 SCENARIOS = ("mixed", "random", "streams", "churn", "capture-stall")
+# Who holds reserved memory (``_reserved_by_holder``).
+HOLDERS = ("graph pools", "runner's stream (staging)", "default stream (eager calls)", "other streams (side)")
 HIT_RATE_TARGET = 0.75
 # Reserved memory is compared against what it was after this share of the random calls, and may
 # grow past it by at most this much (the pool growing to its steady size, the runner's stream).
@@ -255,6 +257,7 @@ def _random(tower: VisionTower, budget_bytes: int, calls: int, max_side_px: int,
     warm_up_calls = max(1, round(calls * WARM_UP_SHARE))
     bytes_held = []
     reserved_after_warm_up = 0
+    holders_after_warm_up: dict[str, int] = {}
     peak_sample: tuple[int, dict[str, int]] = (0, {})
     for index, workload in enumerate(progress(stream, "random", "call")):
         _call(tower, pixels, index, workload, use_graphs=True)
@@ -262,9 +265,10 @@ def _random(tower: VisionTower, budget_bytes: int, calls: int, max_side_px: int,
         if index + 1 == warm_up_calls:
             torch.cuda.synchronize()
             reserved_after_warm_up = torch.cuda.memory_reserved()
+            holders_after_warm_up = _reserved_by_holder(runner)
             torch.cuda.reset_peak_memory_stats()
         if index + 1 > warm_up_calls and torch.cuda.memory_reserved() > peak_sample[0]:
-            peak_sample = (torch.cuda.memory_reserved(), _reserved_by_holder())
+            peak_sample = (torch.cuda.memory_reserved(), _reserved_by_holder(runner))
     torch.cuda.synchronize()
     stats = runner.stats()
     traces.bytes_held["random"] = bytes_held
@@ -280,6 +284,7 @@ def _random(tower: VisionTower, budget_bytes: int, calls: int, max_side_px: int,
         "reserved_after_warm_up_bytes": reserved_after_warm_up,
         "reserved_growth_after_warm_up_bytes": torch.cuda.memory_reserved() - reserved_after_warm_up,
         "peak_reserved_growth_after_warm_up_bytes": torch.cuda.max_memory_reserved() - reserved_after_warm_up,
+        "reserved_after_warm_up_by_holder": holders_after_warm_up,
         "reserved_at_the_largest_sample": {"bytes": peak_sample[0], "by_holder": peak_sample[1]},
     }
 
@@ -475,18 +480,22 @@ def _capture_stall(tower: VisionTower, seed: int) -> dict:
 # Measuring --------------------------------------------------------------------------------------
 
 
-def _reserved_by_holder() -> dict[str, int]:
-    """Reserved bytes by holder: private pools (the graphs'), the default stream (this command's eager
-    calls), other streams (the runner's warm-ups)."""
-    held: Counter[str] = Counter()
+def _reserved_by_holder(runner: object) -> dict[str, int]:
+    """Reserved bytes by holder: private pools (the graphs' and their warm-ups'), the runner's stream
+    (its staging), the default stream (this command's eager calls), other streams (a tower's side
+    stream)."""
+    held: Counter[str] = Counter({name: 0 for name in HOLDERS})
     default_stream = torch.cuda.default_stream().cuda_stream
+    runner_stream = getattr(getattr(runner, "_stream", None), "cuda_stream", None)
     for segment in torch.cuda.memory_snapshot():
         if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
-            held["private pools (graphs)"] += segment["total_size"]
+            held[HOLDERS[0]] += segment["total_size"]
+        elif segment.get("stream") == runner_stream:
+            held[HOLDERS[1]] += segment["total_size"]
         elif segment.get("stream") == default_stream:
-            held["default stream (eager calls)"] += segment["total_size"]
+            held[HOLDERS[2]] += segment["total_size"]
         else:
-            held["other streams (warm-ups)"] += segment["total_size"]
+            held[HOLDERS[3]] += segment["total_size"]
     return dict(held)
 
 
@@ -660,9 +669,9 @@ def table_rows(report: dict) -> list[Row]:
             ),
             (
                 "random",
-                "reserved at the largest sample, by holder",
+                "reserved by holder, after warm-up -> at the largest sample",
                 ", ".join(
-                    f"{holder} {_mib(size)}"
+                    f"{holder} {_mib(random_run['reserved_after_warm_up_by_holder'].get(holder, 0))} -> {_mib(size)}"
                     for holder, size in random_run["reserved_at_the_largest_sample"]["by_holder"].items()
                 )
                 or "-",

@@ -6,9 +6,11 @@ swapping this mechanism for a stand-in; everything the GPU must do lives here.
 Captures never stall the device: ``torch.cuda.graph`` synchronizes the device and empties the
 allocator's cache on entry, which stops every stream of a server; ``capture`` calls the graph's
 ``capture_begin``/``capture_end`` on the runner's stream instead, ordered after the caller's work by
-the runner. Releasing pools still empties the allocator's cache (the runner does it only when the
-budget demands): freeing one ``torch.cuda.MemPool`` alone aborted the process under torch 2.11 on
-an H200 ("captures_underway.empty() INTERNAL ASSERT FAILED", docs/rocm.md, "Hazards").
+the runner. A warm-up allocates in the pool its capture will use, so what it frees is reused by
+that capture and counted in the budget, instead of staying cached for the runner's stream for good.
+Releasing pools empties the allocator's cache (the runner does it only when the budget demands):
+freeing one ``torch.cuda.MemPool`` alone aborted the process under torch 2.11 on an H200
+("captures_underway.empty() INTERNAL ASSERT FAILED", docs/rocm.md, "Hazards").
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ class GraphMechanism(Protocol):
     def follow(self, stream: Any, marker: Any) -> None:
         """Make work enqueued later on ``stream`` wait until ``marker`` is reached on the device."""
 
-    def warm_up(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Run ``fn`` eagerly on the current (runner) stream, so kernels compile before a capture;
-        return its output, which the graph's first replay must equal."""
+    def warm_up(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> torch.Tensor:
+        """Run ``fn`` eagerly on ``stream`` (the runner's), allocating in ``pool``, so kernels compile
+        before a capture into ``pool``; return its output, which the graph's first replay must equal."""
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         """Capture ``fn`` into a new graph on ``stream`` in ``pool``; return graph and static output."""
@@ -85,6 +87,9 @@ class CudaGraphs:
     def __init__(self, capture_error_mode: str = "thread_local") -> None:
         self.capture_error_mode = capture_error_mode
         self._retired: list[Any] = []
+        # Pools a warm-up registered with the allocator: each keeps one use until it is released,
+        # so that between graphs it is never freeable (the allocator asserts on reusing one that is).
+        self._held_pools: set[tuple[int, int]] = set()
 
     def available(self, device: torch.device) -> bool:
         return device.type == "cuda" and torch.cuda.is_available()
@@ -97,7 +102,10 @@ class CudaGraphs:
             return torch.cuda.graph_pool_handle()
 
     def new_stream(self, device: torch.device) -> Any:
-        return torch.cuda.Stream(device)
+        stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            _prime_blas(device)
+        return stream
 
     @contextlib.contextmanager
     def on_stream(self, stream: Any) -> Iterator[None]:
@@ -119,8 +127,19 @@ class CudaGraphs:
     def follow(self, stream: Any, marker: Any) -> None:
         stream.wait_event(marker)
 
-    def warm_up(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        return fn()
+    def warm_up(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> torch.Tensor:
+        pool_id, device_index = tuple(pool), stream.device.index
+        # Only this thread's allocations: other threads keep the ordinary cache meanwhile.
+        torch._C._cuda_beginAllocateCurrentThreadToPool(device_index, pool_id)
+        try:
+            with torch.cuda.stream(stream):
+                return fn()
+        finally:
+            torch._C._cuda_endAllocateToPool(device_index, pool_id)
+            if pool_id in self._held_pools:
+                torch._C._cuda_releasePool(device_index, pool_id)
+            else:  # the first routing created the pool in the allocator: that use is the runner's
+                self._held_pools.add(pool_id)
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         # torch.cuda.graph's body minus its torch.cuda.synchronize() and empty_cache(): the runner
@@ -156,10 +175,26 @@ class CudaGraphs:
         )
 
     def release_pools(self, pools: list[Any], device: torch.device) -> None:
-        # A pool no graph uses is freed when the allocator's cache is emptied, all of it at once.
+        # A pool no graph and no hold uses is freed when the allocator's cache is emptied, all at once.
         self._retired.clear()
+        for pool_id in map(tuple, pools):
+            if pool_id in self._held_pools:
+                self._held_pools.discard(pool_id)
+                torch._C._cuda_releasePool(device.index, pool_id)
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+def _prime_blas(device: torch.device) -> None:
+    """Create the BLAS handles' workspaces of the current stream now, in the ordinary cache.
+
+    cuBLAS/hipBLAS(Lt) allocate a workspace per stream on its first matmul and keep it for the
+    process; made during a warm-up it would sit in a graph pool and keep the pool from being freed.
+    """
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.ones(8, 8, dtype=dtype, device=device)
+        torch.nn.functional.linear(a, a, a[0])
+        torch.mm(a, a)
 
 
 def _end_pool_recording(pool_id: tuple[int, int], device: torch.device) -> None:

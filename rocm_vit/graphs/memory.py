@@ -1,15 +1,13 @@
-"""What a capture needs from the shared graph pool beside its output, bounded from what captures took.
+"""What a capture needs from the shared graph pool, bounded from what captures took.
 
-Graphs share one pool. A capture allocates its output and its intermediates ("scratch") there and
-frees the intermediates when it ends; later captures reuse them, and evicting a graph frees its
-output inside the pool. The pool's reserved bytes grow only when a capture needs more than the pool
-holds free, and shrink only when the pool is released.
+Graphs share one pool and hold nothing in it between calls: a warm-up and a capture allocate their
+intermediates there and free them when they end (outputs go to staging). The pool's reserved bytes
+grow only when a capture needs more than the pool holds, and shrink only when the pool is released.
 
-Every capture gives an upper bound on its scratch: the pool after it, less the outputs live before
-it and its own output (it cannot have used more than the pool held). A capture into an empty pool
-gives the exact figure, allocator rounding included. Scratch grows with the tokens, so a bound at
-T' >= T covers T; past the largest T seen, the lowest bound per token is scaled up. A bound is
-never divided by a smaller capture's tokens and carried to a larger one.
+Every capture gives an upper bound on its need: the pool after it (it cannot have used more). A
+capture into an empty pool gives the exact figure, allocator rounding included. The need grows with
+the tokens, so a bound at T' >= T covers T; past the largest T seen, the lowest bound per token is
+scaled up. A bound is never divided by a smaller capture's tokens and carried to a larger one.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ScratchBounds:
-    """Upper bounds on a capture's scratch bytes by token count, from every capture observed."""
+    """Upper bounds on a capture's pool bytes ("scratch") by token count, from every capture observed."""
 
     # (tokens, bytes), increasing in both: a point with fewer tokens and more bytes is dominated.
     _staircase: list[tuple[int, int]] = field(default_factory=list)
@@ -37,7 +35,7 @@ class ScratchBounds:
         return math.ceil(self._bytes_per_token * tokens)
 
     def observe(self, tokens: int, scratch_bytes: int) -> None:
-        """Record that a capture of ``tokens`` needed at most ``scratch_bytes`` beside its output."""
+        """Record that a capture of ``tokens`` needed at most ``scratch_bytes`` of the pool."""
         scratch_bytes = max(0, scratch_bytes)
         self._bytes_per_token = min(self._bytes_per_token, scratch_bytes / tokens)
         index = bisect.bisect_left(self._staircase, (tokens, -1))

@@ -2,8 +2,11 @@
 
 Invariants (docs/usage.md, "Graphs"; docs/rocm.md, "Hazards"):
 - a graph key carries every segmentation's offsets and the per-call tensors' dtypes and shapes;
-- every graph of one input signature reads one set of staging buffers, allocated once at the token
-  ceiling and never regrown; per-call tensors are copied in (device to device) before each replay;
+- every graph of one input signature reads one set of staging buffers and writes one output buffer,
+  allocated once at the token ceiling and never regrown; per-call tensors are copied in (device to
+  device) before each replay, and the output cloned out after it;
+- the graph pool holds no live tensor between calls: what a capture or warm-up allocates there is
+  free again when it ends, so later captures reuse it and the pool grows only to the largest need;
 - each graph owns its segment offsets, written once before its capture and never again: no
   host-to-device copy is ever enqueued into what a graph reads between its capture and its replays;
 - a new graph is kept only if its first replay equals the eager warm-up before it, bit for bit;
@@ -75,10 +78,10 @@ def default_budget_bytes(total_memory_bytes: int) -> int:
 
 @dataclass
 class _Graph:
-    """A captured layout: the graph, its static output (in the pool), the staging views and offsets it reads."""
+    """A captured layout: the graph, the staging views it reads and writes, the offsets it reads."""
 
     graph: Any
-    output: torch.Tensor
+    output: torch.Tensor  # a view of staging's output buffer
     pool: Any  # the pool it was captured into (a failed capture moves later ones to a fresh pool)
     staging: _Staging
     inputs: tuple[torch.Tensor, ...]  # views of staging.inputs, one per per-call tensor
@@ -91,10 +94,12 @@ class _Graph:
 
 
 class _Staging:
-    """The per-call inputs every graph of one signature reads, at ``max_tokens`` rows, never regrown.
+    """The per-call inputs every graph of one signature reads and the output buffer it writes, at
+    ``max_tokens`` rows, never regrown.
 
     A graph captures views of the first rows of each buffer, so every graph reads the same memory,
-    filled before each replay by device-to-device copies.
+    filled before each replay by device-to-device copies, and writes its output to the same memory,
+    cloned out after the replay.
     """
 
     def __init__(self, signature: Signature, max_tokens: int, device: torch.device) -> None:
@@ -105,6 +110,9 @@ class _Staging:
         # written after it is passed): passed again, the very object needs no copy. Held, so that
         # no other tensor can take its memory and pass for it.
         self.sources: list[torch.Tensor | None] = [None] * len(self.inputs)
+        self._max_tokens = max_tokens
+        # By dtype, trailing shape and rows per token of what forward_blocks returns (one in practice).
+        self.outputs: dict[tuple[torch.dtype, tuple[int, ...], Fraction], torch.Tensor] = {}
 
     @staticmethod
     def planned_bytes(signature: Signature, max_tokens: int) -> int:
@@ -113,7 +121,16 @@ class _Staging:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.inputs)
+        return sum(t.nbytes for t in (*self.inputs, *self.outputs.values()))
+
+    def output_view(self, like: torch.Tensor, tokens: int) -> torch.Tensor:
+        """Rows of the output buffer for an output shaped as ``like`` from ``tokens`` tokens."""
+        spec = (like.dtype, tuple(like.shape[1:]), Fraction(like.shape[0], tokens))
+        buffer = self.outputs.get(spec)
+        if buffer is None:
+            ((dtype, shape),) = _buffer_shapes((spec,), self._max_tokens)
+            buffer = self.outputs[spec] = torch.empty(shape, dtype=dtype, device=like.device)
+        return buffer[: like.shape[0]]
 
     def views(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """The rows of each input buffer a graph of these tensors reads."""
@@ -206,7 +223,6 @@ class ViTGraphRunner:
         self._device: torch.device | None = None
         self._pool_bytes = 0  # reserved by the live and retired pools, as agreed after the last capture
         self._scratch = ScratchBounds()
-        self._output_bytes_per_token: dict[Signature, float] = {}
         self._prediction_errors = PredictionErrors()
         self._captures = 0
         self._replays = 0
@@ -252,10 +268,10 @@ class ViTGraphRunner:
                 signature = _signature(tensors, layout.num_patches)
                 reason = self._make_room(signature, layout.num_patches)
             if reason is None:
-                pool_before, live_before = self._pool_bytes, self._live_output_bytes()
-                output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before, live_before)
-                # Here, not inside: a pool is released only once nothing holds the new graph's output.
-                self._hold_budget(layout.num_patches, pool_before, live_before)
+                pool_before = self._pool_bytes
+                output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before)
+                # Here, not inside: a pool is released only once no local holds the warm-up's output.
+                self._hold_budget(layout.num_patches, pool_before)
                 return output
             self._eager_runs[reason] += 1
         return self._eager(tensors, layout)
@@ -321,10 +337,12 @@ class ViTGraphRunner:
         return None
 
     def _make_room(self, signature: Signature, tokens: int) -> str | None:
-        """Evict least recently used graphs until a capture of ``tokens`` is predicted to fit.
+        """Evict the least recently used graph when at capacity; release the pool when a capture of
+        ``tokens`` is predicted to grow it past the budget (graphs hold nothing in it between calls,
+        so evicting them would free nothing there).
 
         ``"over_budget"`` only where staging alone is over the budget; a capture whose bound says it
-        may not fit even alone is tried alone (every graph evicted, the pool released): only a
+        may not fit even alone is tried alone (every graph dropped, the pool released): only a
         measurement refuses it (``_over_budget_tokens``).
         """
         budget = self._budget_bytes
@@ -342,29 +360,10 @@ class ViTGraphRunner:
             return "over_budget"
         while len(self._graphs) >= self.capacity:
             self._evict_oldest()
-        need = self._predicted_need(signature, tokens)
-        if need is None:
-            return None  # nothing captured yet: the capture measures it
-        while self._graphs and fixed_bytes + self._predicted_pool_bytes(need) > budget:
-            self._evict_oldest()
-        if fixed_bytes + self._predicted_pool_bytes(need) > budget and self._pool_bytes:
-            self._release_pools()  # no graph left: what the pool still reserves is only in the way
+        need = self._scratch.bound(tokens)
+        if need is not None and self._pool_bytes and fixed_bytes + max(self._pool_bytes, need) > budget:
+            self._release_pools()
         return None
-
-    def _predicted_need(self, signature: Signature, tokens: int) -> int | None:
-        """An upper bound on what a capture of ``tokens`` takes in the pool: its output and scratch."""
-        scratch = self._scratch.bound(tokens)
-        per_token = self._output_bytes_per_token.get(signature)
-        if scratch is None or per_token is None:
-            return None
-        return math.ceil(per_token * tokens) + scratch
-
-    def _predicted_pool_bytes(self, need: int) -> int:
-        """The pool after a capture that needs ``need`` bytes: it grows only past what it holds free."""
-        return max(self._pool_bytes, self._live_output_bytes() + need)
-
-    def _live_output_bytes(self) -> int:
-        return sum(entry.output.nbytes for entry in self._graphs.values())
 
     def _evict_oldest(self) -> None:
         _, entry = self._graphs.popitem(last=False)
@@ -412,11 +411,10 @@ class ViTGraphRunner:
         tensors: tuple[torch.Tensor, ...],
         immutable: bool,
         pool_before: int,
-        live_before: int,
     ) -> torch.Tensor:
         """Capture ``key``, agree on the outcome with the other ranks, keep the graph only if every
         rank captured it and its first replay equals the warm-up everywhere; serve this call."""
-        need = self._predicted_need(signature, layout.num_patches)
+        need = self._scratch.bound(layout.num_patches)
         started = time.perf_counter()
         attempt = self._capture(signature, layout, tensors, immutable)
         captured = attempt.entry is not None
@@ -432,7 +430,7 @@ class ViTGraphRunner:
         self._graphs[key] = entry
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
-        self._account(signature, entry, need, pool_before, live_before)
+        self._account(entry, need, pool_before)
         output = self._replay(entry, tensors, immutable)
         verify_started = time.perf_counter()
         (unverified,) = self._agree([int(not _bitwise_equal(output, attempt.warm_output))])
@@ -473,8 +471,13 @@ class ViTGraphRunner:
                         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
                     with self._capture_context():
-                        warm_output = self._mechanism.warm_up(forward)
-                        graph, output = self._mechanism.capture(forward, self._pool, self._stream)
+                        warm_output = self._mechanism.warm_up(forward, self._pool, self._stream)
+                        output_view = staging.output_view(warm_output, layout.num_patches)
+
+                        def forward_into_staging() -> torch.Tensor:
+                            return output_view.copy_(forward())
+
+                        graph, output = self._mechanism.capture(forward_into_staging, self._pool, self._stream)
                 finally:
                     # Warm-up reads staging on this stream, also when the capture then fails.
                     self._mark(self._stream)
@@ -492,17 +495,13 @@ class ViTGraphRunner:
         """``values`` as every rank sees them: the element-wise maximum over the group."""
         return values if self._agree_max is None else self._agree_max(values)
 
-    def _account(
-        self, signature: Signature, entry: _Graph, need: int | None, pool_before: int, live_before: int
-    ) -> None:
+    def _account(self, entry: _Graph, need: int | None, pool_before: int) -> None:
         """Learn from a capture what the next ones will take; log the prediction beside the measurement."""
         pool_after = self._pool_bytes
-        output_bytes = entry.output.nbytes
-        self._output_bytes_per_token.setdefault(signature, output_bytes / entry.tokens)
-        self._scratch.observe(entry.tokens, pool_after - live_before - output_bytes)
+        self._scratch.observe(entry.tokens, pool_after)  # it used at most the whole pool
         growth = pool_after - pool_before
         if need is not None:
-            predicted = max(0, live_before + need - pool_before)
+            predicted = max(0, need - pool_before)
             self._prediction_errors.add(predicted, growth)
             logger.debug(
                 "captured %d tokens: pool growth predicted %.1f MiB, measured %.1f MiB; pool %.0f MiB",
@@ -512,13 +511,13 @@ class ViTGraphRunner:
                 pool_after / 2**20,
             )
 
-    def _hold_budget(self, tokens: int, pool_before: int, live_before: int) -> None:
+    def _hold_budget(self, tokens: int, pool_before: int) -> None:
         """After a capture: past the budget, release the pools; a capture that was alone in an empty
         pool is over the budget by measurement, and so is every larger one."""
         held = self._pool_bytes + self._staging_bytes() + self._offsets_bytes()
         if held <= self._budget_bytes:
             return
-        alone = pool_before == 0 and live_before == 0
+        alone = pool_before == 0
         logger.warning(
             "graph memory %.0f MiB after capturing %d tokens is over the %.0f MiB budget; graphs dropped and "
             "the pool released%s",

@@ -219,7 +219,8 @@ def test_graph_memory_stays_within_a_small_budget_over_random_layouts() -> None:
         assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
         stats = runner.stats()
         assert stats["bytes_held"] <= budget, stats
-    assert runner.stats()["replays"] > 0 and runner.stats()["evictions"] > 0
+    # Graphs share the pool's activations, so many fit in a budget that holds one capture.
+    assert runner.stats()["replays"] > 0 and runner.stats()["graphs"] > 1
 
 
 @torch.inference_mode()
@@ -342,3 +343,37 @@ def test_releasing_the_pools_hands_their_segments_back() -> None:
     runner._release_pools()
     assert not any(tuple(segment["segment_pool_id"]) == pool_id for segment in torch.cuda.memory_snapshot())
     assert runner.stats()["pool_bytes"] == 0
+    # A fresh pool serves later captures (the released one is never routed to again).
+    for index, grid in enumerate([[(1, 8, 8)], [(1, 6, 10)]]):
+        pixels = _pixels(tower, grid, 10 + index)
+        assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    assert tuple(runner._pool) != pool_id and runner.stats()["captures"] == 4
+
+
+@torch.inference_mode()
+def test_warm_ups_allocate_in_the_graph_pool_not_in_the_runner_streams_cache() -> None:
+    """What a warm-up frees stays in the pool its capture uses and counts in the budget; cached for
+    the runner's stream it would be held for good, growing with the largest layout ever captured."""
+    tower = _tower("qwen3-vl-8b", depth=2, deepstack_visual_indexes=[0])
+    runner = _capture_at_once(tower)
+
+    def cached_for_runner_stream() -> int:
+        torch.cuda.synchronize()
+        stream = runner._stream.cuda_stream
+        return sum(
+            segment["total_size"]
+            for segment in torch.cuda.memory_snapshot()
+            if segment["stream"] == stream and tuple(segment["segment_pool_id"]) == (0, 0)
+        )
+
+    tower(_pixels(tower, [(1, 8, 8)], 0), [(1, 8, 8)])
+    before = cached_for_runner_stream()
+    for index, grid in enumerate([[(1, 64, 64)], [(2, 48, 64)], [(1, 96, 80)]]):
+        pixels = _pixels(tower, grid, 1 + index)
+        assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    assert runner.stats()["captures"] == 4
+    assert cached_for_runner_stream() == before
+    # Between calls the pool holds nothing: outputs went to staging, activations were freed.
+    pool_id = tuple(runner._pool)
+    pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
+    assert pool_segments and all(segment["allocated_size"] == 0 for segment in pool_segments)
