@@ -1,21 +1,11 @@
 """rocm-vit's own varlen non-causal flash attention in Triton, for CUDA and ROCm.
 
-One program owns ``BLOCK_M`` query rows of one segment and one head, and streams that segment's
-keys and values in ``BLOCK_N`` tiles with an online softmax (fp32 running max, sum and accumulator).
-Segment bounds are read from ``cu_seqlens`` on the device; ``max_seqlen`` only sizes the grid, so
-nothing is read back to the host, and the launch configuration is fixed per head dim and dtype (no
-autotuning), which keeps a launch capturable in CUDA/HIP graphs.
-
-Cost and floor: a segment of ``L`` tokens costs ``4 * L**2 * H * D`` FLOPs (``Q @ K^T`` and ``P @ V``,
-two per multiply-add) against ``8 * L * H * D`` bytes of bf16 q, k, v read and output written: ``L / 2``
-FLOPs per byte, 512 at ``L`` = 1024, above the ~200 where an H200 (989 TFLOP/s dense bf16, 4.8 TB/s)
-turns compute-bound. So the floor is the matmul rate (the bench measures it, ~780 TFLOP/s at 8192^3)
-plus one exp2 per score on the SFU; 256-token segments (128 FLOPs per byte) lean on bandwidth
-instead. What keeps the kernel near it: the head dim is split into a power-of-two part plus a
-16-wide masked tail (72 runs as 64 + 16 instead of padding to 128, which would waste 44 % of both
-matmuls), ``scale * log2(e)`` is folded into the one multiply before ``exp2``, head offsets carry an
-alignment hint so K/V tiles load as pipelined vector copies, and query tiles past a segment's end
-exit at once while key tiles never run past it, so a ragged grid wastes no matmul work.
+One program owns ``BLOCK_M`` query rows of one segment and one head and streams that segment's keys
+and values in ``BLOCK_N`` tiles with an online softmax (fp32 running max, sum and accumulator).
+Invariants: segment bounds are read from ``cu_seqlens`` on the device and ``max_seqlen`` only sizes
+the grid, so nothing is read back; the configuration is fixed per arch, head dim and dtype (never
+autotuned), so a launch is capturable. Head dims 72 and 80 run as 64 plus a 16-wide masked tail
+instead of padding to 128. Floor and figures: docs/benchmarks.md, "Floors" and "`rocm-vit bench-attn`".
 """
 
 from __future__ import annotations
@@ -273,7 +263,7 @@ def _varlen_attn_fwd(
     # Rows are never masked: rows past the segment re-read its last row (their output is not
     # stored). Only the head-dim tail past HEAD_DIM is masked, by column. Masking rows and tail
     # columns together (2-D masks) on a peeled partial key tile gave NaNs and out-of-bounds reads
-    # under Triton 3.6 on an H200 (docs/benchmarks.md).
+    # under Triton 3.6 on an H200 (docs/benchmarks.md, History, first round).
     offs_m_read = tl.minimum(offs_m, seq_len - 1)
     q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m_read[:, None] * stride_qn
     q0 = tl.load(q_rows + offs_d0[None, :]).to(dtype)
@@ -351,7 +341,8 @@ def _attend_tile(
     if start_n + BLOCK_N > seq_len:
         # Only a segment's last tile can run past it. A branch instead of an unconditional select
         # keeps the mask off the full tiles: 2.14 ms instead of 2.36 ms at 12 800 tokens, head dim
-        # 72, H200 (docs/benchmarks.md); unlike peeling the tile out of the loop, it stays correct.
+        # 72, H200 (docs/benchmarks.md, History, second round); unlike peeling the tile out of the loop,
+        # it stays correct.
         scores = tl.where((offs_n < seq_len)[None, :], scores, float("-inf"))
     # Every tile holds at least one valid key, so m_new is finite and exp2(-inf - m_new) is 0.
     m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale_log2)
