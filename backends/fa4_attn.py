@@ -1,21 +1,15 @@
-"""Varlen attention through FlashAttention-4's CuTe DSL kernels (``flash_attn.cute``, NVIDIA).
+"""Varlen attention through FlashAttention-4's CuTe DSL kernels (``flash_attn.cute``, NVIDIA sm_90+).
 
-The package is ``flash-attn-4`` on PyPI (``pip install rocm-vit[fa4]``; it brings NVIDIA's CUTLASS
-DSL). It is imported at the first call, never when this module is: the import takes seconds, and a
-machine without it must still build every other backend. Each head dim compiles once per process on
-its first call (2.4-2.9 s on an H200), which the graph runner's eager warm-up pays before a capture.
+``flash-attn-4`` (``pip install rocm-vit[fa4]``) is imported at the first call, never with this module:
+the import takes seconds and a machine without it must still build every other backend. Each head dim
+compiles once per process at its first call, which the graph runner's eager warm-up pays before a
+capture. The CUDA rule sends it only segments of at least 2048 tokens, where it leads
+(``rocm_vit.policy``; figures: docs/benchmarks.md, "`rocm-vit bench-attn`").
 
-Why it is here: on an H200 at 12 800 tokens, head dim 72 (one 2048x1600 image on Qwen3-VL), it
-takes 1.48 ms against cuDNN SDPA's 2.15 ms and triton_attn's 2.16 ms: softmax overlapped with the
-matmuls (warp-specialised ping-pong), which neither of the others does. Below ~2k tokens per
-segment it loses to both (1x196: 11.2 us vs 7.5 triton_attn; 1x1024: 23.6 vs 20.7 SDPA), so the
-CUDA rule only sends long segments to it (``rocm_vit.attention.pick_cuda_backend``).
-
-Signature checked against ``flash_attn/cute/interface.py`` of flash-attn-4 4.0.0b36:
-``flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-max_seqlen_k=None, ..., softmax_scale=None, causal=False, ...)`` returning ``(out, lse)``; q, k, v
-``[total, heads, head_dim]`` with a contiguous last dim (views into one qkv projection are taken as
-they are), head dims 8..256 in multiples of 8 on sm_90.
+Written against ``flash_attn/cute/interface.py`` of flash-attn-4 4.0.0b36: ``flash_attn_varlen_func(q,
+k, v, ..., cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ..., softmax_scale, causal)`` returns
+``(out, lse)``; q, k, v ``[total, heads, head_dim]`` with a contiguous last dim, head dims 8..256 in
+multiples of 8 on sm_90.
 """
 
 from __future__ import annotations

@@ -1,52 +1,15 @@
 """Varlen non-causal attention for Hopper (sm_90) in Triton's Gluon dialect: FlashAttention-3's schedule.
 
-Why a second Triton kernel: ``triton_attn`` (``tl.dot``) is latency-bound on an H200. Each warpgroup
-runs QK -> softmax -> PV in series and a CTA-wide barrier follows every key tile (docs/long-sequences.md,
-seventh round). Triton 3.6 does not generate FA3's overlap from a ``tl.dot`` loop, so this kernel
-writes it out in Gluon, where warps, shared memory, barriers and ``wgmma`` are explicit:
+A one-warp loader streams K/V tiles by TMA into a ``NUM_STAGES``-slot ring handed over by mbarriers;
+two or three consumer warpgroups own 64 query rows each and overlap their softmax with the others'
+matmuls. The schedule, and why ``triton_attn`` cannot express it: docs/long-sequences.md, "Eighth round".
 
-- one program owns 128 or 192 query rows of one head of one segment and is warp-specialised: a
-  one-warp loader partition streams K and V tiles by TMA into a ``NUM_STAGES``-slot shared-memory
-  ring, and two or three consumer warpgroups own 64 query rows each;
-- slots are handed over by mbarriers (``k_ready``/``v_ready`` by the loader's TMA bytes,
-  ``k_free``/``v_free`` by one arrive per consumer), so no barrier spans the CTA inside the loop and
-  the consumers drift apart, each overlapping the others' softmax with its matmuls;
-- with two consumers, QK of tile ``j`` is issued as an asynchronous ``wgmma`` before PV of tile
-  ``j - 1``, and only QK is waited for before the softmax: PV runs under it. With three (FA3's
-  choice at head dim 64, where the softmax is large against the matmuls, as it is at 72 and 80),
-  each consumer runs its tiles in series and the other two keep the tensor cores busy: 9-10 % faster
-  at photo sizes (``consumer_warpgroups`` picks it once a launch fills 1.5 waves);
-- the loader needs few registers and gives them to the consumers (``setmaxnreg``: ``CONSUMER_REGS``
-  for the workers, the rest of the pool for the first consumer, ``LOADER_REGS`` for the loader: 256 +
-  224 + 24 of the 504 Triton plans for 3 x 128 threads at 168 registers, or 168 + 2 x 160 + 24 of 512
-  for 4 x 128 at 128; 160 is too few to overlap QK and PV inside a warpgroup, which spilled).
-
-Head dims 72 and 80 run as a 64-wide part plus a 16-wide tail, as in ``triton_attn``. The K, V and Q
-tiles come through 3-D TMA descriptors over the strided ``[N, H, D]`` views whose last dim is the real
-head dim, so the tail's columns past 72 arrive as zeros and cost no mask. Keys of the next segment
-that a segment's last tile reads are masked to ``-inf`` by index; query rows past a segment's end are
-computed and not stored. Segment bounds come from ``cu_seqlens`` on the device, and ``max_seqlen``
-only sizes the grid: nothing is read back, so a launch is capturable. No atomics: deterministic.
-
-One program runs per SM, so a launch runs in waves. When every segment is equally long (one image,
-a video's frames) the host knows each program's work, and a nearly empty last wave is split along the
-keys (backends/tail_split.py): the last query blocks run as several key ranges that write fp32
-partials, merged in a fixed order by a second small kernel. 1x12800 (1,072 programs of 192 rows on
-132 SMs) runs 66 whole query blocks per head and the 67th as 8 key ranges.
-
-Measured (H200, bf16, 16 heads, head dim 72, one segment; docs/benchmarks.md, tenth round): 1x12800
-1.62-1.66 ms (two consumers 1.79-1.82) against triton_attn's 2.24 and cuDNN's 2.18; 1x47376 475-485
-TFLOP/s (two consumers 436) against 360 and 330. Errors against float64 equal cuDNN's and
-triton_attn's to three digits, with either schedule.
-
-Scope, checked by ``gluon_unsupported_reason``: an sm_90 GPU; q, k and v of one dtype, bf16 or
-fp16; head dim 64, 72 or 80; as many k/v heads as q heads; 16-byte aligned bases and strides (TMA's
-rule; views of one fused qkv projection qualify). Other calls run ``triton_attn``, which takes the
-same arguments and gives the same contract, so a caller never sees a refusal. Gluon is experimental
-and its API moves between Triton releases: this module was run with Triton 3.6 and compiles for
-sm_90a with 3.9 (tests/test_gluon_attn.py). If a Triton release does not compile it, the first call
-of each head dim and dtype logs the error and that shape runs ``triton_attn`` for the life of the
-process, so eager calls and graph replays keep running the same kernel.
+Invariants: segment bounds come from ``cu_seqlens`` on the device (``max_seqlen`` only sizes the grid),
+so a launch is capturable; no atomics, so it is deterministic; a nearly empty last wave is split along
+the keys (``tail_split``) and merged in a fixed order. Scope (``gluon_unsupported_reason``): sm_90; q,
+k, v of one dtype, bf16 or fp16; head dim 64/72/80; as many k/v heads as q heads; 16-byte aligned bases
+and strides. Other calls, and a shape this Triton fails to compile (logged once), run ``triton_attn`` for
+the life of the process. Figures: docs/benchmarks.md, "`rocm-vit bench-attn`".
 """
 
 from __future__ import annotations
@@ -73,18 +36,16 @@ CONSUMER_ROWS = 64  # query rows per consumer warpgroup
 BLOCK_N = 128  # keys per tile
 NUM_STAGES = 3  # K/V ring slots: 40 KB each at head dim 72-80, 140 KB (150 with 3 consumers) with Q
 # Consumer warpgroups per program, 2 or 3: three (192 rows, FlashAttention-3's tile at head dim 64)
-# once their programs fill THREE_CONSUMER_WAVES waves of the GPU. Measured on an H200 (docs/benchmarks.md,
-# tenth round): 3-11 % faster from 1.7 waves (1x2560 d72) up, 9-10 % at photo sizes, and 6-19 % slower
-# below 1.4 waves (1x2048, 1x1024), where a launch of fewer, longer programs leaves SMs idle.
+# once their programs fill THREE_CONSUMER_WAVES waves of the GPU; below that, fewer and longer programs
+# leave SMs idle. The crossover: docs/benchmarks.md, "`rocm-vit tune`" (tune measures it per GPU).
 THREE_CONSUMER_WAVES = 1.5
 # setmaxnreg requests of the worker consumers (the first consumer, Triton's default partition, gets
 # what is left of the pool) and of the one-warp loader. With three, 160 registers leave no room for
 # QK(j) and PV(j - 1) in flight together (it spilled), so their warpgroups run each tile in series.
 CONSUMER_REGS = {2: 224, 3: 160}
 LOADER_REGS = 24
-# Measured on an H200 at 1x12800 and 1x47376 (docs/benchmarks.md, eighth round): 64-key tiles were
-# 7-15 % slower, 2 stages 2-5 % and 4 stages 1-2 %; FA3's ping-pong between the consumers (turn
-# mbarriers) was within noise, so the simpler protocol ships.
+# 128-key tiles, 3 stages and no ping-pong between consumers: the alternatives measured slower or
+# within noise (docs/long-sequences.md, "Eighth round").
 
 # Triton 3.9 renamed the TMA load; the 3.6 name raises there.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared

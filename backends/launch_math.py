@@ -1,10 +1,8 @@
 """Launch arithmetic for the Triton wrappers, in plain Python.
 
-Triton 3.5+ wraps ``triton.cdiv`` and ``triton.next_power_of_2`` as constexpr functions so kernels can
-call them; called from the host they go through that wrapper's argument unwrapping. On the H200's
-host (Triton 3.6) the rotary wrapper made seven such calls per launch and they were a fifth of its
-host time (cProfile, docs/benchmarks.md sixth round); the eager tower launches ~110 Triton kernels
-per forward. These are the same functions without the wrapper.
+Triton 3.5+ wraps ``triton.cdiv`` and ``triton.next_power_of_2`` as constexpr functions; called from
+the host they go through that wrapper's argument unwrapping, which was a fifth of the rotary wrapper's
+host time on an H200 (docs/benchmarks.md, History, sixth round). These are the same functions without it.
 """
 
 from __future__ import annotations

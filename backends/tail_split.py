@@ -1,21 +1,13 @@
 """The last wave of a one-program-per-SM attention launch, split along the keys and merged in order.
 
-``gluon_attn`` runs one program per SM, each owning 128 or 192 query rows of one head against all
-the segment's keys, so a launch runs in waves of ``SMs`` programs of equal work. When the program
-count is just past a multiple of the SM count, the last wave keeps a few SMs busy for a whole
-program's time: 1x12800 at 16 heads and 192 rows is 1,072 programs on an H200's 132 SMs, so its
-ninth wave runs 16 programs on 116 idle SMs, 11 % of the time.
-
-``plan_tail_split`` chooses, from the launch's shape alone, how many trailing query blocks of every
-segment leave the main launch, and into how many key ranges each of their programs is cut
-(flash-decoding's split-KV, for the tail only). The split programs write unnormalised fp32 partials
-``(o, m, l)``; ``merge_tail`` combines them in split order, so a result does not depend on which
-program finished first: deterministic, and a graph replay equals the eager call (both take the same
-plan from the same shapes). The split rows differ from an unsplit run by fp32 rounding only.
-
-The plan needs every segment's length, which the host knows without reading ``cu_seqlens`` only when
-all segments are equally long (``max_seqlen * segments == tokens``: one image, or a video's frames);
-other layouts run unsplit.
+When a launch's program count is just past a multiple of the SM count, its last wave keeps a few SMs
+busy for a whole program's time. ``plan_tail_split`` chooses, from the launch's shape alone, how many
+trailing query blocks of every segment leave the main launch and into how many key ranges each is cut
+(flash-decoding's split-KV, for the tail only). Invariants: the split programs write fp32 partials
+``(o, m, l)`` that ``merge_tail`` combines in split order, so the result is deterministic and a graph
+replay equals the eager call; split rows differ from unsplit ones by fp32 rounding only. Only layouts
+whose segments are all equally long (``max_seqlen * segments == tokens``) are split, since only then
+does the host know every length. The wave model against measurement: docs/long-sequences.md, "Ninth round".
 """
 
 from __future__ import annotations

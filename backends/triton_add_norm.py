@@ -1,18 +1,13 @@
 """Residual add fused with the next LayerNorm or RMSNorm, one Triton launch per norm, CUDA/HIP-graph safe.
 
-A pre-norm block computes ``x = x + update`` and then ``norm(x)``: two kernels and one extra round
-trip of ``x`` through memory in eager torch. Here one program owns whole rows: it adds, rounds the sum
-to ``x``'s dtype and stores it (the residual stream), then normalises that rounded row in fp32 and
-stores the normalised row. The roundings are eager torch's, so the only difference from
-``x + update`` followed by ``nn.LayerNorm`` / transformers' RMSNorm is the order of the fp32 row sums.
+One program owns whole rows: it adds ``x + update``, rounds the sum to ``x``'s dtype and stores it (the
+residual stream), then normalises that rounded row in fp32 and stores it. The roundings are eager
+torch's, so the only difference from ``x + update`` then ``nn.LayerNorm`` / transformers' RMSNorm is
+the order of the fp32 row sums. Memory traffic: 4 ``N·C`` elements against 6 and a launch unfused.
 
-Shapes: ``x`` and ``update`` ``[N, C]`` contiguous, the same dtype (fp16, bf16, fp32); weight (and bias
-for LayerNorm) ``[C]``; ``C`` up to 16384. ``update=None`` normalises ``x`` alone. The wrapper
-allocates the two outputs and nothing else, never synchronises, and compiles one binary per
-``(C, dtype, norm kind)``: the row count is not specialised, so a new image size never JIT-compiles.
-
-Cost: ``x`` and ``update`` read once, the sum and the norm written once (4 ``N·C`` elements), against
-6 for the unfused pair (add: 2 reads + 1 write, norm: 1 read + 1 write, plus a launch).
+Shapes: ``x`` and ``update`` ``[N, C]`` contiguous, one dtype (fp16, bf16, fp32); weight (and bias for
+LayerNorm) ``[C]``; ``C`` up to 16384; ``update=None`` normalises ``x`` alone. The wrapper allocates
+the two outputs only, never synchronises, and compiles one binary per ``(C, dtype, norm kind)``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """rocm-vit's own varlen non-causal flash attention in Triton, for CUDA and ROCm.
 
-One program owns ``BLOCK_M`` query rows of one segment and one head, and streams that segment's
-keys and values in ``BLOCK_N`` tiles with an online softmax (fp32 running max, sum and accumulator).
-Segment bounds are read from ``cu_seqlens`` on the device; ``max_seqlen`` only sizes the grid, so
-nothing is read back to the host, and the launch configuration is fixed per head dim and dtype (no
-autotuning), which keeps a launch capturable in CUDA/HIP graphs.
-
-Cost and floor: a segment of ``L`` tokens costs ``4 * L**2 * H * D`` FLOPs (``Q @ K^T`` and ``P @ V``,
-two per multiply-add) against ``8 * L * H * D`` bytes of bf16 q, k, v read and output written: ``L / 2``
-FLOPs per byte, 512 at ``L`` = 1024, above the ~200 where an H200 (989 TFLOP/s dense bf16, 4.8 TB/s)
-turns compute-bound. So the floor is the matmul rate (the bench measures it, ~780 TFLOP/s at 8192^3)
-plus one exp2 per score on the SFU; 256-token segments (128 FLOPs per byte) lean on bandwidth
-instead. What keeps the kernel near it: the head dim is split into a power-of-two part plus a
-16-wide masked tail (72 runs as 64 + 16 instead of padding to 128, which would waste 44 % of both
-matmuls), ``scale * log2(e)`` is folded into the one multiply before ``exp2``, head offsets carry an
-alignment hint so K/V tiles load as pipelined vector copies, and query tiles past a segment's end
-exit at once while key tiles never run past it, so a ragged grid wastes no matmul work.
+One program owns ``BLOCK_M`` query rows of one segment and one head and streams that segment's keys
+and values in ``BLOCK_N`` tiles with an online softmax (fp32 running max, sum and accumulator).
+Invariants: segment bounds are read from ``cu_seqlens`` on the device and ``max_seqlen`` only sizes
+the grid, so nothing is read back; the configuration is fixed per arch, head dim and dtype (never
+autotuned), so a launch is capturable. Head dims 72 and 80 run as 64 plus a 16-wide masked tail
+instead of padding to 128. Floor and figures: docs/benchmarks.md, "Floors" and "`rocm-vit bench-attn`".
 """
 
 from __future__ import annotations
@@ -46,25 +36,19 @@ class TritonAttnConfig:
 def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = None, *, arch: str) -> TritonAttnConfig:
     """The fixed launch configuration for ``head_dim`` and ``dtype`` on the GPU architecture ``arch``.
 
-    ``arch`` names the target: ``"gfx942"`` (MI300X), ``"gfx950"`` (MI355X), another ``"gfx*"``
-    (AMD, a safe default), anything else (``"sm_90"``, ``"cpu"`` for the interpreter) gets the NVIDIA
-    choices. ``query_tiles`` is the number of 128-row query tiles the launch would have over all
-    segments and heads (``None``: many). Chosen from host values only, never autotuned (autotuning
-    would benchmark inside a graph capture). Register, LDS and spill counts quoted below come from
-    compiling offline for the target (Triton 3.9; the AMD ones are checked on every CPU test run by
-    tests/test_aot_rocm.py, table in docs/rocm-kernels.md); speed is measured by
-    ``rocm-vit bench-attn --sweep-triton`` and graph-timed sweeps (docs/benchmarks.md). fp32 (not a
-    serving dtype) gets small tiles.
+    ``arch`` names the target: ``"gfx942"`` (MI300X), ``"gfx950"`` (MI355X), another ``"gfx*"`` (a safe
+    AMD default); anything else (``"sm_90"``, ``"cpu"`` for the interpreter) gets the NVIDIA choices.
+    ``query_tiles`` is the number of 128-row query tiles of the launch (``None``: many). Chosen from
+    host values only, never autotuned (autotuning would benchmark inside a graph capture). Speed is
+    measured by ``rocm-vit bench-attn --sweep-triton``. fp32 (not a serving dtype) gets small tiles.
     """
     if arch.startswith("gfx"):
         return _amd_config(arch, dtype)
     if dtype == torch.float32:
         return TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if query_tiles is not None and query_tiles <= _FEW_QUERY_TILES:
-        # One short segment (a 224² image: 196 tokens x 16 heads = 32 tiles of 128 rows) leaves
-        # most SMs idle; 64-row tiles on one warpgroup double the programs. H200, head dim 72:
-        # 7.4 us instead of 8.7 at 1x196, 6.8 instead of 8.3 at 1x256; at 4x196 (128 tiles) the
-        # 128-row tiles stay faster (8.5 vs 9.2).
+        # One short segment (a 224² image: 32 tiles of 128 rows at 16 heads) leaves most SMs idle;
+        # 64-row tiles on one warpgroup double the programs (docs/benchmarks.md, History, second round).
         return TritonAttnConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
     # sm_90: two warpgroups split the 128 query rows; 141 registers at head dim 72 and 176 at 128,
     # no spills, where 4 warps spill at 255. Three stages pipeline the K/V copies (80 KiB of smem).
@@ -80,25 +64,18 @@ def _amd_config(arch: str, dtype: torch.dtype) -> TritonAttnConfig:
     return fp32 if dtype == torch.float32 else half
 
 
-# (bf16/fp16, fp32) per arch. The numbers are bf16 (fp16: the same LDS, up to 5 VGPRs fewer) and fp32
-# at head dims 64 / 72 / 80 and 16 heads, compiled by Triton 3.9 for the arch (tests/test_aot_rocm.py
-# recompiles and checks them on every CPU run; table in docs/rocm-kernels.md). Two workgroups per CU
-# must fit, so that one hides the other's K/V loads: LDS at most half the CU's, and VGPRs (AGPRs
-# included) at most 256, i.e. two 4-wave workgroups on the CU's four SIMDs (512 registers per lane).
+# (bf16/fp16, fp32) per arch. Two workgroups per CU must fit, so one hides the other's K/V loads: LDS
+# at most half the CU's, VGPRs (AGPRs included) at most 256. Registers, LDS and occupancy per head dim,
+# compiled by Triton 3.9 and checked on every CPU run (tests/test_aot_rocm.py): docs/rocm-kernels.md.
 _AMD_CONFIGS = {
-    # MI300X, 64 KiB of LDS per CU. 128x64 with num_stages=2 double-buffers K/V in LDS: 36,864 B at
-    # head dims 72 and 80, one workgroup per CU. One stage keeps the tile at 16,384 / 24,576 / 24,576
-    # B and 169 / 204 / 204 VGPRs: two workgroups by both. aiter's tuned Triton forward default on
-    # gfx942 is this same shape (BLOCK_M 128, BLOCK_N 64, 4 warps, 1 stage). fp32: 16,384 / 28,672 /
-    # 28,672 B, 138 / 174 / 174 VGPRs.
+    # MI300X, 64 KiB of LDS per CU: two stages would fit one workgroup only. aiter's tuned Triton
+    # forward default on gfx942 is this same shape.
     "gfx942": (
         TritonAttnConfig(block_m=128, block_n=64, num_warps=4, num_stages=1),
         TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
     ),
-    # MI355X, 160 KiB of LDS per CU: the K/V prefetch that gfx942 cannot afford fits twice, 50,112 /
-    # 58,400 / 58,400 B and 189 / 208 / 208 VGPRs. aiter's gfx950 default runs one stage; an MI355X
-    # sweep (rocm-vit bench-attn --sweep-triton) should decide between the two. fp32: 32,768 /
-    # 49,152 / 49,152 B, 98 / 139 / 137 VGPRs.
+    # MI355X, 160 KiB of LDS per CU: the two-stage K/V prefetch fits twice. aiter's gfx950 default runs
+    # one stage; an MI355X sweep (rocm-vit bench-attn --sweep-triton) should decide between the two.
     "gfx950": (
         TritonAttnConfig(block_m=128, block_n=64, num_warps=4, num_stages=2),
         TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
@@ -106,10 +83,9 @@ _AMD_CONFIGS = {
 }
 
 
-# The largest key tile this kernel is run with (the defaults use 32 and 64; `bench-attn --sweep-triton`
-# goes up to 128). A config override past it is refused: (64, 256, 4 warps, 1 stage) faulted with an
-# illegal memory access on an H200 under Triton 3.6 at 196 tokens, head dim 72, though every address
-# it computes stays inside the segment (not traced further); 256 with 16- and 32-row tiles ran.
+# The largest key tile this kernel is run with (`bench-attn --sweep-triton` goes up to 128). A config
+# override past it is refused: (64, 256, 4 warps, 1 stage) faulted on an H200 under Triton 3.6
+# (docs/benchmarks.md, History, eleventh round).
 MAX_BLOCK_N = 128
 
 # At most this many 128-row query tiles (segments x heads x tiles per segment): half the SMs of an
@@ -273,7 +249,7 @@ def _varlen_attn_fwd(
     # Rows are never masked: rows past the segment re-read its last row (their output is not
     # stored). Only the head-dim tail past HEAD_DIM is masked, by column. Masking rows and tail
     # columns together (2-D masks) on a peeled partial key tile gave NaNs and out-of-bounds reads
-    # under Triton 3.6 on an H200 (docs/benchmarks.md).
+    # under Triton 3.6 on an H200 (docs/benchmarks.md, History, first round).
     offs_m_read = tl.minimum(offs_m, seq_len - 1)
     q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m_read[:, None] * stride_qn
     q0 = tl.load(q_rows + offs_d0[None, :]).to(dtype)
@@ -351,7 +327,8 @@ def _attend_tile(
     if start_n + BLOCK_N > seq_len:
         # Only a segment's last tile can run past it. A branch instead of an unconditional select
         # keeps the mask off the full tiles: 2.14 ms instead of 2.36 ms at 12 800 tokens, head dim
-        # 72, H200 (docs/benchmarks.md); unlike peeling the tile out of the loop, it stays correct.
+        # 72, H200 (docs/benchmarks.md, History, second round); unlike peeling the tile out of the loop,
+        # it stays correct.
         scores = tl.where((offs_n < seq_len)[None, :], scores, float("-inf"))
     # Every tile holds at least one valid key, so m_new is finite and exp2(-inf - m_new) is 0.
     m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale_log2)

@@ -1,25 +1,13 @@
 """NEOX (rotate-half) vision RoPE as one Triton kernel for q and k, in place, CUDA/HIP-graph safe.
 
-Shapes and layout (checked by ``triton_rotary_supports``; anything else goes to ``rope_torch``):
-
-- q ``[N, H, D]`` and k ``[N, KH, D]`` with heads packed (strides ``(S, D, 1)``); the token stride
-  ``S`` is free, so q and k may be views into one fused qkv projection (``S = 3 * H * D``) and are
-  rotated there without a copy. KH may differ from H; fp16, bf16 or fp32 each, q and k dtypes
-  independent.
-- cos and sin ``[N, D]``, contiguous, fp16, bf16 or fp32 (Qwen3-VL passes fp32). The full D columns
-  are read: the second half of cos/sin rotates the second half of each head, as in transformers.
-- D even and at most 256; non-power-of-two head dims (72, 80) are masked, never padded in memory.
-
-Each program rotates ``BLOCK_TOKENS`` tokens, all heads of q and of k: cos/sin are loaded once per
-token and reused across every head of both tensors. The math is fp32 with separately rounded
-products and sums (``enable_fp_fusion=False``), then a round-to-nearest-even cast back to each
-tensor's own dtype, which is exactly what eager torch does; so the result equals
-``rope_torch.rotary_native_`` bit for bit on a GPU, and q's result depends on q's dtype only. (The
-Triton interpreter truncates fp32 -> bf16 casts, so there bf16 may differ by one ulp.)
-
-The wrapper allocates nothing, never synchronises and does no host work beyond computing launch
-constants from shapes, so the launch can be captured in a CUDA or HIP graph (after one eager call
-has compiled the kernel for those shapes).
+Shapes (``triton_rotary_supports``; anything else goes to ``rope_torch``): q ``[N, H, D]`` and k
+``[N, KH, D]`` with heads packed and any token stride (views of one fused qkv are rotated in place),
+fp16/bf16/fp32 each; cos and sin ``[N, D]`` contiguous, all D columns read; D even, at most 256.
+Invariants: fp32 math with separately rounded products and sums, then a round-to-nearest-even cast
+to each tensor's own dtype, so the result equals ``rope_torch.rotary_native_`` bit for bit on a GPU
+(the Triton interpreter truncates casts: bf16 may differ by one ulp there). The wrapper allocates
+nothing, never synchronises and reads nothing back, so the launch is capturable once compiled.
+Figures: docs/benchmarks.md, "`rocm-vit bench-rope`".
 """
 
 from __future__ import annotations
@@ -35,9 +23,8 @@ _MAX_HEAD_DIM = 256
 # Padded elements (q and k, both halves) one program may hold: beyond this a token's heads would
 # spill registers, so such shapes go to the native helper.
 _MAX_ELEMENTS_PER_PROGRAM = 8192
-# Elements a program aims for. Measured on an H200 (bf16, 16 + 16 heads, graph-timed sweep over
-# tokens per program 1-16 x warps 2-16, docs/benchmarks.md): one token per program with 8 warps was
-# fastest at 4k and 16k tokens for D 64 and 72; bigger programs lose to fewer programs in flight.
+# Elements a program aims for: one token per program with 8 warps was the fastest of a graph-timed
+# sweep (``bench-rope --sweep``) on an H200 (docs/benchmarks.md, History, first round).
 _TARGET_ELEMENTS_PER_PROGRAM = 2048
 _NUM_WARPS = 8
 

@@ -1,20 +1,13 @@
 """VisionLayout: everything about one batch of images and videos that is known on the host.
 
-A layout is built from ``grid_thw`` given as host data and never reads the device. The graph
-runner keys its graphs with ``graph_key``; attention backends take each segmentation's
-``cu_seqlens`` (as a host tuple and as an int32 device tensor made once, non-blocking from pinned
-memory) and ``max_seqlen``.
-
-A layout has one segmentation, ``"full"`` (one segment per frame), or, for a windowed tower
-(Qwen2.5-VL), also ``"window"``: the frames cut into square windows of merge blocks, with the
-tokens permuted so that each window is contiguous (``window_index``) and back (``window_inverse``).
-
-``AttentionLayout`` is the part the graph runner and the attention backends read (segmentations,
-offsets, graph key); a ``VisionLayout`` has one (``.attention``), and callers that hold offsets
-rather than ``grid_thw`` (SGLang's models) build one directly.
-
-Device copies are made once, non-blocking, and carry an event: whichever stream reads them later
-waits for the copy on the device (a stream that did not make it could otherwise read it early).
+Invariants: built from ``grid_thw`` as host data, a layout never reads the device. It carries the
+graph key and, per segmentation, ``cu_seqlens`` (a host tuple, and an int32 device tensor copied
+once, non-blocking from pinned memory, with an event any reading stream waits for) and ``max_seqlen``.
+Segmentations: ``"full"`` (one segment per frame) and, for a windowed tower (Qwen2.5-VL),
+``"window"``, with the tokens permuted so each window is contiguous (``window_index``) and back
+(``window_inverse``). ``AttentionLayout`` is the part the graph runner and the attention backends
+read; callers that hold offsets rather than ``grid_thw`` (SGLang's models) build one directly.
+Contract: docs/design.md, "Layout".
 """
 
 from __future__ import annotations

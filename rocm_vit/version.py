@@ -1,22 +1,11 @@
 """The rocm-vit version and the commit it was built from, named by every report (bench, doctor).
 
-``build_commit()`` answers from, in this order:
-
-1. The stamp, ``rocm_vit/_build.py``, written into the build when the package is built (a wheel,
-   ``pip install .``, an sdist and the wheel built from it) by ``build_stamp.py`` at the repository
-   root. An installed wheel therefore knows its commit wherever it is installed.
-2. Git, for a source checkout without a stamp (``PYTHONPATH`` on the checkout, an editable install,
-   which is never stamped because the next commit would make the stamp wrong): asked about the
-   package's own source tree, and only when that tree is a repository's root, that is when the folder
-   above ``rocm_vit/`` holds the ``pyproject.toml`` of rocm-vit and is the folder that
-   ``git rev-parse --show-toplevel`` names. A copy of the tree placed inside another repository would
-   otherwise report that repository's HEAD.
-3. Otherwise ``"unknown (not stamped)"``.
-
-A commit is ``git rev-parse HEAD`` with ``-dirty`` appended when tracked files differ from it (as
-``git describe --dirty``: untracked files do not count). The build step stamps ``"unknown"`` where git
-gives no answer. This module uses the standard library only: the build step loads it by path, before
-anything is installed.
+``build_commit()`` answers, in order: the stamp ``rocm_vit/_build.py`` that ``build_stamp.py`` writes
+into every built package (wheel, sdist, ``pip install .``; never an editable install); else git, only
+when the package's own tree is the root of a rocm-vit checkout (a copy inside another repository would
+report that repository's HEAD); else ``"unknown (not stamped)"``. A commit is ``git rev-parse HEAD``
+with ``-dirty`` when tracked files differ. Standard library only: the build step loads this module by
+path, before anything is installed.
 """
 
 from __future__ import annotations

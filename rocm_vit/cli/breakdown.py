@@ -1,10 +1,9 @@
 """Where a forward's device time goes, by kind of kernel: ``rocm-vit bench --breakdown``.
 
-A replay costs its kernels plus a little host work, so the kernel time per class says what an
-optimisation can win: at one 224² image on an H200, GEMMs were 74 % of Qwen3-VL-8B's kernel time
-and 86 % of Qwen2.5-VL-7B's (docs/benchmarks.md, sixth round). The eager forward is profiled (it
-runs the same kernels as the graph) with the torch profiler: device kernels on a GPU (CUDA, or HIP
-through the same profiler API), the operators' own CPU time on a CPU.
+The kernel time per class says what an optimisation can win (figures: docs/benchmarks.md,
+"``rocm-vit bench --breakdown``"). The eager forward is profiled (it runs the same kernels as the graph)
+with the torch profiler: device kernels on a GPU (CUDA, or HIP through the same profiler API), the
+operators' own CPU time on a CPU.
 """
 
 from __future__ import annotations

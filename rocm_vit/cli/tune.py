@@ -88,7 +88,7 @@ GRAPH_LAYOUTS = "1x224,1x448,1x640,1x768,1x896,1x1024,1x1152,1x1280,1x1536"
 # capture, staging and pool memory buy nothing measurable.
 GRAPH_MIN_GAIN = 0.03
 # Single images timed with gluon_attn's two and three consumer warpgroups: 0.7-5 waves of three-consumer
-# programs on an H200 at 16 heads, where the two cross (docs/benchmarks.md, tenth round).
+# programs on an H200 at 16 heads, where the two cross (docs/benchmarks.md, "`rocm-vit tune`").
 CONSUMER_TOKENS = (1024, 1600, 2048, 2560, 3072, 4096, 8160)
 # Three consumers must be at most this much slower at every larger measured layout: a tie is noise.
 CONSUMER_TIE = 0.02

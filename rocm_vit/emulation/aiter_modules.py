@@ -1,17 +1,13 @@
 """Which compiled aiter module a ``flash_attn_varlen_func`` forward loads, and which ones aiter's build ships.
 
 aiter compiles each kernel variant into a module of its own; a call whose module is not built runs
-hipcc inside the call (minutes), and every tensor-parallel rank waits on aiter's build lock. Read from
-ROCm/aiter at ``SGLANG_IMAGE_AITER_COMMIT`` (what SGLang's ``docker/rocm.Dockerfile`` builds, with
-``PREBUILD_KERNELS=1``) and at main ``e4048607a535`` (2026-08-22), identical on this path:
-
-- ``aiter/ops/mha.py``, ``_flash_attn_varlen_forward``: the assembly "v3" kernel
-  (``module_fmha_v3_varlen_fwd``) on gfx942/gfx950 for bf16 with head dims (128, 128) or (192, 128),
-  no bias, alibi, dropout, window or soft cap, and query heads a multiple of key heads; otherwise the
-  CK kernel, whose module ``cmdGenFunc_mha_varlen_fwd`` names after dtype, soft cap, bias, mask, LSE,
-  dropout, ``min_seqlen_q`` skip and q scale (the head dim is not in the name);
-- ``setup.py``, ``PREBUILD_KERNELS=1``: the v3 modules and five bf16 CK variants (``PREBUILT_VARLEN``);
-  the non-causal one without LSE is not among them (aiter PR 5605), and no fp16 variant is.
+hipcc inside the call (minutes) while every tensor-parallel rank waits on aiter's build lock. Read from
+``aiter/ops/mha.py`` (``_flash_attn_varlen_forward``: the assembly v3 module for bf16 at head dims
+(128, 128) or (192, 128) on gfx942/gfx950, else a CK module named after dtype, soft cap, bias, mask, LSE,
+dropout, ``min_seqlen_q`` skip and q scale, not the head dim) and ``setup.py`` (``PREBUILD_KERNELS=1``:
+the v3 modules and five bf16 CK variants, ``PREBUILT_VARLEN``; not the non-causal one without LSE, and no
+fp16 one) at ``SGLANG_IMAGE_AITER_COMMIT``, the aiter SGLang's ROCm image builds, and at main
+e4048607a535: identical on this path (docs/rocm.md, "Hazards").
 """
 
 from __future__ import annotations

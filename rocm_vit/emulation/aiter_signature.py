@@ -1,21 +1,10 @@
 """aiter's ``flash_attn_varlen_func`` parameter lists, pinned from the source, to compare against.
 
 Each list holds ``(name, kind, default)``: ``kind`` is the ``inspect.Parameter`` kind's name,
-``default`` the ``repr`` of the default or ``None`` where the parameter has none. All were read from
-``aiter/ops/mha.py`` of ROCm/aiter (def ``flash_attn_varlen_func``):
-
-- ``PYPI_RELEASE`` (``PYPI_PARAMETERS``): amd-aiter 0.1.7.post2.dev18, the only version on PyPI
-  (2025-11), what ``pip install rocm-vit[aiter]`` gets. Read from the wheel
-  ``amd_aiter-0.1.7.post2.dev18-py3-none-any.whl``; its mha.py is byte-identical to tags v0.1.7.post1
-  and v0.1.7.post2 (169acefff8f9), and tag v0.1.7 has the same parameter list.
-- ``TARGET_RELEASE`` (``RELEASE_PARAMETERS``): tag v0.1.20.post1 (de07f3885ee5, 2026-08-20), the newest
-  release tag on GitHub; aiter is built from source there (ROCm images), not taken from PyPI.
-- ``MAIN_COMMIT`` (``MAIN_PARAMETERS``): main at e4048607a535 (2026-08-22). The same list as
-  v0.1.20.post1: between the two, mha.py differs by one ``develop=True`` on an unrelated op.
-
-What changed between them: ``window_size`` went from ``(-1, -1)`` to ``(-1, -1, 0)`` (a third entry,
-the sink size) in v0.1.8, and ``sink_ptr`` was appended in v0.1.10 (7e311c56e6b6, "Enable gptoss_sink
-(#1753)", 2026-01-15). rocm-vit passes neither.
+``default`` the ``repr`` of the default or ``None`` where there is none. ``PYPI_RELEASE``: what
+``pip install rocm-vit[aiter]`` gets; ``TARGET_RELEASE``: the newest release tag, as ROCm images build
+it from source; ``MAIN_COMMIT``: aiter's main when read. Where each was read, and what changed between
+them: docs/design.md, "The aiter stand-in".
 """
 
 from __future__ import annotations

@@ -1,47 +1,14 @@
 """A stand-in for aiter's ``flash_attn_varlen_func``: aiter's signature and argument checks, torch's math.
 
-What it is for: the emulation tier (``ROCM_VIT_EMULATE=rocm``) runs rocm-vit's ``aiter_attn`` backend on
-an NVIDIA GPU through it, and CPU tests run that backend through it, so a call aiter would refuse fails
-there too. ``install()`` puts it into ``sys.modules["aiter"]`` only where no real aiter can be imported:
-on a machine with aiter it is never used.
-
-Its signature is that of aiter ``TARGET_RELEASE`` (v0.1.20.post1; main has the same), pinned in
-``aiter_signature.py``. Before computing it refuses what that aiter refuses on rocm-vit's path
-(``FlashAttnVarlenFunc`` -> ``_flash_attn_varlen_forward`` -> ``mha_varlen_fwd``, CK; the ASM path aiter
-takes for head dim 128 makes the same checks), raising what aiter raises:
-
-- q not fp16/bf16: ``NotImplementedError("Unsupported dtype for MHA")`` (aiter/ops/mha.py,
-  ``cmdGenFunc_mha_varlen_fwd``, run before the kernel; a subclass of RuntimeError).
-- these ``TORCH_CHECK``s of ``mha_varlen_fwd`` (csrc/py_itfs_ck/mha_varlen_fwd_kernels.cu), as
-  RuntimeError quoting the check: k or v dtype differing from q; cu_seqlens not int32; a tensor not on
-  the device (``CHECK_DEVICE``: there "must be on CUDA", here q's device, so CPU tests run); cu_seqlens
-  not contiguous; no segment; head dim over 256 once padded to a multiple of 8; q heads not a multiple
-  of k heads; k/v/cu_seqlens shapes; ``out`` of another dtype, device or shape, or with a strided last
-  dimension. ``out`` has the padded head dim (aiter pads q/k/v to a multiple of 8 first and returns
-  ``out[..., :head_dim_v]``, a view of it).
-- ``max_seqlen_q/k`` that is no integer: RuntimeError, as torch's dispatcher raises for the op's
-  ``SymInt`` argument.
-- grad-requiring inputs with grad enabled and ``return_lse=False``: AssertionError (``assert return_lse``
-  in ``FlashAttnVarlenFunc.forward``).
-
-Stricter than aiter, on purpose: a tensor ``max_seqlen`` is refused (TypeError), where aiter's dispatcher
-reads it to the host, a sync per call that breaks HIP graph capture; on the host-lengths path a segment
-longer than ``max_seqlen_q`` is refused (ValueError), where aiter's grid, sized by ``max_seqlen_q``,
-leaves its last rows unwritten. Accepted by aiter but not emulated (NotImplementedError): dropout,
-sliding windows and sink tokens, logits soft cap, ``min_seqlen_q``, bias, ALiBi, paged KV, padded
-cu_seqlens, ``sink_ptr``, fp8, a backward.
-
-Like aiter as SGLang's ROCm image builds it, it loads a compiled module per call
-(``aiter_modules.varlen_forward_module``, for ``ARCH``) and records it in ``builds``: modules the
-image ships (``PREBUILD_KERNELS=1`` at the commit SGLang pins) load, any other is recorded as compiled
-inside that call, as aiter's JIT would build it there, and counts as built from then on.
-
-It computes non-causal or causal (aligned bottom-right, as aiter) attention within each segment: on
-CUDA through ``torch.nn.attention.varlen.varlen_attn`` where this torch's takes ``scale`` and
-``window_size`` (2.11+; no host read, capturable), otherwise per segment with
-``scaled_dot_product_attention`` in fp32 (reads the offsets to the host). Rows outside the segments are
-left unwritten, as aiter leaves them. Output dtype is q's; ``return_lse`` adds the natural-log lse,
-``[heads, total_q]`` fp32; ``return_attn_probs`` adds what aiter returns without dropout: an empty tensor.
+The emulation tier (``ROCM_VIT_EMULATE=rocm``) and CPU tests run ``aiter_attn`` through it, so a call
+aiter would refuse fails there too. ``install()`` puts it into ``sys.modules["aiter"]`` only where no
+real aiter can be imported. Invariants: the signature is aiter ``TARGET_RELEASE``'s
+(``aiter_signature.py``); it raises what that aiter raises on rocm-vit's path, and is stricter on
+purpose where aiter would sync or leave rows unwritten (a tensor ``max_seqlen``; a segment longer than
+``max_seqlen_q``); what it does not emulate raises ``NotImplementedError``. Each call records the
+compiled module aiter would load (``aiter_modules``) in ``builds``, as compiled in the call if the
+image does not prebuild it. Rows outside the segments are left unwritten, as aiter leaves them. Every
+check, with its source in aiter: docs/design.md, "The aiter stand-in".
 """
 
 from __future__ import annotations

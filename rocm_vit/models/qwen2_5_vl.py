@@ -1,17 +1,12 @@
 """Qwen2.5-VL vision tower: windowed attention in most blocks, full attention in ``fullatt_block_indexes``.
 
 ``state_dict`` names and shapes equal transformers' ``Qwen2_5_VisionTransformerPretrainedModel``, so
-the vision weights of an HF checkpoint load unchanged (the MLP holds them stacked and padded inside,
-see ``GatedMLP``).
-
-Window attention needs the tokens of each 112 x 112 px window (4 x 4 merge blocks) side by side.
-As in transformers, ``embed`` permutes the patch embeddings and the rotary positions into window
-order (whole merge blocks move, so the merger still sees each block's four tokens together), every
-block attends within its segmentation of that order, and ``_restore_token_order`` puts the merged
-tokens back. Both permutations run in eager and graph mode alike, on index tensors computed on the
-host (``VisionLayout``) and copied once per layout. The first is part of ``encode``, the captured
-part, and takes its index as a per-call input; the second runs after it. So a graph depends only on
-the two segmentations, and layouts that cut into the same windows share one.
+HF vision weights load unchanged (the MLP holds them stacked and padded inside, see ``GatedMLP``).
+As in transformers, ``embed`` permutes patches and rotary positions into window order (whole merge
+blocks move), every block attends within its segmentation of that order, and ``_restore_token_order``
+puts the merged tokens back; both permutations use host-computed indices (``VisionLayout``). The first
+is inside ``encode`` with its index as a per-call input, the second after it, so a graph depends only
+on the two segmentations and layouts that cut into the same windows share one.
 """
 
 from __future__ import annotations
@@ -87,10 +82,9 @@ class GatedMLP(nn.Module):
     """``down_proj(act(gate_proj(x)) * up_proj(x))``, with biases (transformers' ``Qwen2_5_VLMLP``).
 
     Held as one stacked ``gate_up_proj`` GEMM and a ``down_proj``, at a width padded with zeros to a
-    multiple of 8 (3424). Qwen2.5-VL's intermediate size, 3420, is not one, so a bf16 row of the
-    activation is not 16-byte aligned, and cuBLAS ran gate, up and down with sm80 ``align2``
-    kernels: 21, 21 and 29 us per block on an H200 at one 224² image, where the aligned GEMMs take
-    5-9 (docs/benchmarks.md, sixth round; SGLang pads its vision MLP the same way). Padded columns
+    multiple of 8 (3424): at 3420 a bf16 row is not 16-byte aligned and cuBLAS falls back to slow
+    ``align2`` kernels (3-4x slower: docs/benchmarks.md, History, sixth round; SGLang pads its vision
+    MLP the same way). Padded columns
     have zero weights and biases, so they compute ``act(0) * 0 = 0`` and meet zero columns of
     ``down_proj``: the same function. ``state_dict`` and ``load_state_dict`` speak transformers' names and shapes, so HF
     checkpoints load unchanged and the padding never leaves the module.
@@ -135,7 +129,8 @@ class GatedMLP(nn.Module):
 def padded_intermediate_size(size: int) -> int:
     """The gated MLP's width as held: a multiple of 8, so rows are 16-byte aligned in every dtype.
 
-    A multiple of 64 (3456) measured the same within 2 % on the H200 (docs/benchmarks.md).
+    A multiple of 64 (3456) measured the same within 2 % on the H200 (docs/benchmarks.md, History,
+    sixth round).
     """
     return -(-size // 8) * 8
 

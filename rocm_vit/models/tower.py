@@ -4,10 +4,9 @@ that Qwen3-VL and Qwen2.5-VL have in common.
 A tower turns ``(pixel_values, grid_thw)`` into merged tokens in three steps, the same in eager and
 graph mode: prepare the layout on the host (cached, with its device tensors), ``encode`` (``embed``:
 patches and positions in the order the blocks see tokens, then ``forward_blocks``: the blocks and
-mergers), eagerly or through the graph runner, and ``_restore_token_order``. ``encode`` is what a
-graph captures, so a replay costs the host one input copy per tensor and one launch: with the
-embedding outside the graph, its three launches and the copy of its output took ~0.11 ms of host
-time per call, 7 % of a 224² image on an H200 (docs/benchmarks.md).
+mergers), eagerly or through the graph runner, and ``_restore_token_order``. Invariant: ``encode`` is
+the one function both modes run, and what a graph captures, embedding included, so a replay costs the
+host one input copy per tensor and one launch (docs/design.md, "Tower").
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ class PreparedLayout:
         """Make the current stream wait until the tensors are written (no host sync).
 
         Once the event has completed, all later work sees the tensors: a query then replaces the
-        stream lookup and the wait (together over 10 us of host time per call under cProfile on the
-        H200's host, docs/benchmarks.md, eleventh round).
+        stream lookup and the wait (over 10 us of host time per call on an H200's host:
+        docs/benchmarks.md, History, eleventh round).
         """
         if self.ready is not None and not self.ready.query():
             torch.cuda.current_stream(self.cos.device).wait_event(self.ready)
