@@ -39,7 +39,8 @@ _STDERR_TAIL_LINES = 15
 class Part:
     """One command of the report. ``argv`` follows ``python``; ``output`` says where its result is:
     ``json`` (stdout is one JSON document, or its last line is), ``text`` (stdout as is), or
-    ``json_file`` (the command writes ``<key>.json`` in the report's folder)."""
+    ``json_file`` (the command writes ``<key>.json`` in the report's folder). ``ok_exit_codes``: the
+    exit statuses that still mean the part ran (a missed target that its own table shows)."""
 
     key: str
     title: str
@@ -47,6 +48,7 @@ class Part:
     timeout_s: float
     needs_gpu: bool = False
     output: str = "json"
+    ok_exit_codes: tuple[int, ...] = (0,)
 
 
 @dataclass
@@ -101,9 +103,10 @@ def plan(
     bench_attn += ("--rep-ms", "10" if quick else "25", "--json", "bench_attn.json")
     parts.append(Part("bench_attn", "bench-attn", bench_attn, 120 if quick else 300, True, "json_file"))
     if not quick:
-        memory = ["-m", "rocm_vit", "bench-memory", *preset_args, "--scenario", "mixed", "--calls", "300", "--json"]
+        memory = ["-m", "rocm_vit", "bench-memory", *preset_args, "--scenario", "mixed", "--calls", "600", "--json"]
         memory += ["--plot", "memory.png"] if plots else []
-        parts.append(Part("graph_memory", "bench-memory (mixed)", tuple(memory), 300, True))
+        # Exit status 1: a target missed, which its table (in the report) shows.
+        parts.append(Part("graph_memory", "bench-memory (mixed)", tuple(memory), 300, True, ok_exit_codes=(0, 1)))
     return parts
 
 
@@ -137,7 +140,7 @@ def run_part(part: Part, folder: Path, on_gpu: bool) -> PartResult:
         tail = _tail(folder / logs["stderr"])
         return PartResult(TIMED_OUT, seconds, f"stopped after {part.timeout_s:.0f} s{tail}", None, None, logs)
     data = _parse(part, text, folder)
-    if exit_code == 0 and data is not None:
+    if exit_code in part.ok_exit_codes and data is not None:
         return PartResult(OK, seconds, "", data, exit_code, logs)
     how = f"killed by signal {-exit_code}" if exit_code < 0 else f"exit status {exit_code}"
     if data is None and part.output != "text":
