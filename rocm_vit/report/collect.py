@@ -10,6 +10,7 @@ everything else runs in processes of its own (``rocm_vit.report.parts``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform as python_platform
 import shutil
 import sys
@@ -157,6 +158,7 @@ def _versions() -> tuple[dict[str, Any], Any]:
         "python": f"{python_platform.python_version()} ({sys.executable})",
         "os": python_platform.platform(),
     }
+    versions["rocm"] = _rocm_version()
     for name, distributions in _PACKAGES.items():
         found = installed_distribution(distributions)
         versions[name] = f"{found[1]} ({found[0]})" if found else "not installed"
@@ -173,6 +175,15 @@ def _versions() -> tuple[dict[str, Any], Any]:
         return versions, None
     versions["platform"] = dataclasses.asdict(platform)
     return versions, platform
+
+
+def _rocm_version() -> str | None:
+    """The ROCm install's version file (``$ROCM_PATH/.info/version``), or None where there is none."""
+    path = Path(os.environ.get("ROCM_PATH", "/opt/rocm")) / ".info" / "version"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
 
 
 def _has_matplotlib() -> bool:

@@ -88,7 +88,7 @@ def plan(
     for name in HAZARDS:
         argv = ("-m", "rocm_vit.report.hazards", name, *preset_args, *(("--quick",) if quick else ()))
         parts.append(Part(f"hazard_{name}", f"hazard: {name}", argv, 120 if quick else 240, name != "aiter_kernels"))
-    layouts, max_side = ("6", "768") if quick else ("16", "1024")
+    layouts, max_side = ("4", "512") if quick else ("16", "1024")
     for grad_mode in ("inference", "no_grad"):
         argv = ("-m", "rocm_vit", "verify", *preset_args, "--grad-mode", grad_mode, "--layouts", layouts)
         argv += ("--max-side", max_side, "--json")

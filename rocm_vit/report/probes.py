@@ -39,8 +39,9 @@ OFFSET_TOKENS = 2048
 OFFSET_SEGMENTS = 4
 # "A few dozen layouts", at most 1024 px a side: captures of every one stay within seconds.
 GRAPH_LAYOUTS = 32
-QUICK_GRAPH_LAYOUTS = 12
 GRAPH_MAX_SIDE_PX = 1024
+QUICK_GRAPH_LAYOUTS = 10
+QUICK_GRAPH_MAX_SIDE_PX = 768
 CAPTURE_UNSAFE_OP = "a device-to-host read (tensor.item())"
 # What rocm-vit's aiter calls look like (backends/aiter_attn.py): bf16 as served, non-causal, with the
 # LSE asked for (and dropped), q heads equal to k heads.
@@ -67,9 +68,8 @@ def run_check(name: str, preset_name: str, quick: bool) -> Verdict:
         if name == "graph_equals_eager":
             if not gpu:
                 return check_graph_equals_eager(None, [], None, NO_GPU)
-            return check_graph_equals_eager(
-                *tower_encoder(preset_name, QUICK_GRAPH_LAYOUTS if quick else GRAPH_LAYOUTS)
-            )
+            sizes = (QUICK_GRAPH_LAYOUTS, QUICK_GRAPH_MAX_SIDE_PX) if quick else (GRAPH_LAYOUTS, GRAPH_MAX_SIDE_PX)
+            return check_graph_equals_eager(*tower_encoder(preset_name, *sizes))
     raise ValueError(f"unknown hazard check {name!r}")
 
 
@@ -225,16 +225,16 @@ def capture_unsafe(device: torch.device | None = None) -> BaseException | None:
 
 
 def tower_encoder(
-    preset_name: str, count: int, seed: int = 0
+    preset_name: str, count: int, max_side_px: int, seed: int = 0
 ) -> tuple[Callable[[int, bool], torch.Tensor], list[str], Callable[[], dict[str, Any]]]:
-    """``(encode, layouts, runner_stats)`` over ``count`` random layouts of the preset tower (bf16,
-    random weights), every layout captured at its first call, capacity half the layouts so captures,
-    evictions and replays interleave as in ``rocm-vit verify``."""
+    """``(encode, layouts, runner_stats)`` over ``count`` random layouts, sides up to ``max_side_px``,
+    of the preset tower (bf16, random weights), every layout captured at its first call, capacity
+    half the layouts so captures, evictions and replays interleave as in ``rocm-vit verify``."""
     from rocm_vit.cli.workload import bench_graph_options, build_tower, random_pixels, random_workloads
 
     device = torch.device("cuda")
     tower = build_tower(preset_name, device, torch.bfloat16, None, seed)
-    workloads = random_workloads(count, seed, tower.config, GRAPH_MAX_SIDE_PX)
+    workloads = random_workloads(count, seed, tower.config, max_side_px)
     runner = tower.enable_graphs(**bench_graph_options(max(1, count // 2), workloads, device))
 
     def encode(index: int, use_graphs: bool) -> torch.Tensor:
