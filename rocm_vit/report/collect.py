@@ -131,14 +131,14 @@ def _hazards(results: dict[str, PartResult]) -> dict[str, Any]:
             summary = result.detail or "no verdict printed"
             checks[name] = {
                 "check": description,
-                "status": result.status,
+                "status": FAILED if result.status == OK else result.status,  # OK: ran, printed no verdict
                 "summary": summary,
                 "details": {},
                 "part": part,
             }
     statuses = {check["status"] for check in checks.values()}
-    status = next((s for s in (FAILED, TIMED_OUT, HAZARD_FOUND) if s in statuses), OK)
-    return {"status": status, "checks": checks}
+    worst = next((s for s in (FAILED, TIMED_OUT, HAZARD_FOUND) if s in statuses), OK)
+    return {"status": worst, "checks": checks}
 
 
 def _why_not_planned(key: str, quick: bool) -> str:
