@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "graph runner defaults under serving streams: hit rate, bytes held, latency",
     ),
     "tune": ("rocm_vit.cli.tune", "measure this GPU and write the profile the policy loads"),
+    "report": ("rocm_vit.cli.report", "check this stack's hazards and write report.md for a bug report"),
 }
 
 
