@@ -81,6 +81,84 @@ def test_defaults_per_platform_and_settings(facts, settings, expected):
         assert choice.reason  # every choice says why
 
 
+# The attention decisions over a table of machines, settings, profiles and head dims: the backend the
+# policy names and the kernel each layout gets (one 224² image, four 1024-token segments, a 1080p
+# screenshot, a 1600x2048 photo).
+LAYOUTS = ((196,), (1024,) * 4, (8160,), (12800,))
+HOPPER = frozenset({*GPU_MODULES, "triton.experimental.gluon"})
+H200_FA4 = Facts("cuda", "sm_90", "NVIDIA H200", modules=HOPPER | {"flash_attn.cute"}, capability=(9, 0))
+H200_GLUON = Facts("cuda", "sm_90", "NVIDIA H200", modules=HOPPER, capability=(9, 0))
+H200_NO_TRITON = dataclasses.replace(H200_GLUON, modules=frozenset({"torch.nn.attention.varlen"}))
+B200_FA4 = Facts("cuda", "sm_100", "NVIDIA B200", modules=HOPPER | {"flash_attn.cute"}, capability=(10, 0))
+B200_GLUON = Facts("cuda", "sm_100", "NVIDIA B200", modules=HOPPER, capability=(10, 0))
+A100 = Facts("cuda", "sm_80", "NVIDIA A100", modules=HOPPER | {"flash_attn.cute"}, capability=(8, 0))
+MI300X = Facts("rocm", "gfx942", "AMD Instinct MI300X", modules=frozenset({"triton", "aiter"}))
+MI355X_NO_AITER = dataclasses.replace(ROCM, modules=frozenset({"triton"}))
+MI355X_BARE = dataclasses.replace(ROCM, modules=frozenset())
+T, AITER, PAD, SDPA, GLUON, FA4 = "triton_attn", "aiter_attn", "aiter_attn_pad128", "sdpa", "gluon_attn", "fa4"
+
+
+def _cuda_tuned() -> TunedProfile:
+    return _profile(
+        attention=(
+            AttentionTiming("1x196", (196,), {"sdpa": 0.006, "triton_attn": 0.008, "gluon_attn": 0.005}, 72),
+            AttentionTiming("4x1024", (1024,) * 4, {"sdpa": 0.0647, "triton_attn": 0.0659}, 72),
+            AttentionTiming("1x8160", (8160,), {"sdpa": 0.96, "triton_attn": 0.91, "gluon_attn": 0.7}, 72),
+            AttentionTiming("1x4096", (4096,), {"sdpa": 0.20, "triton_attn": 0.19}, 128),
+        )
+    )
+
+
+def _rocm_tuned() -> TunedProfile:
+    return _profile(
+        attention=(
+            AttentionTiming("1x196", (196,), {"sdpa": 0.01, "triton_attn": 0.008, "aiter_attn": 0.009}, 72),
+            AttentionTiming("4x1024", (1024,) * 4, {"sdpa": 0.2, "triton_attn": 0.1, "aiter_attn": 0.05}, 72),
+            AttentionTiming("1x8160", (8160,), {"triton_attn": 1.2, "aiter_attn": 0.8, "aiter_attn_pad128": 0.7}, 72),
+        )
+    )
+
+
+DECISIONS = {
+    # id: (facts, settings, profile, head dim) -> (policy backend, kernel per layout of LAYOUTS)
+    "h200-fa4": ((H200_FA4, Settings(), None, 72), ("auto", (T, SDPA, FA4, FA4))),
+    "h200-gluon-d64": ((H200_GLUON, Settings(), None, 64), ("auto", (T, SDPA, GLUON, GLUON))),
+    "h200-gluon-d72": ((H200_GLUON, Settings(), None, 72), ("auto", (T, SDPA, GLUON, GLUON))),
+    "h200-gluon-d80": ((H200_GLUON, Settings(), None, 80), ("auto", (T, SDPA, GLUON, GLUON))),
+    "h200-gluon-d128": ((H200_GLUON, Settings(), None, 128), ("auto", (T, SDPA, T, SDPA))),
+    "h200-gluon-tuned-d72": ((H200_GLUON, Settings(), "cuda", 72), ("auto", (GLUON, SDPA, GLUON, GLUON))),
+    "h200-gluon-tuned-d80": ((H200_GLUON, Settings(), "cuda", 80), ("auto", (T, SDPA, GLUON, GLUON))),
+    "h200-gluon-tuned-d128": ((H200_GLUON, Settings(), "cuda", 128), ("auto", (T, T, T, T))),
+    "h200-no-triton": ((H200_NO_TRITON, Settings(), None, 72), ("auto", ("torch_varlen", SDPA, SDPA, SDPA))),
+    "b200-fa4": ((B200_FA4, Settings(), None, 72), ("auto", (T, SDPA, FA4, FA4))),
+    "b200-gluon": ((B200_GLUON, Settings(), None, 72), ("auto", (T, SDPA, T, SDPA))),
+    "a100": ((A100, Settings(), None, 72), ("auto", (T, SDPA, T, SDPA))),
+    "mi355x-aiter-d72": ((ROCM, AITER_ON, None, 72), (AITER, (AITER,) * 4)),
+    "mi355x-aiter-d128": ((ROCM, AITER_ON, None, 128), (AITER, (AITER,) * 4)),
+    "mi355x-aiter-off": ((ROCM, Settings(), None, 72), (T, (T,) * 4)),
+    "mi355x-no-aiter": ((MI355X_NO_AITER, AITER_ON, None, 72), (T, (T,) * 4)),
+    "mi355x-bare": ((MI355X_BARE, AITER_ON, None, 72), (SDPA, (SDPA,) * 4)),
+    "mi300x-aiter": ((MI300X, AITER_ON, None, 80), (AITER, (AITER,) * 4)),
+    "mi355x-aiter-tuned-d72": ((ROCM, AITER_ON, "rocm", 72), ("auto", (T, AITER, PAD, PAD))),
+    "mi355x-aiter-tuned-d64": ((ROCM, AITER_ON, "rocm", 64), ("auto", (AITER,) * 4)),
+    "mi355x-aiter-off-tuned": ((ROCM, Settings(), "rocm", 72), ("auto", (T,) * 4)),
+    "mi355x-no-aiter-tuned": ((MI355X_NO_AITER, AITER_ON, "rocm", 72), ("auto", (T,) * 4)),
+    "emulated-aiter": ((EMULATED, AITER_ON, None, 72), (AITER, (AITER,) * 4)),
+    "emulated-aiter-tuned": ((EMULATED, AITER_ON, "rocm", 72), ("auto", (T, AITER, PAD, PAD))),
+    "cpu": ((CPU, AITER_ON, None, 72), (SDPA, (SDPA,) * 4)),
+    "cpu-tuned": ((CPU, AITER_ON, "rocm", 72), (SDPA, (SDPA,) * 4)),
+}
+
+
+@pytest.mark.parametrize(("inputs", "expected"), DECISIONS.values(), ids=DECISIONS.keys())
+def test_attention_decisions_over_machines_settings_profiles_and_head_dims(inputs, expected):
+    facts, settings, profile, head_dim = inputs
+    profile = {"cuda": _cuda_tuned, "rocm": _rocm_tuned, None: lambda: None}[profile]()
+    attention = resolve_policy(facts, settings, profile).attention
+    picks = tuple(attention.pick(seq_lens, head_dim)[0] for seq_lens in LAYOUTS)
+    assert (attention.backend, picks) == expected
+
+
 def test_reasons_name_what_decided():
     assert resolve_policy(ROCM, Settings()).attention.reason.startswith("ROCm and SGLANG_USE_AITER is off")
     assert "emulated ROCm" in resolve_policy(EMULATED, AITER_ON).gelu_epilogue.reason
