@@ -242,7 +242,11 @@ class Policy:
 
     def report(self) -> dict[str, Any]:
         return {
-            "attention": {"backend": self.attention.backend, "why": self.attention.reason},
+            "attention": {
+                "backend": self.attention.backend,
+                "why": self.attention.reason,
+                "for_aiter": {"backend": self.attention.for_aiter.value, "why": self.attention.for_aiter.reason},
+            },
             "rotary": {"implementation": self.rotary.value, "why": self.rotary.reason},
             "fused_ops": {"block_ops": "fused" if self.fused_ops.value else "plain", "why": self.fused_ops.reason},
             "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},

@@ -404,6 +404,21 @@ def test_a_matching_profile_is_in_force_and_doctor_shows_it(h200, tmp_path, monk
     assert str(path) in capsys.readouterr().out
 
 
+def test_doctor_says_which_kernel_a_1080p_image_gets_on_an_mi355x_with_aiter_and_why():
+    from rocm_vit.cli.doctor import collect
+
+    with policy.use_policy(resolve_policy(ROCM, AITER_ON)):
+        report = collect()
+    attention = report["policy"]["attention"]
+    assert attention["per_layout"]["1x8160 (a 1080p screenshot)"] == "aiter_attn: aiter_attn for every layout"
+    assert attention["backend"] == "aiter_attn"
+    assert attention["why"] == "ROCm with aiter installed and SGLANG_USE_AITER=1"
+    assert attention["for_aiter"]["backend"] == "aiter_attn"  # SGLang's aiter_attn slot runs the same
+    assert attention["can_run"]["aiter_attn"] == "yes" and attention["can_run"]["triton_attn"] == "yes"
+    assert attention["can_run"]["gluon_attn"].startswith("no: gluon_attn needs an NVIDIA Hopper GPU")
+    assert not any(problem.startswith("policy") for problem in report["problems"])
+
+
 def test_a_profile_from_other_versions_is_ignored_with_one_warning(h200, tmp_path, caplog):
     path = tmp_path / "old.yaml"
     write_profile(_profile(key={**profile_key(h200), "torch": "2.0.0"}), path)
