@@ -4,8 +4,9 @@ Every choice rocm-vit makes about the machine comes from ``resolve_policy``, a p
 platform facts (``Facts``), settings and an optional tuned profile (``rocm-vit tune``). The process
 computes it once (``current_policy``); attention, rotary, fused ops, the deepstack side stream,
 the towers' graph defaults and the SGLang adapter read it, and ``rocm-vit doctor`` prints it with
-every reason. Without a profile the rules below hold; they were measured on an H200 and are guesses
-elsewhere, which is why ``rocm-vit tune`` measures the user's GPU and the profile overrides them.
+every reason. Attention is chosen among the backends whose declared needs this machine meets
+(``rocm_vit.backend_requirements``). Without a profile the rules below hold; they were measured on an
+H200 and are guesses elsewhere, which is why ``rocm-vit tune`` measures the user's GPU.
 
 Graph replay equals eager bit for bit only if both run the same code: the policy is fixed for the
 life of a process (``use_policy`` swaps it for ``rocm-vit tune`` and tests, never while graphs exist).
