@@ -1,14 +1,12 @@
-"""SGLang's vision attention on rocm-vit: the ``aiter_attn`` backend and the rotary policy.
+"""SGLang's vision attention on rocm-vit: the ``aiter_attn`` slot and the rotary policy.
 
 ``AiterVisionAttention`` takes SGLang's constructor and forward signature and runs the backend the
-policy names for a caller that asks for aiter (``AttentionPolicy.for_aiter``): rocm-vit's
-``aiter_attn``, or, where a tuned profile is in force on ROCm, ``auto``, per layout the kernel
-``rocm-vit tune`` measured fastest on this GPU (aiter, aiter padded to head dim 128, triton_attn or
-SDPA). SGLang's own ``VisionAiterAttention`` computes ``max_seqlen`` with ``.item()``
-(a host sync in every layer, fatal inside a graph capture) and does not accept the list a graph
-runner passes; this one takes that list (``[cu_seqlens, max_seqlen]``, or with the host segment
-lengths appended, as rocm-vit's graph runner passes them), SGLang's precomputed metadata, or a bare
-``cu_seqlens`` tensor, and reads nothing back from the device when host data is given.
+policy names for a caller that asks for aiter (``AttentionPolicy.for_aiter``: ``aiter_attn``, or
+``auto`` where a tuned profile picks per layout on ROCm). SGLang's own ``VisionAiterAttention``
+reads ``max_seqlen`` with ``.item()`` (a host sync in every layer, fatal inside a graph capture) and
+does not accept a graph runner's list; this one takes that list (``[cu_seqlens, max_seqlen]``, or
+with the host segment lengths appended), SGLang's precomputed metadata or a bare ``cu_seqlens``
+tensor, and reads nothing back from the device when host data is given.
 
 ``rotary_pos_emb`` replaces both rotary helpers ``VisionAttention.forward`` chooses between, so the
 same rocm-vit implementation (``rocm_vit.rotary.apply_rotary``) runs in eager and in graph mode.
