@@ -2,17 +2,13 @@
 
 The tower and the graph runner never test a backend's name: they ask the backend for its list
 (``runner_args``) once per layout segmentation and hand each layer the list of the segmentation it
-attends within; ``layout_args`` builds them all. Callers without a
-layout (SGLang's ``VisionAttention``) build the list from a ``cu_seqlens`` tensor with
-``attn_args_from_tensor``.
+attends within; ``layout_args`` builds them all. Callers without a layout (SGLang's
+``VisionAttention``) build the list from a ``cu_seqlens`` tensor with ``attn_args_from_tensor``.
 
-Selection is the policy's (``rocm_vit.policy``): without a tuned profile, ROCm with aiter and
-``SGLANG_USE_AITER=1`` -> ``aiter_attn``; ROCm otherwise -> ``triton_attn``; CUDA -> ``auto`` (a kernel
-per layout by the CUDA rule: for long segments ``fa4`` where flash-attn-4 is installed, else
-``gluon_attn`` on Hopper);
-CPU -> ``sdpa``. With a profile, ``auto`` on CUDA and ROCm picks per layout what ``rocm-vit tune``
-measured fastest. ``ROCM_VIT_ATTENTION_BACKEND`` or an explicit name overrides it, and a backend
-that cannot run here fails in ``get_backend``, at tower construction, not at the first request.
+What each backend needs to run is declared in ``rocm_vit.backend_requirements``; which one runs is
+the policy's (``rocm_vit.policy``; ``rocm-vit doctor`` prints it with its reasons).
+``ROCM_VIT_ATTENTION_BACKEND`` or an explicit name overrides it, and a backend that cannot run here
+fails in ``get_backend``, at tower construction, not at the first request.
 """
 
 from __future__ import annotations
@@ -28,10 +24,11 @@ from typing import ClassVar
 
 import torch
 
+from rocm_vit.backend_requirements import backend_unavailable_reason
 from rocm_vit.backends.sdpa import sdpa_varlen
 from rocm_vit.layout import Segmentation, VisionLayout
 from rocm_vit.platform import PlatformName, platform_info
-from rocm_vit.policy import active_policy, backend_unavailable_reason, current_facts
+from rocm_vit.policy import active_policy, current_facts
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +46,8 @@ class AttentionBackend(ABC):
     def unavailable_reason(cls, platform: PlatformName | None = None) -> str | None:
         """Why this backend cannot run on ``platform`` (default: this one), or ``None`` when it can.
 
-        The rules live in the policy (``backend_unavailable_reason``), which also decides what
-        ``auto`` may pick; this machine's modules are found without importing them.
+        What it needs is declared in ``rocm_vit.backend_requirements.REQUIREMENTS`` under its name and
+        checked against this machine's facts (modules found without importing them).
         """
         facts = current_facts()
         if platform is not None:

@@ -4,8 +4,9 @@ Every choice rocm-vit makes about the machine comes from ``resolve_policy``, a p
 platform facts (``Facts``), settings and an optional tuned profile (``rocm-vit tune``). The process
 computes it once (``current_policy``); attention, rotary, fused ops, the deepstack side stream,
 the towers' graph defaults and the SGLang adapter read it, and ``rocm-vit doctor`` prints it with
-every reason. Without a profile the rules below hold; they were measured on an H200 and are guesses
-elsewhere, which is why ``rocm-vit tune`` measures the user's GPU and the profile overrides them.
+every reason. Attention is chosen among the backends whose declared needs this machine meets
+(``rocm_vit.backend_requirements``). Without a profile the rules below hold; they were measured on an
+H200 and are guesses elsewhere, which is why ``rocm-vit tune`` measures the user's GPU.
 
 Graph replay equals eager bit for bit only if both run the same code: the policy is fixed for the
 life of a process (``use_policy`` swaps it for ``rocm-vit tune`` and tests, never while graphs exist).
@@ -22,12 +23,13 @@ import operator
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from rocm_vit.backend_requirements import REQUIREMENTS, backend_unavailable_reason
 from rocm_vit.platform import PlatformName, platform_info
 from rocm_vit.profile import (
     PROFILE_ENV,
@@ -42,9 +44,10 @@ from rocm_vit.settings import ENV_NAMES, Settings, load_settings
 
 logger = logging.getLogger(__name__)
 
-# Modules whose presence changes a choice; found with importlib.util.find_spec, never imported (a dotted
-# name imports its parent packages: flash_attn, triton.experimental).
-PROBED_MODULES = ("triton", "aiter", "flash_attn.cute", "torch.nn.attention.varlen", "triton.experimental.gluon")
+# Modules whose presence changes a choice: those the backends declare, and Triton, which the rotary and
+# the fused ops need too. Found with importlib.util.find_spec, never imported (a dotted name imports its
+# parent packages: flash_attn, triton.experimental).
+PROBED_MODULES = tuple(dict.fromkeys(["triton", *(name for needs in REQUIREMENTS.values() for name in needs.modules)]))
 
 # The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` and graph-timed sweeps on an H200
 # (bf16, 16 heads, head dim 72, torch 2.11; docs/benchmarks.md). SDPA's default kernel there is
@@ -157,10 +160,8 @@ class CudaRule:
 
     def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
         long = self.long
-        if long == "gluon_attn" and head_dim is not None:
-            from rocm_vit.backends.gluon_attn import GLUON_HEAD_DIMS
-
-            long = long if head_dim in GLUON_HEAD_DIMS else None
+        if long is not None and REQUIREMENTS[long].head_dim_reason(head_dim) is not None:
+            long = None
         return pick_cuda_backend(seq_lens, self.varlen, long)
 
 
@@ -212,11 +213,15 @@ class TunedRule:
 
 @dataclass(frozen=True)
 class AttentionPolicy:
-    """``backend``: what ``get_backend()`` builds (``auto`` picks per layout with ``rule``)."""
+    """``backend``: what ``get_backend()`` builds (``auto`` picks per layout with ``rule``).
+
+    ``for_aiter``: what serves a caller that names aiter (SGLang's ``aiter_attn`` slot).
+    """
 
     backend: str
     reason: str
     rule: AttentionRule
+    for_aiter: Choice = Choice("aiter_attn", "named by the caller: aiter_attn for every layout")
 
     def pick(self, seq_lens: Sequence[int], head_dim: int | None = None) -> tuple[str, str]:
         return self.rule.pick(seq_lens, head_dim)
@@ -238,7 +243,11 @@ class Policy:
 
     def report(self) -> dict[str, Any]:
         return {
-            "attention": {"backend": self.attention.backend, "why": self.attention.reason},
+            "attention": {
+                "backend": self.attention.backend,
+                "why": self.attention.reason,
+                "for_aiter": {"backend": self.attention.for_aiter.value, "why": self.attention.for_aiter.reason},
+            },
             "rotary": {"implementation": self.rotary.value, "why": self.rotary.reason},
             "fused_ops": {"block_ops": "fused" if self.fused_ops.value else "plain", "why": self.fused_ops.reason},
             "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},
@@ -359,54 +368,6 @@ def active_policy() -> Policy:
 _active: list[Policy] = []
 
 
-def backend_unavailable_reason(name: str, facts: Facts) -> str | None:
-    """Why attention backend ``name`` cannot run with ``facts`` (what is missing), or ``None``."""
-    platform = facts.platform
-    if name in ("aiter_attn", "aiter_attn_pad128"):
-        if platform != "rocm":
-            return f"{name} needs ROCm on an AMD Instinct GPU; this machine is {platform}"
-        if "aiter" not in facts.modules:
-            from rocm_vit.backends.aiter_attn import AITER_MISSING
-
-            return AITER_MISSING
-        return None
-    if name == "triton_attn":
-        if "triton" not in facts.modules:
-            return "triton is not installed (it ships with torch on CUDA and ROCm builds)"
-        if platform == "cpu" and not facts.triton_interpret:
-            return "triton_attn needs a CUDA or ROCm GPU (or TRITON_INTERPRET=1, for tests)"
-        return None
-    if name == "torch_varlen":
-        if platform != "cuda":
-            return f"torch_varlen needs an NVIDIA GPU (CUDA); this machine is {platform}"
-        if "torch.nn.attention.varlen" not in facts.modules:
-            return f"torch_varlen needs torch >= 2.10 (torch.nn.attention.varlen); this is torch {torch.__version__}"
-        return None
-    if name == "fa4":
-        if platform != "cuda":
-            return f"fa4 needs an NVIDIA GPU (CUDA); this machine is {platform}"
-        if "flash_attn.cute" not in facts.modules:
-            from rocm_vit.backends.fa4_attn import FA4_MISSING
-
-            return FA4_MISSING
-        major, minor = facts.capability or (0, 0)
-        if major < 9:
-            return f"fa4 is used from sm_90 (Hopper) on; this GPU is sm_{major}{minor}"
-        return None
-    if name == "gluon_attn":
-        if platform != "cuda":
-            return f"gluon_attn needs an NVIDIA Hopper GPU (sm_90); this machine is {platform}"
-        if "triton.experimental.gluon" not in facts.modules:
-            return "this Triton has no Gluon (triton.experimental.gluon); gluon_attn was run with Triton 3.6"
-        major, minor = facts.capability or (0, 0)
-        if (major, minor) != (9, 0):
-            return f"gluon_attn's kernel is Hopper's (wgmma and TMA, sm_90); this GPU is sm_{major}{minor}"
-        return None
-    if name == "auto" and platform == "cpu":
-        return "auto picks among GPU kernels per layout; on cpu name a backend or use the default"
-    return None
-
-
 def pick_cuda_backend(
     seq_lens: Sequence[int], varlen_name: str = "triton_attn", long_name: str | None = None
 ) -> tuple[str, str]:
@@ -437,56 +398,90 @@ def pick_cuda_backend(
 
 
 def _attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -> AttentionPolicy:
+    if facts.platform == "rocm":
+        return _rocm_attention(facts, settings, profile)
     if settings.attention_backend:
-        name = settings.attention_backend
-        return AttentionPolicy(name, f"set by {ENV_NAMES['attention_backend']}", FixedRule(name))
-    base, base_reason = _default_attention(facts, settings)
-    if profile is None or facts.platform == "cpu":
-        backend = "auto" if isinstance(base, CudaRule) else base.backend
-        return AttentionPolicy(backend, base_reason, base)
-    allowed = tuple(
-        name
-        for name in AUTO_CANDIDATES[facts.platform]
-        if backend_unavailable_reason(name, facts) is None and (settings.use_aiter or not name.startswith("aiter"))
+        return _named_attention(settings.attention_backend)
+    if facts.platform == "cuda":
+        rule, reason = _cuda_rule(facts)
+        if profile is None:
+            return AttentionPolicy("auto", reason, rule)
+        return _tuned_attention(profile, _runnable(facts, AUTO_CANDIDATES["cuda"]), rule, reason)
+    return AttentionPolicy("sdpa", f"{facts.platform}: per-sequence scaled_dot_product_attention", FixedRule("sdpa"))
+
+
+def _rocm_attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -> AttentionPolicy:
+    """ROCm's whole attention choice, including what serves a caller that names aiter.
+
+    ``ROCM_VIT_ATTENTION_BACKEND`` wins. Otherwise one backend for every layout: ``aiter_attn`` where
+    aiter is installed and ``SGLANG_USE_AITER=1``, else ``triton_attn`` (the kernel picks its tiles
+    per arch: ``backends/triton_attn.py``), else ``sdpa``. With a tuned profile the backend is
+    ``auto``: per layout the fastest measured among the backends that can run, aiter's only with
+    ``SGLANG_USE_AITER=1`` (``TunedRule``), else that one backend. A caller that names aiter
+    (SGLang's ``aiter_attn`` slot) gets ``auto`` where the policy picks per layout, else ``aiter_attn``.
+    """
+    if settings.attention_backend:
+        attention = _named_attention(settings.attention_backend)
+    else:
+        aiter_missing = backend_unavailable_reason("aiter_attn", facts)
+        if aiter_missing is None and settings.use_aiter:
+            base, reason = FixedRule("aiter_attn"), "ROCm with aiter installed and SGLANG_USE_AITER=1"
+        else:
+            why = "aiter is not installed (pip install rocm-vit[aiter])" if aiter_missing else "SGLANG_USE_AITER is off"
+            if backend_unavailable_reason("triton_attn", facts) is None:
+                base, reason = FixedRule("triton_attn"), f"ROCm and {why}: rocm-vit's Triton varlen kernel"
+            else:
+                base, reason = FixedRule("sdpa"), f"ROCm, {why} and triton is missing"
+        if profile is None:
+            attention = AttentionPolicy(base.backend, reason, base)
+        else:
+            allowed = tuple(
+                name
+                for name in _runnable(facts, AUTO_CANDIDATES["rocm"])
+                if settings.use_aiter or "aiter" not in REQUIREMENTS[name].modules
+            )
+            attention = _tuned_attention(profile, allowed, base, reason)
+    if attention.backend == "auto":
+        for_aiter = Choice("auto", "the policy picks the kernel per layout here")
+        return replace(attention, for_aiter=for_aiter)
+    return attention
+
+
+def _named_attention(name: str) -> AttentionPolicy:
+    return AttentionPolicy(name, f"set by {ENV_NAMES['attention_backend']}", FixedRule(name))
+
+
+def _cuda_rule(facts: Facts) -> tuple[CudaRule, str]:
+    varlen = next((name for name in CUDA_VARLEN_PREFERENCE if backend_unavailable_reason(name, facts) is None), "sdpa")
+    missing = {name: backend_unavailable_reason(name, facts) for name in CUDA_LONG_KERNELS}
+    long = next((name for name in CUDA_LONG_KERNELS if missing[name] is None), None)
+    long_rule = (
+        f"{long} when the longest segment has >= {CUDA_LONG_MIN_TOKENS[long]} tokens, else "
+        if long is not None
+        else f"(no long-sequence kernel: {'; '.join(missing.values())}) "
     )
-    rule = TunedRule(profile.attention, allowed, base)
+    reason = (
+        f"CUDA: per layout, {long_rule}SDPA when every segment has >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens "
+        f"and they are equal or <= {CUDA_SDPA_MAX_SEGMENTS}"
+        + (f" and whole {ALIGNMENT_TOKENS}-token tiles" if varlen == CUDA_PARTIAL_TILE_VARLEN else "")
+        + f", else {varlen}"
+    )
+    return CudaRule(varlen, long), reason
+
+
+def _tuned_attention(
+    profile: TunedProfile, allowed: tuple[str, ...], fallback: AttentionRule, fallback_reason: str
+) -> AttentionPolicy:
     head_dims = ", ".join(str(head_dim) for head_dim in profile.head_dims)
     reason = (
         f"tuned: per layout the fastest of {', '.join(allowed)} at the nearest of {len(profile.attention)} layouts "
-        f"measured at head dim {head_dims}; other head dims: {base_reason}"
+        f"measured at head dim {head_dims}; other head dims: {fallback_reason}"
     )
-    return AttentionPolicy("auto", reason, rule)
+    return AttentionPolicy("auto", reason, TunedRule(profile.attention, allowed, fallback))
 
 
-def _default_attention(facts: Facts, settings: Settings) -> tuple[FixedRule | CudaRule, str]:
-    platform = facts.platform
-    if platform == "rocm":
-        has_aiter = "aiter" in facts.modules
-        if has_aiter and settings.use_aiter:
-            return FixedRule("aiter_attn"), "ROCm with aiter installed and SGLANG_USE_AITER=1"
-        why = "SGLANG_USE_AITER is off" if has_aiter else "aiter is not installed (pip install rocm-vit[aiter])"
-        if backend_unavailable_reason("triton_attn", facts) is None:
-            return FixedRule("triton_attn"), f"ROCm and {why}: rocm-vit's Triton varlen kernel"
-        return FixedRule("sdpa"), f"ROCm, {why} and triton is missing"
-    if platform == "cuda":
-        varlen = next(
-            (name for name in CUDA_VARLEN_PREFERENCE if backend_unavailable_reason(name, facts) is None), "sdpa"
-        )
-        missing = {name: backend_unavailable_reason(name, facts) for name in CUDA_LONG_KERNELS}
-        long = next((name for name in CUDA_LONG_KERNELS if missing[name] is None), None)
-        long_rule = (
-            f"{long} when the longest segment has >= {CUDA_LONG_MIN_TOKENS[long]} tokens, else "
-            if long is not None
-            else f"(no long-sequence kernel: {'; '.join(missing.values())}) "
-        )
-        reason = (
-            f"CUDA: per layout, {long_rule}SDPA when every segment has >= {CUDA_SDPA_MIN_SEGMENT_TOKENS} tokens "
-            f"and they are equal or <= {CUDA_SDPA_MAX_SEGMENTS}"
-            + (f" and whole {ALIGNMENT_TOKENS}-token tiles" if varlen == CUDA_PARTIAL_TILE_VARLEN else "")
-            + f", else {varlen}"
-        )
-        return CudaRule(varlen, long), reason
-    return FixedRule("sdpa"), f"{platform}: per-sequence scaled_dot_product_attention"
+def _runnable(facts: Facts, names: Sequence[str]) -> tuple[str, ...]:
+    return tuple(name for name in names if backend_unavailable_reason(name, facts) is None)
 
 
 def _rotary(facts: Facts, settings: Settings, profile: TunedProfile | None) -> Choice:

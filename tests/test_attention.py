@@ -317,7 +317,7 @@ def machine(monkeypatch, fake_platform):
         platform: str, modules: set[str] = frozenset({"triton", "torch.nn.attention.varlen"}), arch: str = ""
     ):
         def find_spec(name, package=None):
-            if name in ("aiter", "triton", "torch.nn.attention.varlen", "flash_attn.cute", "triton.experimental.gluon"):
+            if name in policy.PROBED_MODULES:
                 return real_find_spec("torch") if name in modules else None
             return real_find_spec(name, package)
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import rocm_vit.policy as policy
-from rocm_vit.attention import AutoAttention, SdpaAttention, TritonAttention, get_backend
+from rocm_vit.attention import BACKENDS, AutoAttention, SdpaAttention, TritonAttention, get_backend
+from rocm_vit.backend_requirements import ANY_PLATFORM, REQUIREMENTS
 from rocm_vit.cli.main import main
 from rocm_vit.layout import VisionLayout
 from rocm_vit.platform import PlatformInfo
@@ -79,6 +80,132 @@ def test_defaults_per_platform_and_settings(facts, settings, expected):
     ) == expected
     for choice in (resolved.rotary, resolved.fused_ops, resolved.gelu_epilogue, resolved.side_stream):
         assert choice.reason  # every choice says why
+
+
+# The attention decisions over a table of machines, settings, profiles and head dims: the backend the
+# policy names, the kernel each layout gets (one 224² image, four 1024-token segments, a 1080p
+# screenshot, a 1600x2048 photo) and what serves a caller that names aiter (SGLang's aiter_attn slot).
+LAYOUTS = ((196,), (1024,) * 4, (8160,), (12800,))
+HOPPER = frozenset({*GPU_MODULES, "triton.experimental.gluon"})
+H200_FA4 = Facts("cuda", "sm_90", "NVIDIA H200", modules=HOPPER | {"flash_attn.cute"}, capability=(9, 0))
+H200_GLUON = Facts("cuda", "sm_90", "NVIDIA H200", modules=HOPPER, capability=(9, 0))
+H200_NO_TRITON = dataclasses.replace(H200_GLUON, modules=frozenset({"torch.nn.attention.varlen"}))
+B200_FA4 = Facts("cuda", "sm_100", "NVIDIA B200", modules=HOPPER | {"flash_attn.cute"}, capability=(10, 0))
+B200_GLUON = Facts("cuda", "sm_100", "NVIDIA B200", modules=HOPPER, capability=(10, 0))
+A100 = Facts("cuda", "sm_80", "NVIDIA A100", modules=HOPPER | {"flash_attn.cute"}, capability=(8, 0))
+MI300X = Facts("rocm", "gfx942", "AMD Instinct MI300X", modules=frozenset({"triton", "aiter"}))
+MI355X_NO_AITER = dataclasses.replace(ROCM, modules=frozenset({"triton"}))
+MI355X_BARE = dataclasses.replace(ROCM, modules=frozenset())
+MI355X_VARLEN = dataclasses.replace(ROCM, modules=GPU_MODULES)
+NAMED_SDPA = Settings(attention_backend="sdpa", use_aiter=True)
+T, AITER, PAD, SDPA, GLUON, FA4 = "triton_attn", "aiter_attn", "aiter_attn_pad128", "sdpa", "gluon_attn", "fa4"
+
+
+def _cuda_tuned() -> TunedProfile:
+    return _profile(
+        attention=(
+            AttentionTiming("1x196", (196,), {"sdpa": 0.006, "triton_attn": 0.008, "gluon_attn": 0.005}, 72),
+            AttentionTiming("4x1024", (1024,) * 4, {"sdpa": 0.0647, "triton_attn": 0.0659}, 72),
+            AttentionTiming("1x8160", (8160,), {"sdpa": 0.96, "triton_attn": 0.91, "gluon_attn": 0.7}, 72),
+            AttentionTiming("1x4096", (4096,), {"sdpa": 0.20, "triton_attn": 0.19}, 128),
+        )
+    )
+
+
+def _rocm_tuned() -> TunedProfile:
+    return _profile(
+        attention=(
+            AttentionTiming("1x196", (196,), {"sdpa": 0.01, "triton_attn": 0.008, "aiter_attn": 0.009}, 72),
+            AttentionTiming("4x1024", (1024,) * 4, {"sdpa": 0.2, "triton_attn": 0.1, "aiter_attn": 0.05}, 72),
+            AttentionTiming("1x8160", (8160,), {"triton_attn": 1.2, "aiter_attn": 0.8, "aiter_attn_pad128": 0.7}, 72),
+        )
+    )
+
+
+DECISIONS = {
+    # id: (facts, settings, profile, head dim) -> (policy backend, kernel per layout of LAYOUTS, for_aiter)
+    "h200-fa4": ((H200_FA4, Settings(), None, 72), ("auto", (T, SDPA, FA4, FA4), AITER)),
+    "h200-gluon-d64": ((H200_GLUON, Settings(), None, 64), ("auto", (T, SDPA, GLUON, GLUON), AITER)),
+    "h200-gluon-d72": ((H200_GLUON, Settings(), None, 72), ("auto", (T, SDPA, GLUON, GLUON), AITER)),
+    "h200-gluon-d80": ((H200_GLUON, Settings(), None, 80), ("auto", (T, SDPA, GLUON, GLUON), AITER)),
+    "h200-gluon-d128": ((H200_GLUON, Settings(), None, 128), ("auto", (T, SDPA, T, SDPA), AITER)),
+    "h200-gluon-tuned-d72": ((H200_GLUON, Settings(), "cuda", 72), ("auto", (GLUON, SDPA, GLUON, GLUON), AITER)),
+    "h200-gluon-tuned-d80": ((H200_GLUON, Settings(), "cuda", 80), ("auto", (T, SDPA, GLUON, GLUON), AITER)),
+    "h200-gluon-tuned-d128": ((H200_GLUON, Settings(), "cuda", 128), ("auto", (T, T, T, T), AITER)),
+    "h200-no-triton": ((H200_NO_TRITON, Settings(), None, 72), ("auto", ("torch_varlen", SDPA, SDPA, SDPA), AITER)),
+    "b200-fa4": ((B200_FA4, Settings(), None, 72), ("auto", (T, SDPA, FA4, FA4), AITER)),
+    "b200-gluon": ((B200_GLUON, Settings(), None, 72), ("auto", (T, SDPA, T, SDPA), AITER)),
+    "a100": ((A100, Settings(), None, 72), ("auto", (T, SDPA, T, SDPA), AITER)),
+    "mi355x-aiter-d72": ((ROCM, AITER_ON, None, 72), (AITER, (AITER,) * 4, AITER)),
+    "mi355x-aiter-d128": ((ROCM, AITER_ON, None, 128), (AITER, (AITER,) * 4, AITER)),
+    "mi355x-aiter-off": ((ROCM, Settings(), None, 72), (T, (T,) * 4, AITER)),
+    "mi355x-no-aiter": ((MI355X_NO_AITER, AITER_ON, None, 72), (T, (T,) * 4, AITER)),
+    "mi355x-bare": ((MI355X_BARE, AITER_ON, None, 72), (SDPA, (SDPA,) * 4, AITER)),
+    "mi300x-aiter": ((MI300X, AITER_ON, None, 80), (AITER, (AITER,) * 4, AITER)),
+    "mi355x-aiter-tuned-d72": ((ROCM, AITER_ON, "rocm", 72), ("auto", (T, AITER, PAD, PAD), "auto")),
+    "mi355x-aiter-tuned-d64": ((ROCM, AITER_ON, "rocm", 64), ("auto", (AITER,) * 4, "auto")),
+    "mi355x-aiter-off-tuned": ((ROCM, Settings(), "rocm", 72), ("auto", (T,) * 4, "auto")),
+    "mi355x-no-aiter-tuned": ((MI355X_NO_AITER, AITER_ON, "rocm", 72), ("auto", (T,) * 4, "auto")),
+    "emulated-aiter": ((EMULATED, AITER_ON, None, 72), (AITER, (AITER,) * 4, AITER)),
+    "emulated-aiter-tuned": ((EMULATED, AITER_ON, "rocm", 72), ("auto", (T, AITER, PAD, PAD), "auto")),
+    "mi355x-named-sdpa": ((ROCM, NAMED_SDPA, "rocm", 72), (SDPA, (SDPA,) * 4, AITER)),
+    "cpu": ((CPU, AITER_ON, None, 72), (SDPA, (SDPA,) * 4, AITER)),
+    "cpu-tuned": ((CPU, AITER_ON, "rocm", 72), (SDPA, (SDPA,) * 4, AITER)),
+}
+
+
+@pytest.mark.parametrize(("inputs", "expected"), DECISIONS.values(), ids=DECISIONS.keys())
+def test_attention_decisions_over_machines_settings_profiles_and_head_dims(inputs, expected):
+    facts, settings, profile, head_dim = inputs
+    profile = {"cuda": _cuda_tuned, "rocm": _rocm_tuned, None: lambda: None}[profile]()
+    attention = resolve_policy(facts, settings, profile).attention
+    picks = tuple(attention.pick(seq_lens, head_dim)[0] for seq_lens in LAYOUTS)
+    assert (attention.backend, picks, attention.for_aiter.value) == expected
+
+
+def test_every_attention_backend_declares_what_it_needs():
+    assert set(BACKENDS) == set(REQUIREMENTS)
+    declared = {module for needs in REQUIREMENTS.values() for module in needs.modules}
+    assert set(policy.PROBED_MODULES) == declared | {"triton"}  # Triton also decides rotary and fused ops
+
+
+def test_gluon_attn_declares_the_head_dims_its_kernel_takes():
+    pytest.importorskip("triton.experimental.gluon", reason="Triton without Gluon")
+    from rocm_vit.backends import gluon_attn
+
+    assert REQUIREMENTS["gluon_attn"].head_dims == gluon_attn.GLUON_HEAD_DIMS
+    why = policy.backend_unavailable_reason("gluon_attn", H200_GLUON, head_dim=128)
+    assert why == "gluon_attn takes head dims 64, 72, 80, not 128"
+    assert policy.backend_unavailable_reason("gluon_attn", H200_GLUON, head_dim=72) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "facts", "undeclared", "refusal"),
+    [
+        ("gluon_attn", A100, {"min_capability": None}, "Hopper's (wgmma and TMA, sm_90); this GPU is sm_80"),
+        ("gluon_attn", B200_GLUON, {"max_capability": None}, "Hopper's (wgmma and TMA, sm_90); this GPU is sm_100"),
+        ("fa4", A100, {"min_capability": None}, "fa4 is used from sm_90 (Hopper) on; this GPU is sm_80"),
+        ("aiter_attn", MI355X_NO_AITER, {"modules": {}}, "pip install rocm-vit[aiter]"),
+        ("torch_varlen", MI355X_VARLEN, {"platforms": ANY_PLATFORM}, "an NVIDIA GPU (CUDA); this machine is rocm"),
+        ("triton_attn", Facts("cpu", modules=GPU_MODULES), {"cpu_needs_interpreter": False}, "a CUDA or ROCm"),
+    ],
+)
+def test_a_backends_declaration_is_what_refuses_it(monkeypatch, name, facts, undeclared, refusal):
+    assert refusal in policy.backend_unavailable_reason(name, facts)
+    monkeypatch.setitem(REQUIREMENTS, name, dataclasses.replace(REQUIREMENTS[name], **undeclared))
+    assert policy.backend_unavailable_reason(name, facts) is None
+
+
+def test_the_policy_chooses_among_what_the_declarations_let_run(monkeypatch):
+    long = (12800,)
+    assert resolve_policy(A100, Settings()).attention.pick(long, 128)[0] == "sdpa"
+    assert resolve_policy(MI355X_NO_AITER, AITER_ON).attention.backend == "triton_attn"
+    # Declared runnable anywhere: the CUDA rule's long kernel on an A100 at head dim 128, aiter without aiter.
+    gluon, aiter = REQUIREMENTS["gluon_attn"], REQUIREMENTS["aiter_attn"]
+    monkeypatch.setitem(REQUIREMENTS, "gluon_attn", dataclasses.replace(gluon, min_capability=None, head_dims=None))
+    monkeypatch.setitem(REQUIREMENTS, "aiter_attn", dataclasses.replace(aiter, modules={}))
+    assert resolve_policy(A100, Settings()).attention.pick(long, 128)[0] == "gluon_attn"
+    assert resolve_policy(MI355X_NO_AITER, AITER_ON).attention.backend == "aiter_attn"
 
 
 def test_reasons_name_what_decided():
@@ -275,6 +402,21 @@ def test_a_matching_profile_is_in_force_and_doctor_shows_it(h200, tmp_path, monk
     assert resolved.profile.value is not None and resolved.graph_max_tokens.value == 2048
     assert main(["doctor", "--json"]) in (0, 1)
     assert str(path) in capsys.readouterr().out
+
+
+def test_doctor_says_which_kernel_a_1080p_image_gets_on_an_mi355x_with_aiter_and_why():
+    from rocm_vit.cli.doctor import collect
+
+    with policy.use_policy(resolve_policy(ROCM, AITER_ON)):
+        report = collect()
+    attention = report["policy"]["attention"]
+    assert attention["per_layout"]["1x8160 (a 1080p screenshot)"] == "aiter_attn: aiter_attn for every layout"
+    assert attention["backend"] == "aiter_attn"
+    assert attention["why"] == "ROCm with aiter installed and SGLANG_USE_AITER=1"
+    assert attention["for_aiter"]["backend"] == "aiter_attn"  # SGLang's aiter_attn slot runs the same
+    assert attention["can_run"]["aiter_attn"] == "yes" and attention["can_run"]["triton_attn"] == "yes"
+    assert attention["can_run"]["gluon_attn"].startswith("no: gluon_attn needs an NVIDIA Hopper GPU")
+    assert not any(problem.startswith("policy") for problem in report["problems"])
 
 
 def test_a_profile_from_other_versions_is_ignored_with_one_warning(h200, tmp_path, caplog):

@@ -32,6 +32,12 @@ _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "transformers": ("transformers",),
 }
 _ENV_PREFIXES = ("SGLANG_", "ROCM_VIT_")
+# Layouts whose kernel the report names, as Qwen3-VL patches them (16 pixels, default pixel limits).
+_EXAMPLE_LAYOUTS = {
+    "1x196 (a 224x224 image)": (196,),
+    "1x8160 (a 1080p screenshot)": (8160,),
+    "1x47376 (a phone photo)": (47376,),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,18 +148,31 @@ def _installed_version(import_name: str) -> str:
 
 def _policy() -> dict[str, Any]:
     from rocm_vit.attention import BACKENDS
+    from rocm_vit.backend_requirements import REQUIREMENTS
     from rocm_vit.policy import active_policy
 
     policy = active_policy()
     values = policy.report()
     name = policy.attention.backend
-    backend_cls = BACKENDS.get(name)
+    values["attention"]["per_layout"] = {
+        label: "{}: {}".format(*policy.attention.pick(seq_lens)) for label, seq_lens in _EXAMPLE_LAYOUTS.items()
+    }
+    values["attention"]["can_run"] = {
+        backend: _verdict(needs.unavailable_reason(policy.facts), needs.head_dims)
+        for backend, needs in REQUIREMENTS.items()
+    }
     values["attention"]["known"] = sorted(BACKENDS)
-    if backend_cls is None:
+    if name not in BACKENDS:
         values["error"] = f"attention backend {name!r} is unknown"
-    elif missing := backend_cls.unavailable_reason():
+    elif missing := REQUIREMENTS[name].unavailable_reason(policy.facts):
         values["error"] = f"attention backend {name!r} cannot run on {policy.facts.platform}: {missing}"
     return values
+
+
+def _verdict(missing: str | None, head_dims: tuple[int, ...] | None) -> str:
+    if missing is not None:
+        return f"no: {missing}"
+    return f"yes, head dims {', '.join(map(str, head_dims))}" if head_dims else "yes"
 
 
 def _settings() -> dict[str, Any]:

@@ -1,13 +1,12 @@
-"""SGLang's vision attention on rocm-vit: the ``aiter_attn`` backend and the rotary policy.
+"""SGLang's vision attention on rocm-vit: the ``aiter_attn`` slot and the rotary policy.
 
-``AiterVisionAttention`` takes SGLang's constructor and forward signature and runs rocm-vit's
-``aiter_attn``, or, where a tuned profile is in force on ROCm, the policy's ``auto``: per layout the
-kernel ``rocm-vit tune`` measured fastest on this GPU (aiter, aiter padded to head dim 128,
-triton_attn or SDPA). SGLang's own ``VisionAiterAttention`` computes ``max_seqlen`` with ``.item()``
-(a host sync in every layer, fatal inside a graph capture) and does not accept the list a graph
-runner passes; this one takes that list (``[cu_seqlens, max_seqlen]``, or with the host segment
-lengths appended, as rocm-vit's graph runner passes them), SGLang's precomputed metadata, or a bare
-``cu_seqlens`` tensor, and reads nothing back from the device when host data is given.
+``AiterVisionAttention`` takes SGLang's constructor and forward signature and runs the backend the
+policy names for a caller that asks for aiter (``AttentionPolicy.for_aiter``: ``aiter_attn``, or
+``auto`` where a tuned profile picks per layout on ROCm). SGLang's own ``VisionAiterAttention``
+reads ``max_seqlen`` with ``.item()`` (a host sync in every layer, fatal inside a graph capture) and
+does not accept a graph runner's list; this one takes that list (``[cu_seqlens, max_seqlen]``, or
+with the host segment lengths appended), SGLang's precomputed metadata or a bare ``cu_seqlens``
+tensor, and reads nothing back from the device when host data is given.
 
 ``rotary_pos_emb`` replaces both rotary helpers ``VisionAttention.forward`` chooses between, so the
 same rocm-vit implementation (``rocm_vit.rotary.apply_rotary``) runs in eager and in graph mode.
@@ -24,7 +23,7 @@ from sglang.srt.layers.attention.vision import VisionAttentionMetadata, resolve_
 from sglang.srt.layers.rotary_embedding.utils import apply_rotary_pos_emb_native_eager
 from torch import nn
 
-from rocm_vit.attention import AiterAttention, AutoAttention, get_backend
+from rocm_vit.attention import AutoAttention, get_backend
 from rocm_vit.policy import active_policy
 from rocm_vit.rotary import apply_rotary
 
@@ -42,10 +41,10 @@ class AiterVisionAttention(nn.Module):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        policy = active_policy()
-        tuned = policy.attention.backend == AutoAttention.name and policy.facts.platform == "rocm"
+        choice = active_policy().attention.for_aiter
         head_dim = kwargs.get("head_dim")
-        self.attention = get_backend(AutoAttention.name if tuned else AiterAttention.name, head_dim)
+        self.attention = get_backend(choice.value, head_dim)
+        logger.debug("SGLang's aiter_attn slot: %s (%s)", choice.value, choice.reason)
         self._prepare(head_dim, kwargs.get("num_heads"), kwargs.get("num_kv_heads"))
 
     def _prepare(self, head_dim: int | None, heads: int | None, kv_heads: int | None) -> None:
