@@ -3,7 +3,7 @@
 #
 # A torch already installed in $PYTHON is honoured: GPU images ship their own ROCm or CUDA build,
 # so the venv is created with --system-site-packages and torch is never installed over it. On ROCm
-# the PyPI `triton` wheel is never installed either: it would replace ROCm's Triton (DESIGN.md).
+# the PyPI `triton` wheel is never installed either: it would replace ROCm's Triton (docs/design.md, "Hazards").
 # Only a python without torch gets $TORCH_SPEC (the CPU build where pip has a local wheel dir).
 # Over a CPU torch, SGLang and what its import needs come from ci/requirements-sglang.txt, each
 # with --no-deps, for the plugin tests (tests/test_sglang_plugin.py).

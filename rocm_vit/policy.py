@@ -49,29 +49,17 @@ logger = logging.getLogger(__name__)
 # parent packages: flash_attn, triton.experimental).
 PROBED_MODULES = tuple(dict.fromkeys(["triton", *(name for needs in REQUIREMENTS.values() for name in needs.modules)]))
 
-# The CUDA rule (``pick_cuda_backend``), from `rocm-vit bench-attn` and graph-timed sweeps on an H200
-# (bf16, 16 heads, head dim 72, torch 2.11; docs/benchmarks.md). SDPA's default kernel there is
-# cuDNN's fused attention: fastest on long segments (1x1024: 19.7 us vs 23.4 triton_attn; 1x4096: 216
-# vs 236; 1x12800: 2.0-2.1 ms vs 2.14-2.18) and on a few long ragged segments (4 segments >= 1024
-# tokens: 0.35 ms vs 0.38). Below 1024 tokens triton_attn is as fast or faster (1x196: 8.7 us vs 9.4
-# plus a memset; 4x196: 8.5 vs 11.1; 16x256: 25.0 vs 25.5), and many or short ragged segments pay one
-# SDPA launch each (16 segments: 1.0 ms) where one triton_attn launch takes 0.20 ms. cuDNN also plans
-# each new shape on its first call (50-250 ms); under graphs the warm-up pays it once per layout.
-# cuDNN leads only where every segment is a whole number of ALIGNMENT_TOKENS-token tiles (1024 ...
-# 16384 tokens, 2x8192); a partial last tile costs it more than it costs triton_attn: 1x8160 0.94 vs
-# 0.90 ms, 2x8160 1.89 vs 1.78, 1x14400 2.93 vs 2.71, 1x47376 31.0 vs 29.2, 1x1600 and 1x3136 5-7 %
-# (the fifth round's `rocm-vit tune`; the seventh round's three runs agree, 1x8160 a tie). Most photos
-# are not whole tiles (docs/long-sequences.md). The one exception seen: 1x5184 (40.5 tiles), 3 % to
-# cuDNN. Only against triton_attn: torch's varlen kernel is slower than cuDNN at every length.
+# The CUDA rule (``pick_cuda_backend``), measured on an H200 (bf16, 16 heads, head dim 72;
+# docs/benchmarks.md, "`rocm-vit bench-attn`" and "`rocm-vit tune`"): cuDNN's SDPA leads on few long
+# segments that are whole ALIGNMENT_TOKENS-token tiles; triton_attn below 1024 tokens, on many or
+# ragged segments (one launch instead of one per segment) and on partial last tiles, which most
+# photos have. cuDNN plans each new shape at its first call; under graphs the warm-up pays it once.
 CUDA_PARTIAL_TILE_VARLEN = "triton_attn"
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
 # The long-sequence kernel, for layouts whose longest segment has at least this many tokens:
-# FlashAttention-4 where installed on sm_90+ (1x12800 1.48 ms vs 2.15 cuDNN; 2x8192 1.24 vs 1.57;
-# 1x4096 188 us vs 211; shorter lose), else rocm-vit's Gluon kernel on sm_90 (head dims 64/72/80;
-# 1x12800 1.87 ms vs 2.18 cuDNN and 2.22 triton_attn; 1x3072 118 us vs 128 cuDNN; 1x1024 a tie,
-# 4x1024 72 us vs 65: docs/benchmarks.md, eighth round; since the tenth round 1x12800 1.62 ms and
-# 1x4096 193 us vs 223, below 2,300 tokens unchanged).
+# FlashAttention-4 where installed on sm_90+, else rocm-vit's Gluon kernel on sm_90 (head dims
+# 64/72/80); both lose to the rule above on shorter segments (docs/benchmarks.md, "`rocm-vit bench-attn`").
 CUDA_LONG_KERNELS = ("fa4", "gluon_attn")
 CUDA_LONG_MIN_TOKENS = {"fa4": 2048, "gluon_attn": 2048}
 # The varlen kernel for the other layouts, in order of preference where available.
@@ -398,6 +386,9 @@ def pick_cuda_backend(
 
 
 def _attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -> AttentionPolicy:
+    if settings.attention_backend == "auto":  # named: the platform's own per-layout rule
+        chosen = _attention(facts, replace(settings, attention_backend=None), profile)
+        return replace(chosen, backend="auto", reason=f"set by {ENV_NAMES['attention_backend']}: {chosen.reason}")
     if facts.platform == "rocm":
         return _rocm_attention(facts, settings, profile)
     if settings.attention_backend:

@@ -235,7 +235,7 @@ def test_bench_json_and_table_name_the_version_and_the_build_commit(
 @pytest.mark.parametrize(
     ("name", "kind"),
     [
-        # Kernels the H200 ran (sixth round's profiles) ...
+        # Kernels the H200 ran (docs/benchmarks.md, "`rocm-vit bench --breakdown`") ...
         ("nvjet_sm90_tst_64x40_64x16_4x2_h_bz_bias_TNT", "gemm"),
         ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x128_64x3_tn_align2>", "gemm"),
         ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128", "attention"),

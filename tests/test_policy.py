@@ -372,7 +372,7 @@ def test_gluon_attention_runs_with_the_policys_crossover(monkeypatch):
 @pytest.mark.parametrize(
     ("rows", "expected"),
     [
-        # The H200's d72 crossover (docs/benchmarks.md, tenth round): three lose at 1.33 waves, win from 1.70.
+        # The H200's d72 crossover (docs/benchmarks.md, "`rocm-vit tune`"): three lose at 1.33 waves, win from 1.70.
         ([(0.727, 19.5, 23.2), (1.09, 49.2, 48.6), (1.333, 57.6, 61.0), (1.697, 92.3, 84.8), (5.21, 761, 684)], 1.515),
         ([(5.0, 761, 684), (1.0, 19.5, 23.2)], 3.0),  # unsorted in, sorted by waves
         ([(1.0, 10.0, 9.0), (2.0, 10.0, 9.0)], 1.0),  # won everywhere: from the smallest measured
@@ -468,3 +468,18 @@ def test_check_settings_finds_without_a_gpu_what_would_fail_the_policy(tmp_path)
         policy.check_settings({"ROCM_VIT_PROFILE": str(tmp_path / "notes.yaml")})
     write_profile(_profile(), tmp_path / "good.yaml")
     policy.check_settings({"ROCM_VIT_PROFILE": str(tmp_path / "good.yaml")})  # another device's key: fine here
+
+
+def test_a_named_auto_is_the_platforms_own_per_layout_rule(fake_platform):
+    """ROCM_VIT_ATTENTION_BACKEND=auto once gave auto a rule naming auto: get_backend() recursed."""
+    fake_platform("cuda", "NVIDIA H200", "sm_90")
+    named = resolve_policy(CUDA, Settings(attention_backend="auto"))
+    assert named.attention.backend == "auto" and "auto" not in named.attention.rule.candidates
+    assert named.attention.rule == resolve_policy(CUDA, Settings()).attention.rule
+    with policy.use_policy(named):
+        backend = get_backend(head_dim=72)
+        assert isinstance(backend, AutoAttention)
+        picked = backend.runner_args(VisionLayout.from_grid_thw([(1, 64, 64)], 1), torch.zeros(2))[0]
+    assert picked.name == "sdpa"
+    on_rocm = resolve_policy(ROCM, Settings(attention_backend="auto", use_aiter=True)).attention
+    assert (on_rocm.backend, on_rocm.rule.candidates) == ("auto", ("aiter_attn",))
