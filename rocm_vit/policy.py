@@ -30,6 +30,8 @@ from typing import Any, Protocol
 import torch
 
 from rocm_vit.backend_requirements import REQUIREMENTS, backend_unavailable_reason
+from rocm_vit.graphs.cost import CostModel, fit_cost_model
+from rocm_vit.graphs.runner import DEFAULT_MAX_TOKENS
 from rocm_vit.platform import PlatformName, platform_info
 from rocm_vit.profile import (
     PROFILE_ENV,
@@ -77,7 +79,6 @@ TUNED_MARGIN = 0.03
 ALIGNMENT_TOKENS = 128
 # Graph ceiling without a profile: the eager/graph crossover of Qwen3-VL on an H200 (8B gains 14 % at
 # 4096 patches and nothing at 6400; Qwen2.5-VL-7B's is about 2500). `rocm-vit tune` measures it.
-DEFAULT_GRAPH_MAX_TOKENS = 4096
 ROTARY_IMPLS = ("triton", "compiled", "native")
 _DEFAULT_ROTARY = {"cuda": "triton", "rocm": "compiled", "cpu": "native"}
 
@@ -226,6 +227,7 @@ class Policy:
     gelu_epilogue: Choice
     side_stream: Choice
     graph_max_tokens: Choice
+    graph_cost: Choice  # value: the CostModel graph admission predicts savings with
     gluon_consumers: Choice  # value: the waves from which gluon_attn runs three consumers; None: its default
     profile: Choice  # value: the TunedProfile in force, or None
 
@@ -241,6 +243,7 @@ class Policy:
             "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},
             "side_stream": {"on": self.side_stream.value, "why": self.side_stream.reason},
             "graph_max_tokens": {"tokens": self.graph_max_tokens.value, "why": self.graph_max_tokens.reason},
+            "graph_cost": {**_cost_report(self.graph_cost.value), "why": self.graph_cost.reason},
             "gluon_consumers": {
                 "three_from_waves": _json_waves(self.gluon_consumers.value),
                 "why": self.gluon_consumers.reason,
@@ -264,7 +267,8 @@ def resolve_policy(
         fused_ops=fused,
         gelu_epilogue=_gelu_epilogue(facts, fused.value),
         side_stream=_side_stream(facts),
-        graph_max_tokens=_graph_max_tokens(settings, profile),
+        graph_max_tokens=_graph_max_tokens(settings),
+        graph_cost=_graph_cost(profile),
         gluon_consumers=_gluon_consumers(profile),
         profile=Choice(profile, profile_status or ("none" if profile is None else profile.path)),
     )
@@ -527,12 +531,32 @@ def _side_stream(facts: Facts) -> Choice:
     return Choice(False, f"{facts.platform}: deepstack mergers run inline (the overlap was measured only on CUDA)")
 
 
-def _graph_max_tokens(settings: Settings, profile: TunedProfile | None) -> Choice:
+def _graph_max_tokens(settings: Settings) -> Choice:
     if settings.graph_max_tokens is not None:
         return Choice(settings.graph_max_tokens, f"set by {ENV_NAMES['graph_max_tokens']}")
-    if profile is not None and profile.graph_max_tokens is not None:
-        return Choice(profile.graph_max_tokens, f"tuned: eager/graph crossover of {profile.preset}")
-    return Choice(DEFAULT_GRAPH_MAX_TOKENS, "default: Qwen3-VL's eager/graph crossover on an H200")
+    return Choice(DEFAULT_MAX_TOKENS, "default: staging's size; below it the cost model decides what is captured")
+
+
+def _graph_cost(profile: TunedProfile | None) -> Choice:
+    """What a replay saves on a call, per layout, for a tower of the profile's preset's depth."""
+    if profile is not None and profile.graphs:
+        from rocm_vit.models.config import preset  # the models import this module: not at import time
+
+        blocks = preset(profile.preset).depth
+        fitted = fit_cost_model([(t.patches, t.eager_ms, t.graph_ms) for t in profile.graphs], blocks)
+        if fitted is not None:
+            reason = f"tuned: fitted to {profile.preset}'s eager and graph timings; launch time measured while serving"
+            return Choice(fitted, reason)
+    return Choice(CostModel(), "default: Qwen3-VL-8B replays on an H200; launch time measured while serving")
+
+
+def _cost_report(model: CostModel) -> dict[str, float]:
+    return {
+        "launch_ms": round(model.launch_ms, 2),
+        "replay_ms_1x1024": round(model.replay_ms([1024]), 2),
+        "replay_ms_6x880": round(model.replay_ms([880] * 6), 2),
+        "blocks": model.blocks,
+    }
 
 
 def _json_waves(waves: float | None) -> float | str | None:

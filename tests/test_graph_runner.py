@@ -21,6 +21,7 @@ import torch
 
 from rocm_vit.attention import SdpaAttention, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
+from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import ScratchBounds
 from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
 from rocm_vit.models import preset, tower_class
@@ -154,6 +155,12 @@ def _toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin
     (seq_lens,) = attn_args["full"]
     segment_sums = torch.cat([part.sum(0, keepdim=True).expand_as(part) for part in x.split(list(seq_lens))])
     return x * cos[:, :HIDDEN] + segment_sums + sin[:, :HIDDEN]
+
+
+def _launches_taking(milliseconds: float) -> Any:
+    """A host clock under which every eager run takes ``milliseconds`` (read once before, once after)."""
+    ticks = itertools.count()
+    return lambda: next(ticks) * milliseconds / 1e3
 
 
 def _runner(**kwargs: Any) -> tuple[ViTGraphRunner, StandInGraphs]:
@@ -324,17 +331,41 @@ def test_replays_read_their_own_offsets_which_nothing_writes_after_capture(gener
     assert {id(offsets) for offsets in backend.built_on} == graphs_offsets and len(graphs_offsets) == 3
 
 
-def test_capacity_evicts_the_least_recently_used_graph(generator: torch.Generator) -> None:
-    runner, _ = _runner(capacity=2)
-    a, b, c = (_layout((1, 2, 2 * i)) for i in range(1, 4))
-    for layout in (a, b, a, c):  # c evicts b, the least recently used
+def test_at_capacity_the_least_used_graph_makes_way_only_for_a_layout_called_more(
+    generator: torch.Generator,
+) -> None:
+    """One-offs must not flush graphs that are used (W-TinyLFU's admission, in front of the LRU)."""
+    runner, _ = _runner(capacity=2, cost_model=CostModel(), clock=_launches_taking(10.0))
+    a, b, c, d = (_layout((1, 2, 2 * i)) for i in range(1, 5))
+    for layout in (a, b, a, c):  # c called once, as often as b, the least used: eager
         _run_checked(runner, layout, generator)
     stats = runner.stats()
-    assert (stats["graphs"], stats["captures"], stats["evictions"]) == (2, 3, 1)
-    _run_checked(runner, a, generator)  # still there: a replay, no capture
+    assert (stats["graphs"], stats["captures"], stats["evictions"], stats["eager_runs"]["over_capacity"]) == (
+        2,
+        2,
+        0,
+        1,
+    )
+    _run_checked(runner, c, generator)  # called twice now, more than b: b evicted, c captured
+    assert (runner.stats()["captures"], runner.stats()["evictions"]) == (3, 1)
+    _run_checked(runner, a, generator)  # a, called most, is still held: a replay
     assert runner.stats()["captures"] == 3
-    _run_checked(runner, b, generator)  # evicted: captured again
-    assert (runner.stats()["captures"], runner.stats()["evictions"]) == (4, 2)
+    for _ in range(2):
+        _run_checked(runner, d, generator)  # twice, as often as c: c, the least used, stays
+    _run_checked(runner, b, generator)  # b's count went with its graph: one call now
+    assert (runner.stats()["captures"], runner.stats()["eager_runs"]["over_capacity"]) == (3, 4)
+
+
+def test_call_counts_age_so_that_old_popularity_fades(generator: torch.Generator) -> None:
+    runner, _ = _runner(capacity=1, cost_model=CostModel(), clock=_launches_taking(10.0))
+    old, new = _layout((1, 2, 2)), _layout((1, 2, 4))
+    for _ in range(20):
+        _run_checked(runner, old, generator)  # counted 20, halved at the 16th call (16 per graph): 12
+    for _ in range(12):
+        _run_checked(runner, new, generator)  # the 32nd call halves both: old 6, new 5 + 1 = 6, not more
+    assert runner.stats()["captures"] == 1
+    _run_checked(runner, new, generator)  # 7 calls now outnumber old's 6
+    assert (runner.stats()["captures"], runner.stats()["evictions"]) == (2, 1)
 
 
 def test_capacity_zero_never_captures(generator: torch.Generator) -> None:
@@ -876,3 +907,30 @@ def test_tower_refuses_bad_pixels_before_anything_runs(pixels: torch.Tensor, mes
     with pytest.raises(ValueError, match=message):
         tower(pixels, [(1, 4, 6)])
     assert not tower._layouts and runner.stats()["captures"] == 0 and not runner._sightings
+
+
+def _per_token_model() -> CostModel:
+    """One block whose device time is one millisecond per token: the launch time decides."""
+    return CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0)
+
+
+def test_a_layout_is_captured_only_where_a_replay_is_predicted_to_save_time(generator: torch.Generator) -> None:
+    runner, _ = _runner(min_sightings=2, cost_model=_per_token_model(), clock=_launches_taking(10.0))
+    small, large = _layout((1, 2, 2)), _layout((1, 4, 4))  # 4 and 16 ms on the device against 10 to launch
+    for _ in range(3):
+        _run_checked(runner, small, generator)
+        _run_checked(runner, large, generator)
+    stats = runner.stats()
+    assert (stats["captures"], stats["replays"], stats["eager_runs"]["no_saving"]) == (1, 2, 3)
+    assert stats["launch_ms"] == 10.0  # the model's until enough eager runs were timed
+
+
+def test_the_launch_time_is_learned_from_this_hosts_eager_runs(generator: torch.Generator) -> None:
+    """Hosts launch the same tower in 9 to 15 ms: the saving is the serving host's, not the model's."""
+    runner, _ = _runner(min_sightings=1, cost_model=_per_token_model(), clock=_launches_taking(20.0))
+    large = _layout((1, 4, 4))
+    for index in range(8):  # a layout of 12 tokens saves nothing at 10 ms: eager, timed at 20 ms
+        _run_checked(runner, _layout((1, 2, 6), (1, 2, 2 * index + 2)), generator)
+    assert runner.stats()["launch_ms"] == 20.0
+    _run_checked(runner, large, generator)  # 16 ms on the device: saves 4 of 20
+    assert runner.stats()["captures"] == 1

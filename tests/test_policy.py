@@ -42,14 +42,14 @@ AITER_ON = Settings(use_aiter=True)
 @pytest.mark.parametrize(
     ("facts", "settings", "expected"),
     [
-        (CPU, Settings(), ("sdpa", "native", False, False, False, 4096)),
-        (CUDA, Settings(), ("auto", "triton", True, True, True, 4096)),
-        (dataclasses.replace(CUDA, modules=frozenset()), Settings(), ("auto", "native", False, False, True, 4096)),
-        (ROCM, AITER_ON, ("aiter_attn", "compiled", True, False, False, 4096)),
-        (ROCM, Settings(), ("triton_attn", "compiled", True, False, False, 4096)),
-        (dataclasses.replace(ROCM, modules=frozenset()), AITER_ON, ("sdpa", "compiled", False, False, False, 4096)),
-        (EMULATED, AITER_ON, ("aiter_attn", "compiled", True, False, False, 4096)),
-        (CUDA, Settings(rotary="native", fused_ops=False), ("auto", "native", False, False, True, 4096)),
+        (CPU, Settings(), ("sdpa", "native", False, False, False, 8192)),
+        (CUDA, Settings(), ("auto", "triton", True, True, True, 8192)),
+        (dataclasses.replace(CUDA, modules=frozenset()), Settings(), ("auto", "native", False, False, True, 8192)),
+        (ROCM, AITER_ON, ("aiter_attn", "compiled", True, False, False, 8192)),
+        (ROCM, Settings(), ("triton_attn", "compiled", True, False, False, 8192)),
+        (dataclasses.replace(ROCM, modules=frozenset()), AITER_ON, ("sdpa", "compiled", False, False, False, 8192)),
+        (EMULATED, AITER_ON, ("aiter_attn", "compiled", True, False, False, 8192)),
+        (CUDA, Settings(rotary="native", fused_ops=False), ("auto", "native", False, False, True, 8192)),
         (
             ROCM,
             Settings(attention_backend="sdpa", graph_max_tokens=1024),
@@ -310,7 +310,12 @@ def test_tuned_aiter_needs_sglang_use_aiter():
 
 def test_tuned_rotary_fused_ops_and_ceiling_and_settings_still_win():
     tuned = resolve_policy(CUDA, Settings(), _profile())
-    assert (tuned.rotary.value, tuned.fused_ops.value, tuned.graph_max_tokens.value) == ("compiled", False, 2048)
+    assert (tuned.rotary.value, tuned.fused_ops.value, tuned.graph_max_tokens.value) == ("compiled", False, 8192)
+    assert tuned.graph_cost.reason.startswith("tuned") and tuned.graph_cost.value.launch_ms == 10.0
+    # Replays of 1.5, 9.0 and 14.9 ms bend down: the attention term would be negative, so it is 0.
+    model = tuned.graph_cost.value
+    assert model.device_ms_per_square == 0 and model.device_ms_per_token > 0
+    assert [round(model.replay_ms([patches])) for patches in (196, 2048, 4096)] == [2, 8, 15]
     assert not tuned.gelu_epilogue.value  # follows the fused ops
     assert "tuned" in tuned.rotary.reason and "plain 9 ms" in tuned.fused_ops.reason
     pinned = resolve_policy(CUDA, Settings(rotary="triton", attention_backend="sdpa", graph_max_tokens=512), _profile())
@@ -399,7 +404,7 @@ def test_a_matching_profile_is_in_force_and_doctor_shows_it(h200, tmp_path, monk
     write_profile(_profile(key=profile_key(h200)), path)
     monkeypatch.setenv("ROCM_VIT_PROFILE", str(path))
     resolved = policy.current_policy()
-    assert resolved.profile.value is not None and resolved.graph_max_tokens.value == 2048
+    assert resolved.profile.value is not None and resolved.graph_cost.reason.startswith("tuned")
     assert main(["doctor", "--json"]) in (0, 1)
     assert str(path) in capsys.readouterr().out
 

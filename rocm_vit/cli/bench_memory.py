@@ -351,7 +351,7 @@ def _churn(preset_name: str, default_budget: int, calls: int, seed: int) -> dict
     runs = {}
     for name, budget in (("ample", CHURN_AMPLE_BUDGET_BYTES), ("default", default_budget)):
         runner = tower.enable_graphs(
-            capacity=CHURN_CAPACITY, min_sightings=1, max_tokens=CHURN_MAX_TOKENS, budget_bytes=budget
+            capacity=CHURN_CAPACITY, min_sightings=1, max_tokens=CHURN_MAX_TOKENS, budget_bytes=budget, by_benefit=False
         )
         mismatches, max_held, refused = 0, 0, []
         for index, workload in enumerate(progress(stream, f"churn, {name} budget", "call")):
@@ -457,7 +457,9 @@ def _capture_stall(tower: VisionTower, seed: int) -> dict:
             results["alone"] = loop.percentiles(time.perf_counter() - 0.8, time.perf_counter())
             mechanisms: list[tuple[str, GraphMechanism]] = [("before", _SyncingGraphs()), ("now", CudaGraphs())]
             for name, mechanism in mechanisms:
-                runner = tower.enable_graphs(capacity=len(layouts), min_sightings=1, mechanism=mechanism)
+                runner = tower.enable_graphs(
+                    capacity=len(layouts), min_sightings=1, mechanism=mechanism, by_benefit=False
+                )
                 started = time.perf_counter()
                 for index, workload in enumerate(layouts):
                     _call(tower, pixels, index, workload, use_graphs=True)

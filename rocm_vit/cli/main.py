@@ -31,6 +31,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "rocm_vit.cli.bench_memory",
         "graph runner defaults under serving streams: hit rate, bytes held, latency",
     ),
+    "bench-traffic": (
+        "rocm_vit.cli.bench_traffic",
+        "graph admission on serving streams: share of the possible saving realized, p90 against all-eager",
+    ),
     "tune": ("rocm_vit.cli.tune", "measure this GPU and write the profile the policy loads"),
     "report": ("rocm_vit.cli.report", "check this stack's hazards and write report.md for a bug report"),
 }

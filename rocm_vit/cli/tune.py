@@ -302,6 +302,7 @@ def _eager_and_graph(
         min_sightings=1,
         max_tokens=max(w.patches for w in workloads),
         budget_bytes=torch.cuda.get_device_properties(device).total_memory // 4,
+        by_benefit=False,
     )
     rows = []
     for index, workload in enumerate(progress(workloads, "graphs", "layout")):
@@ -378,7 +379,10 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
         lines.append(f"\nfused block ops (graph replay ms, summed over {FUSED_LAYOUTS})")
         lines.extend(f"  {name:<10}{ms:.3f}" for name, ms in profile.fused_ops_ms.items())
     if profile.graphs:
-        lines.append(f"\neager against graph replay (ms); ceiling: last patch count gaining >= {GRAPH_MIN_GAIN:.0%}")
+        lines.append(
+            f"\neager against graph replay (ms), fitted into the policy's cost model; single-image crossover: "
+            f"last patch count gaining >= {GRAPH_MIN_GAIN:.0%}"
+        )
         lines.append(f"  {'patches':>8}{'eager':>10}{'graph':>10}{'gain':>8}")
         for row in profile.graphs:
             lines.append(
@@ -389,7 +393,12 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
         ("attention", defaults.attention.backend, tuned.attention.backend),
         ("rotary", defaults.rotary.value, tuned.rotary.value),
         ("fused ops", defaults.fused_ops.value, tuned.fused_ops.value),
-        ("graph ceiling", defaults.graph_max_tokens.value, tuned.graph_max_tokens.value),
+        ("graph launch", f"{defaults.graph_cost.value.launch_ms:.1f} ms", f"{tuned.graph_cost.value.launch_ms:.1f} ms"),
+        (
+            "replay 6x880",
+            f"{defaults.graph_cost.value.replay_ms([880] * 6):.1f} ms",
+            f"{tuned.graph_cost.value.replay_ms([880] * 6):.1f} ms",
+        ),
         ("3 consumers", defaults.gluon_consumers.value, tuned.gluon_consumers.value),
     ):
         lines.append(f"  {label:<14}{before!s:>12} -> {after}")

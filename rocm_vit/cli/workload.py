@@ -267,6 +267,7 @@ def bench_graph_options(capacity: int, workloads: list[Workload], device: torch.
         "min_sightings": 1,
         "max_tokens": max(workload.patches for workload in workloads),
         "budget_bytes": budget,
+        "by_benefit": False,
     }
 
 

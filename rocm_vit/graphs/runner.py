@@ -12,8 +12,12 @@ Invariants (docs/usage.md, "Graphs"; docs/rocm.md, "Hazards"):
 - a new graph is kept only if its first replay equals the eager warm-up before it, bit for bit;
 - replays return a clone; the runner's device work is ordered by one marker event, whatever the
   caller's stream;
-- admission, eviction and release follow from the call sequence and from pool sizes agreed across
-  ranks (``agree_max``), so tensor-parallel ranks capture the same layouts in the same order.
+- admission, eviction and release follow from the call sequence, the cost model and pool sizes and
+  launch times agreed across ranks (``agree_max``), so tensor-parallel ranks capture the same layouts
+  in the same order;
+- at capacity the least used graph is evicted (calls counted, halved every
+  ``_AGING_CALLS_PER_GRAPH * capacity`` calls); with a cost model, a layout is captured only where a
+  replay is predicted to save time, and only once it is called more often than that graph.
 """
 
 from __future__ import annotations
@@ -21,21 +25,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rocm_vit.attention import AttentionBackend
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
+from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.layout import AttentionLayout
-from rocm_vit.policy import DEFAULT_GRAPH_MAX_TOKENS
+
+if TYPE_CHECKING:  # the policy imports this package: no import back at run time
+    from rocm_vit.attention import AttentionBackend
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +58,7 @@ EAGER_REASONS = (
     "no_gpu",
     "over_capacity",
     "over_max_tokens",
+    "no_saving",
     "below_min_sightings",
     "over_budget",
     "capture_failed",
@@ -60,8 +68,9 @@ EAGER_REASONS = (
 DEFAULT_CAPACITY = 32
 # A layout is captured on its second call: one-off layouts (most of a real image mix) never are.
 DEFAULT_MIN_SIGHTINGS = 2
-# The policy's ceiling without a tuned profile (docs/benchmarks.md, "Graph ceiling").
-DEFAULT_MAX_TOKENS = DEFAULT_GRAPH_MAX_TOKENS
+# A memory guard, not where graphs stop paying (the cost model decides that): staging is allocated
+# at this many patches (88 MB for Qwen3-VL-8B), and larger calls run eagerly.
+DEFAULT_MAX_TOKENS = 8192
 # Default budget: 1/64 of the device's memory, between 256 MiB and 4 GiB (H200: 2.2 GB; MI355X: 4 GiB).
 _BUDGET_FRACTION = 64
 _MIN_DEFAULT_BUDGET = 256 << 20
@@ -69,6 +78,13 @@ _MAX_DEFAULT_BUDGET = 4 << 30
 
 # Layouts remembered while not (yet) captured, or as failed; bounded so endless new sizes stay flat.
 _MAX_TRACKED_LAYOUTS = 4096
+# A graph must be predicted to save at least this share of the eager call (the model's error margin).
+MIN_SAVING_SHARE = 0.05
+# Call counts are halved every this many calls per graph of capacity: old popularity fades.
+_AGING_CALLS_PER_GRAPH = 16
+# The launch time is the median host time of this many recent eager runs, once there are enough.
+_LAUNCH_SAMPLES = 64
+_MIN_LAUNCH_SAMPLES = 8
 
 
 def default_budget_bytes(total_memory_bytes: int) -> int:
@@ -172,6 +188,9 @@ class ViTGraphRunner:
 
     Options (defaults in this module): ``capacity`` graphs at most; ``min_sightings`` calls of a
     layout before it is captured; ``max_tokens`` per captured layout (also the staging size);
+    ``cost_model``: capture only layouts it predicts a replay saves time on (the launch time measured
+    from this runner's eager runs), and at capacity only those called more often than the least used
+    graph (``None``: every layout is worth a graph); ``clock``: the host clock eager runs are timed with;
     ``budget_bytes`` for staging, offsets and pool (``None``: 1/64 of the device's memory, 256 MiB ..
     4 GiB); ``agree_max``: the element-wise maximum over the ranks of a tensor-parallel group, for
     runners whose captures must happen on every rank alike (``None``: this process decides alone).
@@ -189,6 +208,8 @@ class ViTGraphRunner:
         capture_context: Callable[[], contextlib.AbstractContextManager] | None = None,
         mechanism: GraphMechanism | None = None,
         agree_max: AgreeMax | None = None,
+        cost_model: CostModel | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         for name, value, least in (("capacity", capacity, 0), ("min_sightings", min_sightings, 1)):
             if not isinstance(value, int) or value < least:
@@ -206,10 +227,15 @@ class ViTGraphRunner:
         self._capture_context = capture_context or contextlib.nullcontext
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
+        self._cost_model = cost_model
+        self._clock = clock
+        self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
+        self._calls = 0
         self._lock = threading.Lock()
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently used first
         self._staging: dict[Signature, _Staging] = {}
-        self._sightings: OrderedDict[tuple, int] = OrderedDict()
+        self._sightings: OrderedDict[tuple, int] = OrderedDict()  # calls of layouts without a graph
+        self._uses: dict[tuple, int] = {}  # calls of layouts with a graph, from before their capture
         self._failed: OrderedDict[tuple, str] = OrderedDict()  # key -> capture_failed / capture_unverified
         # Token count from which a capture was measured, alone in an empty pool, over the budget.
         self._over_budget_tokens: int | None = None
@@ -259,11 +285,13 @@ class ViTGraphRunner:
         # from them only when a capture is due).
         key = (layout.graph_key, tuple((t.dtype, t.shape) for t in tensors))
         with self._lock:
+            self._age()
             entry = self._graphs.get(key)
             if entry is not None:
                 self._graphs.move_to_end(key)
+                self._uses[key] += 1
                 return self._replay(entry, tensors, immutable)
-            reason = self._admission(key, layout.num_patches, x.device)
+            reason = self._admission(key, layout, x.device)
             if reason is None:
                 signature = _signature(tensors, layout.num_patches)
                 reason = self._make_room(signature, layout.num_patches)
@@ -274,7 +302,11 @@ class ViTGraphRunner:
                 self._hold_budget(layout.num_patches, pool_before)
                 return output
             self._eager_runs[reason] += 1
-        return self._eager(tensors, layout)
+        started = self._clock()
+        output = self._eager(tensors, layout)
+        if reason != "no_gpu":
+            self._launch_samples.append((self._clock() - started) * 1e3)
+        return output
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs, ``rocm-vit bench`` and ``bench-memory``: captures, replays, evictions,
@@ -303,12 +335,14 @@ class ViTGraphRunner:
                 "capacity": self.capacity,
                 "min_sightings": self.min_sightings,
                 "max_tokens": self.max_tokens,
+                "launch_ms": self._launch_ms(),
             }
 
     # Admission and room ---------------------------------------------------------------------------
 
-    def _admission(self, key: tuple, tokens: int, device: torch.device) -> str | None:
+    def _admission(self, key: tuple, layout: AttentionLayout, device: torch.device) -> str | None:
         """Why this layout runs eagerly now, or ``None`` when it may be captured."""
+        tokens = layout.num_patches
         if not self._mechanism.available(device):
             self._log_once("no_gpu", "graphs need a CUDA/ROCm device; running %s eagerly", device)
             return "no_gpu"
@@ -320,12 +354,20 @@ class ViTGraphRunner:
             return "over_capacity"
         if tokens > self.max_tokens:
             return "over_max_tokens"
+        if self._cost_model is not None and not self._saves_time(layout):
+            return "no_saving"
         sightings = self._sightings.pop(key, 0) + 1
+        self._sightings[key] = sightings
+        if len(self._sightings) > _MAX_TRACKED_LAYOUTS:
+            self._sightings.popitem(last=False)
         if sightings < self.min_sightings:
-            self._sightings[key] = sightings
-            if len(self._sightings) > _MAX_TRACKED_LAYOUTS:
-                self._sightings.popitem(last=False)
             return "below_min_sightings"
+        if (
+            self._cost_model is not None
+            and len(self._graphs) >= self.capacity
+            and sightings <= self._uses[self._least_used()]
+        ):
+            return "over_capacity"  # every graph held is called at least as often
         if self._device is None:
             self._device = device
             if self._budget_bytes is None:
@@ -336,8 +378,35 @@ class ViTGraphRunner:
                 logger.info("graph memory budget %.0f MiB (1/64 of %s)", self._budget_bytes / 2**20, device)
         return None
 
+    def _saves_time(self, layout: AttentionLayout) -> bool:
+        model = self._cost_model.with_launch_ms(self._launch_ms())
+        seq_lens = layout.segmentations["full"].seq_lens
+        return model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
+
+    def _launch_ms(self) -> float | None:
+        """The host's launch time of an eager run: the median of recent ones, agreed across ranks."""
+        if self._cost_model is None:
+            return None
+        if len(self._launch_samples) < _MIN_LAUNCH_SAMPLES:
+            return self._cost_model.launch_ms
+        microseconds = round(statistics.median(self._launch_samples) * 1e3)
+        return self._agree([microseconds])[0] / 1e3
+
+    def _least_used(self) -> tuple:
+        """The held graph called least often (the least recently used among equals)."""
+        return min(self._graphs, key=self._uses.__getitem__)
+
+    def _age(self) -> None:
+        """Halve every call count once per period, so what was popular long ago makes way."""
+        self._calls += 1
+        if self._calls % (_AGING_CALLS_PER_GRAPH * max(1, self.capacity)):
+            return
+        for counts in (self._uses, self._sightings):
+            for key in counts:
+                counts[key] //= 2
+
     def _make_room(self, signature: Signature, tokens: int) -> str | None:
-        """Evict the least recently used graph when at capacity; release the pool when a capture of
+        """Evict the least used graph when at capacity; release the pool when a capture of
         ``tokens`` is predicted to grow it past the budget (graphs hold nothing in it between calls,
         so evicting them would free nothing there).
 
@@ -359,17 +428,19 @@ class ViTGraphRunner:
             )
             return "over_budget"
         while len(self._graphs) >= self.capacity:
-            self._evict_oldest()
+            self._evict_least_used()
         need = self._scratch.bound(tokens)
         if need is not None and self._pool_bytes and fixed_bytes + max(self._pool_bytes, need) > budget:
             self._release_pools()
         return None
 
-    def _evict_oldest(self) -> None:
-        _, entry = self._graphs.popitem(last=False)
+    def _evict_least_used(self) -> None:
+        key = self._least_used()
+        entry = self._graphs.pop(key)
+        del self._uses[key]
         self._mechanism.retire(entry.graph)
         self._evictions += 1
-        logger.debug("evicted the graph of %d tokens (least recently used)", entry.tokens)
+        logger.debug("evicted the graph of %d tokens (least used)", entry.tokens)
 
     def _release_pools(self) -> None:
         """Drop every graph and hand the pools' memory back; later captures start a fresh pool."""
@@ -384,7 +455,8 @@ class ViTGraphRunner:
 
     def _retire_all_graphs(self) -> None:
         while self._graphs:
-            _, entry = self._graphs.popitem()
+            key, entry = self._graphs.popitem()
+            del self._uses[key]
             self._mechanism.retire(entry.graph)
 
     def _staging_bytes(self) -> int:
@@ -428,6 +500,7 @@ class ViTGraphRunner:
             return output
         entry = attempt.entry
         self._graphs[key] = entry
+        self._uses[key] = self._sightings.pop(key, 1)
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
         self._account(entry, need, pool_before)
@@ -437,6 +510,7 @@ class ViTGraphRunner:
         self._verify_seconds += time.perf_counter() - verify_started
         if unverified:
             del self._graphs[key]
+            del self._uses[key]
             self._mechanism.retire(entry.graph)
             self._remember_failure(key, layout, "capture_unverified", "its first replay differs from the warm-up")
             output = self._eager(tensors, layout)
@@ -558,6 +632,7 @@ class ViTGraphRunner:
         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
     def _remember_failure(self, key: tuple, layout: AttentionLayout, reason: str, why: object) -> None:
+        self._sightings.pop(key, None)
         self._failed[key] = reason
         if len(self._failed) > _MAX_TRACKED_LAYOUTS:
             self._failed.popitem(last=False)

@@ -170,16 +170,19 @@ class VisionTower(nn.Module, ABC):
         min_sightings: int = DEFAULT_MIN_SIGHTINGS,
         max_tokens: int | None = None,
         budget_bytes: int | None = None,
+        by_benefit: bool = True,
         **runner_options: Any,
     ) -> ViTGraphRunner:
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
         Bounded by default: at most ``capacity`` graphs, each layout captured on its
-        ``min_sightings``-th call and only up to ``max_tokens`` patches (``None``: the policy's ceiling,
-        the crossover ``rocm-vit tune`` measured, else 4096), staging plus pool within
-        ``budget_bytes`` (``None``: 1/64 of the device's memory, 256 MiB .. 4 GiB); least recently
-        used graphs are evicted. ``runner_options`` go to the runner (``capture_context``,
-        ``mechanism``). On a CPU tower the runner serves every call eagerly and logs that once.
+        ``min_sightings``-th call and only up to ``max_tokens`` patches (``None``: the policy's, 8192
+        unless set), staging plus pool within ``budget_bytes`` (``None``: 1/64 of the device's memory,
+        256 MiB .. 4 GiB); the least used graphs are evicted. ``by_benefit``: capture only layouts the
+        policy's cost model predicts a replay saves time on, and at capacity only those called more
+        often than the least used graph (``False``: every layout within those limits, as ``bench`` and
+        ``verify`` need). ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a
+        CPU tower the runner serves every call eagerly and logs that once.
         """
         self._graph_runner = ViTGraphRunner(
             self.encode,
@@ -188,6 +191,7 @@ class VisionTower(nn.Module, ABC):
             min_sightings=min_sightings,
             max_tokens=active_policy().graph_max_tokens.value if max_tokens is None else max_tokens,
             budget_bytes=budget_bytes,
+            cost_model=active_policy().graph_cost.value.for_blocks(self.config.depth) if by_benefit else None,
             **runner_options,
         )
         return self._graph_runner

@@ -42,6 +42,7 @@ from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs
 from rocm_vit.graphs import DEFAULT_MAX_TOKENS, GraphMechanism, ViTGraphRunner
+from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.ranks import group_max
 from rocm_vit.graphs.runner import AgreeMax
 from rocm_vit.integrations.sglang.imports import original
@@ -171,6 +172,7 @@ class ViTGraphRunnerAdapter:
                 capacity=settings.graph_cache_capacity,
                 min_sightings=settings.graph_min_hits,
                 max_tokens=_graph_max_tokens(settings),
+                cost_model=_cost_model(len(vit.blocks)),
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
                 capture_context=self._upstream._capture_context,
                 mechanism=mechanism,
@@ -470,8 +472,18 @@ def _warn_device_read() -> None:
     )
 
 
+def _cost_model(blocks: int) -> CostModel:
+    """The policy's model of what a replay saves, for ``blocks`` blocks (the default on a bad setting)."""
+    try:
+        model = active_policy().graph_cost.value
+    except ValueError as error:
+        logger.error("rocm-vit graph runner: %s; using the default cost model", error)
+        model = CostModel()
+    return model.for_blocks(blocks)
+
+
 def _graph_max_tokens(settings: Settings) -> int:
-    """``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS``, else the policy's ceiling (tuned crossover, else the default)."""
+    """``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS``, else the policy's ceiling (the default unless set)."""
     if settings.graph_max_tokens is not None:
         return settings.graph_max_tokens
     try:

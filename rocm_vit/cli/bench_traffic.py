@@ -1,0 +1,259 @@
+"""``rocm-vit bench-traffic``: what graph admission realizes of what graphs could save, per stream.
+
+Each stream of ``traffic.standard_streams`` goes through the real ``ViTGraphRunner`` twice, with the
+admission before the cost model (a layout's second call, up to 4096 patches, least recently used out)
+and with today's defaults; a stand-in mechanism replays instantly. Every call is charged what the
+``CostModel`` of a host launching in ``--launch-ms`` predicts for what the runner did: eager, replay,
+or warm-up + capture + replay when the call captured. Against all-eager and an oracle that replays
+every call from a free graph where that is faster, it prints replay %, mean/p50/p90 and the share of
+the possible saving realized, with the issue's targets (#30), and what the same decisions would give
+with captures off the requests' path (a projection: captures still run inline). The times are the
+model's, not measured; what the runner decides is what it decides on a GPU with that launch time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rocm_vit.attention import get_backend
+from rocm_vit.cli.traffic import Stream, standard_streams
+from rocm_vit.cli.workload import progress, table_lines
+from rocm_vit.graphs import ViTGraphRunner
+from rocm_vit.graphs.cost import CostModel
+from rocm_vit.layout import VisionLayout
+
+BLOCKS = 27  # Qwen3-VL-8B
+SHARE_TARGET = 0.90  # of the possible saving on the mean, chat with a 1.3 MP cap
+REPEATED_SHARE_TARGET = 0.80  # 6 x 640x360 in one call
+MEAN_SLOWER_LIMIT = 1.01  # no stream slower than all-eager on the mean
+P90_SLOWER_LIMIT = 1.02
+_LIMITS = f"{MEAN_SLOWER_LIMIT - 1:.0%}, {P90_SLOWER_LIMIT - 1:.0%}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calls", type=int, default=2000, help="calls of each chat stream (others: a quarter)")
+    parser.add_argument("--launch-ms", type=float, default=12.0, help="the host's launch time of one eager forward")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def run(args: argparse.Namespace) -> int:
+    host = CostModel().with_launch_ms(args.launch_ms)
+    report = {
+        "launch_ms": args.launch_ms,
+        "streams": [simulate(stream, host) for stream in standard_streams(args.calls, args.seed)],
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join(format_table(report)))
+    return 0 if all(row["met"] for row in target_rows(report)) else 1
+
+
+# What each runner is built with: the admission before #30, and today's defaults.
+POLICIES: dict[str, dict[str, Any]] = {
+    "count": {"capacity": 32, "min_sightings": 2, "max_tokens": 4096, "cost_model": None},
+    "benefit": {"capacity": 32, "min_sightings": 2, "max_tokens": 8192, "cost_model": CostModel().for_blocks(BLOCKS)},
+}
+
+
+PROJECTION = "benefit, captures off the path"
+
+
+def simulate(stream: Stream, host: CostModel) -> dict[str, Any]:
+    """``stream`` under all-eager, the oracle and each of ``POLICIES``: per-call times and counts."""
+    seq_lens = [_seq_lens(grid) for grid in stream.calls]
+    eager = [host.eager_ms(lens) for lens in seq_lens]
+    oracle = [min(host.eager_ms(lens), host.replay_ms(lens)) for lens in seq_lens]
+    result: dict[str, Any] = {"stream": stream.name, "calls": len(stream.calls), "eager": _summary(eager)}
+    result["oracle"] = _summary(oracle)
+    for name, options in POLICIES.items():
+        runner = ViTGraphRunner(
+            _toy_blocks, get_backend("sdpa"), mechanism=_InstantGraphs(), clock=_host_clock(host), **options
+        )
+        kinds = [_call(runner, grid) for grid in progress(list(stream.calls), f"{stream.name}, {name}", "call")]
+        counts = {kind: kinds.count(kind) for kind in ("replay", "capture", "eager")}
+        times = [_charge(host, kind, lens) for kind, lens in zip(kinds, seq_lens, strict=True)]
+        result[name] = {**_summary(times), **counts, "share": _share(eager, oracle, times)}
+    # What the same decisions would give with every capture off the requests' path (not built yet).
+    deferred = [
+        _charge(host, "eager" if kind == "capture" else kind, lens) for kind, lens in zip(kinds, seq_lens, strict=True)
+    ]
+    result[PROJECTION] = {**_summary(deferred), **counts, "share": _share(eager, oracle, deferred)}
+    return result
+
+
+def _call(runner: ViTGraphRunner, grid: Sequence[tuple[int, int, int]]) -> str:
+    layout = VisionLayout.from_grid_thw(list(grid)).attention
+    before = runner.stats()
+    x = torch.ones(layout.num_patches, 1)
+    runner.run(x, layout, x, x)
+    after = runner.stats()
+    if after["captures"] > before["captures"]:
+        return "capture"
+    return "replay" if after["replays"] > before["replays"] else "eager"
+
+
+def _charge(host: CostModel, kind: str, seq_lens: Sequence[int]) -> float:
+    if kind == "eager":
+        return host.eager_ms(seq_lens)
+    if kind == "replay":
+        return host.replay_ms(seq_lens)
+    return host.eager_ms(seq_lens) + host.capture_ms + host.replay_ms(seq_lens)  # on the call's own path
+
+
+def _share(eager: list[float], oracle: list[float], times: list[float]) -> float | None:
+    possible = statistics.fmean(eager) - statistics.fmean(oracle)
+    return None if possible <= 1e-9 else (statistics.fmean(eager) - statistics.fmean(times)) / possible
+
+
+def _summary(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "mean_ms": statistics.fmean(times),
+        "p50_ms": ordered[len(ordered) // 2],
+        "p90_ms": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+    }
+
+
+def _seq_lens(grid: Sequence[tuple[int, int, int]]) -> list[int]:
+    return [h * w for t, h, w in grid for _ in range(t)]
+
+
+def _toy_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + sin
+
+
+def _host_clock(host: CostModel) -> Callable[[], float]:
+    """A clock under which each eager run (two reads) takes the host's launch time."""
+    reads = iter(range(1 << 62))
+    return lambda: next(reads) * host.launch_ms / 1e3
+
+
+@dataclass
+class _InstantGraph:
+    fn: Callable[[], torch.Tensor]
+
+
+class _InstantGraphs:
+    """A mechanism whose graphs re-run their function at replay, on the CPU; no memory is modeled."""
+
+    def available(self, device: torch.device) -> bool:
+        return True
+
+    def total_memory(self, device: torch.device) -> int:
+        return 141 << 30
+
+    def new_pool(self, device: torch.device) -> object:
+        return object()
+
+    def new_stream(self, device: torch.device) -> str:
+        return "runner"
+
+    @contextmanager
+    def on_stream(self, stream: object) -> Iterator[None]:
+        yield
+
+    def current_stream(self, device: torch.device) -> str:
+        return "caller"
+
+    def mark(self, stream: object, marker: object) -> object:
+        return marker
+
+    def follow(self, stream: object, marker: object) -> None:
+        pass
+
+    def warm_up(self, fn: Callable[[], torch.Tensor], pool: object, stream: object) -> torch.Tensor:
+        return fn()
+
+    def capture(
+        self, fn: Callable[[], torch.Tensor], pool: object, stream: object
+    ) -> tuple[_InstantGraph, torch.Tensor]:
+        return _InstantGraph(fn), fn()
+
+    def replay(self, graph: _InstantGraph) -> None:
+        graph.fn()
+
+    def retire(self, graph: object) -> None:
+        pass
+
+    def pool_bytes(self, pool: object, device: torch.device) -> int:
+        return 0
+
+    def release_pools(self, pools: list[object], device: torch.device) -> None:
+        pass
+
+
+def target_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each with what today's defaults gave."""
+    rows = []
+    for stream in report["streams"]:
+        name, now, eager = stream["stream"], stream["benefit"], stream["eager"]
+        rows.append(
+            {
+                "target": f"{name}: mean, p90 within {_LIMITS} of all-eager",
+                "value": f"mean {now['mean_ms'] / eager['mean_ms']:.3f}x, p90 {now['p90_ms'] / eager['p90_ms']:.3f}x",
+                "met": now["mean_ms"] <= MEAN_SLOWER_LIMIT * eager["mean_ms"]
+                and now["p90_ms"] <= P90_SLOWER_LIMIT * eager["p90_ms"],
+            }
+        )
+        if name.endswith("1.3 MP cap"):
+            rows.append(_share_row(name, now, SHARE_TARGET))
+        elif name.startswith("6 x"):
+            rows.append(_share_row(name, now, REPEATED_SHARE_TARGET))
+        elif name.startswith(("8 x", "1 x")):
+            rows.append(
+                {"target": f"{name}: left eager", "value": f"{now['capture']} captures", "met": now["capture"] == 0}
+            )
+    return rows
+
+
+def _share_row(name: str, now: dict[str, Any], target: float) -> dict[str, Any]:
+    share = now["share"]
+    return {
+        "target": f"{name}: >= {target:.0%} of the possible saving on the mean",
+        "value": "-" if share is None else f"{share:.0%}",
+        "met": share is not None and share >= target,
+    }
+
+
+def format_table(report: dict[str, Any]) -> list[str]:
+    header = ["stream", "calls", "policy", "replay %", "captures", "mean ms", "p50 ms", "p90 ms", "share of saving"]
+    cells = []
+    for stream in report["streams"]:
+        for name in ("eager", "oracle", *POLICIES, PROJECTION):
+            measured = stream[name]
+            replayed = f"{100 * measured['replay'] / stream['calls']:.1f}" if "replay" in measured else ""
+            share = measured.get("share")
+            cells.append(
+                [
+                    stream["stream"] if name == "eager" else "",
+                    str(stream["calls"]) if name == "eager" else "",
+                    name,
+                    replayed,
+                    str(measured.get("capture", "")),
+                    f"{measured['mean_ms']:.2f}",
+                    f"{measured['p50_ms']:.2f}",
+                    f"{measured['p90_ms']:.2f}",
+                    "" if share is None else f"{share:.0%}",
+                ]
+            )
+    lines = [f"rocm-vit bench-traffic: Qwen3-VL-8B cost model, host launch {report['launch_ms']} ms (simulated)", ""]
+    lines += table_lines(header, cells)
+    lines += [
+        "",
+        *table_lines(
+            ["target", "value", "met"],
+            [[r["target"], r["value"], "yes" if r["met"] else "NO"] for r in target_rows(report)],
+            left=True,
+        ),
+    ]
+    return lines

@@ -1,0 +1,102 @@
+"""What a graph saves on one call, predicted from the call's layout.
+
+An eager forward costs the longer of the host's time to launch its kernels and the device's time to
+run them; a replay costs the device time and a little host work. A graph therefore saves only where
+the call is launch-bound, which the patch count alone does not tell: six 640x360 images (5,280
+patches) save 14 % on an H200, one 1.3 MP image (4,920) nothing.
+
+Device time is linear in the tokens (the GEMMs) and in the sum of squared segment lengths
+(attention). The defaults are a least-squares fit of Qwen3-VL-8B replays on an H200, per block
+(docs/benchmarks.md, "Graph ceiling"); the launch time is the serving host's, which the runner measures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+# Qwen3-VL-8B on an H200 (27 blocks): replay ms = 1.02 + 1.66e-3 tokens + 3.89e-7 sum(len^2),
+# within 14 % of twenty measured layouts from 196 to 8,192 patches, one to eight images.
+_H200_8B_BLOCKS = 27
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Eager and replay milliseconds of one call through ``blocks`` blocks, from its segment lengths.
+
+    ``launch_ms``: host time to launch one eager forward (9-15 ms for 27 blocks on the hosts seen);
+    ``device_*``: the device's time, per block; ``replay_host_ms``: a replay's own host work and the
+    clone of its output; ``capture_ms``: a capture and its verification beside the warm-up.
+    """
+
+    blocks: int = _H200_8B_BLOCKS
+    launch_ms: float = 10.0
+    device_base_ms: float = 1.02 / _H200_8B_BLOCKS
+    device_ms_per_token: float = 1.66e-3 / _H200_8B_BLOCKS
+    device_ms_per_square: float = 3.89e-7 / _H200_8B_BLOCKS
+    replay_host_ms: float = 0.1
+    capture_ms: float = 60.0
+
+    def for_blocks(self, blocks: int) -> CostModel:
+        """The same per-block costs for a tower of ``blocks`` blocks (launch time scales with them)."""
+        return replace(self, blocks=blocks, launch_ms=self.launch_ms * blocks / self.blocks)
+
+    def with_launch_ms(self, launch_ms: float) -> CostModel:
+        return replace(self, launch_ms=launch_ms)
+
+    def device_ms(self, seq_lens: Sequence[int]) -> float:
+        tokens = sum(seq_lens)
+        squares = sum(length * length for length in seq_lens)
+        per_block = self.device_base_ms + self.device_ms_per_token * tokens + self.device_ms_per_square * squares
+        return self.blocks * per_block
+
+    def eager_ms(self, seq_lens: Sequence[int]) -> float:
+        return max(self.launch_ms, self.device_ms(seq_lens))
+
+    def replay_ms(self, seq_lens: Sequence[int]) -> float:
+        return self.device_ms(seq_lens) + self.replay_host_ms
+
+    def saving_ms(self, seq_lens: Sequence[int]) -> float:
+        """Eager minus replay: negative where the device is the bottleneck."""
+        return self.eager_ms(seq_lens) - self.replay_ms(seq_lens)
+
+
+def fit_cost_model(timings: Sequence[tuple[int, float, float]], blocks: int) -> CostModel | None:
+    """The model of a tower of ``blocks`` blocks from ``(patches, eager_ms, graph_ms)`` of one-image
+    calls (``rocm-vit tune``'s graph timings): device terms by non-negative least squares on the
+    replays, the launch time from the smallest call's eager run. ``None`` with fewer than three."""
+    if len(timings) < 3:
+        return None
+    columns = torch.tensor([[1.0, patches, patches**2] for patches, _, _ in timings], dtype=torch.float64)
+    device = torch.tensor([graph_ms - CostModel.replay_host_ms for _, _, graph_ms in timings], dtype=torch.float64)
+    terms = _non_negative_least_squares(columns, device)
+    _, launch_ms, _ = min(timings)
+    return CostModel(
+        blocks=blocks,
+        launch_ms=launch_ms,
+        device_base_ms=terms[0] / blocks,
+        device_ms_per_token=terms[1] / blocks,
+        device_ms_per_square=terms[2] / blocks,
+    )
+
+
+def _non_negative_least_squares(columns: torch.Tensor, target: torch.Tensor) -> list[float]:
+    """Least squares with every coefficient >= 0: the best fit over the subsets of columns whose
+    own least-squares coefficients are all non-negative (exact for a handful of columns)."""
+    best: tuple[float, list[float]] = (math.inf, [0.0] * columns.shape[1])
+    for size in range(1, columns.shape[1] + 1):
+        for subset in itertools.combinations(range(columns.shape[1]), size):
+            solution = torch.linalg.lstsq(columns[:, subset], target.unsqueeze(1)).solution.flatten()
+            if (solution < 0).any():
+                continue
+            residual = float(torch.linalg.vector_norm(columns[:, subset] @ solution - target))
+            if residual < best[0]:
+                coefficients = [0.0] * columns.shape[1]
+                for index, value in zip(subset, solution.tolist(), strict=True):
+                    coefficients[index] = value
+                best = (residual, coefficients)
+    return best[1]

@@ -1,0 +1,69 @@
+"""bench-traffic's streams follow Qwen3-VL's resize, and its simulation drives the real runner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rocm_vit.cli import bench_traffic
+from rocm_vit.cli.main import main
+from rocm_vit.cli.traffic import (
+    CHECKPOINT_MAX_PIXELS,
+    OPERATOR_CAP_PIXELS,
+    chat_stream,
+    image_grid,
+    repeated_stream,
+)
+from rocm_vit.graphs.cost import CostModel
+
+
+@pytest.mark.parametrize(
+    ("size", "max_pixels", "patches"),
+    [
+        ((4032, 3024), OPERATOR_CAP_PIXELS, 4920),  # the issue's "one 1.3 MP image (4,920)"
+        ((640, 360), CHECKPOINT_MAX_PIXELS, 880),  # 6 of them: 5,280
+        ((1920, 1080), CHECKPOINT_MAX_PIXELS, 8160),  # 1080p
+        ((4032, 3024), CHECKPOINT_MAX_PIXELS, 47376),  # a 12 MP photo at the checkpoint's limit
+        ((100, 60), CHECKPOINT_MAX_PIXELS, 308),  # raised to min_pixels: 352 x 224
+    ],
+)
+def test_images_become_the_patch_grids_qwen3_vl_gives_them(size, max_pixels, patches) -> None:
+    _, h, w = image_grid(*size, max_pixels)
+    assert h * w == patches
+
+
+def test_the_chat_stream_is_reproducible_and_capped() -> None:
+    first, again = chat_stream(200, seed=3), chat_stream(200, seed=3)
+    assert first == again and len(first.calls) == 200
+    assert all(h * w * 256 <= OPERATOR_CAP_PIXELS for call in first.calls for _, h, w in call)
+    assert any(len(call) > 1 for call in first.calls)
+
+
+def test_the_runner_takes_what_pays_and_leaves_what_does_not() -> None:
+    """6 x 640x360 on a host launching in 14 ms is replayed; 8 of them, 1.3 MP and 1080p are not."""
+    host = CostModel().with_launch_ms(14.0)
+    six = bench_traffic.simulate(repeated_stream("six", 6, 640, 360, 400), host)
+    assert six["count"]["replay"] == 0  # 5,280 patches: over the ceiling admission by count had
+    assert six["benefit"]["replay"] >= 390 and six["benefit"]["share"] >= 0.8
+    for images, width, height in ((8, 640, 360), (1, 1280, 1024), (1, 1920, 1080)):
+        stream = repeated_stream("left eager", images, width, height, 100)
+        assert bench_traffic.simulate(stream, host)["benefit"]["capture"] == 0, (images, width, height)
+
+
+def test_bench_traffic_prints_every_stream_and_fails_on_a_missed_target(capsys) -> None:
+    status = main(["bench-traffic", "--calls", "40", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert [stream["stream"] for stream in report["streams"]][:2] == ["chat, 1.3 MP cap", "chat"]
+    assert status == 1  # chat with a 1.3 MP cap misses its share until captures leave the path
+
+
+def test_a_capture_on_the_requests_path_is_charged_warm_up_capture_and_replay() -> None:
+    host = CostModel().with_launch_ms(12.0)
+    assert bench_traffic._charge(host, "capture", [196]) == pytest.approx(
+        host.eager_ms([196]) + host.capture_ms + host.replay_ms([196])
+    )
+    table = bench_traffic.format_table(
+        {"launch_ms": 12.0, "streams": [bench_traffic.simulate(chat_stream(40, seed=1), host)]}
+    )
+    assert any(line.strip().startswith("target") for line in table)

@@ -1,0 +1,51 @@
+"""The cost model that admits graphs: H200 decisions the issue measured, and the fit tune uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocm_vit.graphs.cost import CostModel, fit_cost_model
+from rocm_vit.graphs.runner import MIN_SAVING_SHARE
+
+
+def _saves(model: CostModel, seq_lens: list[int]) -> bool:
+    return model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
+
+
+@pytest.mark.parametrize(
+    ("name", "seq_lens", "saves"),
+    [
+        ("1x224", [196], True),
+        ("6x640x360", [880] * 6, True),  # 11.6 ms replayed against 13.5 eager
+        ("8x640x360", [880] * 8, False),  # 15.3 against 15.5: nothing to take
+        ("1x1.3MP", [4920], False),
+        ("1x1080p", [8160], False),
+    ],
+)
+def test_the_default_model_on_a_13_ms_host_takes_what_the_h200_measured(name, seq_lens, saves) -> None:
+    assert _saves(CostModel().with_launch_ms(13.0), seq_lens) is saves, name
+
+
+def test_the_fit_recovers_the_device_terms_and_takes_the_smallest_calls_launch() -> None:
+    truth = CostModel(
+        blocks=24, launch_ms=9.0, device_base_ms=0.05, device_ms_per_token=1e-4, device_ms_per_square=2e-8
+    )
+    timings = [(patches, truth.eager_ms([patches]), truth.replay_ms([patches])) for patches in (196, 1024, 4096, 8192)]
+    fitted = fit_cost_model(timings, blocks=24)
+    assert fitted.launch_ms == truth.launch_ms
+    for seq_lens in ([196], [880] * 6, [16384]):
+        assert fitted.replay_ms(seq_lens) == pytest.approx(truth.replay_ms(seq_lens), rel=1e-9)
+
+
+def test_the_fit_keeps_every_term_non_negative_and_needs_three_timings() -> None:
+    bending = [(196, 10.0, 1.5), (2048, 12.0, 9.0), (4096, 15.0, 14.9)]  # a negative square term fits best
+    fitted = fit_cost_model(bending, blocks=27)
+    assert min(fitted.device_base_ms, fitted.device_ms_per_token, fitted.device_ms_per_square) >= 0
+    assert fitted.device_ms_per_square == 0
+    assert fit_cost_model(bending[:2], blocks=27) is None
+
+
+def test_a_shallower_tower_launches_proportionally_faster() -> None:
+    model = CostModel().for_blocks(9)
+    assert model.launch_ms == pytest.approx(CostModel().launch_ms / 3)
+    assert model.device_ms([1024]) == pytest.approx(CostModel().device_ms([1024]) / 3)
