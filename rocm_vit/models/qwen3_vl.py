@@ -1,10 +1,7 @@
 """Qwen3-VL / Qwen3.5 vision tower with transformers-compatible weights and a graphable block stack.
 
-Parameter names and shapes equal transformers' ``Qwen3VLVisionModel``, so the vision weights of an
-HF checkpoint load unchanged. Everything that depends on the image layout is computed on the host
-(``VisionLayout``) and reaches the device through non-blocking copies, so a forward never waits on
-the device. ``encode`` (``embed``, then ``forward_blocks``) is the one function that both eager mode and
-graph capture run.
+Parameter names and shapes equal transformers' ``Qwen3VLVisionModel``, so HF vision weights load
+unchanged. What the forward shares with the other towers (host layouts, ``encode``): ``tower.py``.
 """
 
 from __future__ import annotations
