@@ -1,10 +1,8 @@
 """Varlen attention through FlashAttention-4's CuTe DSL kernels (``flash_attn.cute``, NVIDIA sm_90+).
 
-``flash-attn-4`` (``pip install rocm-vit[fa4]``) is imported at the first call, never with this module:
-the import takes seconds and a machine without it must still build every other backend. Each head dim
-compiles once per process at its first call, which the graph runner's eager warm-up pays before a
-capture. The CUDA rule sends it only segments of at least 2048 tokens, where it leads
-(``rocm_vit.policy``; figures: docs/benchmarks.md, "`rocm-vit bench-attn`").
+``flash-attn-4`` (``rocm-vit[fa4]``) is imported at the first call, never with this module (it takes
+seconds). Each head dim compiles once per process at its first call, which the runner's eager warm-up
+pays before a capture. Figures: docs/benchmarks.md, "`rocm-vit bench-attn`".
 
 Written against ``flash_attn/cute/interface.py`` of flash-attn-4 4.0.0b36: ``flash_attn_varlen_func(q,
 k, v, ..., cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ..., softmax_scale, causal)`` returns

@@ -2,7 +2,7 @@
 
 A one-warp loader streams K/V tiles by TMA into a ``NUM_STAGES``-slot ring handed over by mbarriers;
 two or three consumer warpgroups own 64 query rows each and overlap their softmax with the others'
-matmuls. The schedule, and why ``triton_attn`` cannot express it: docs/long-sequences.md, "Eighth round".
+matmuls. The schedule: docs/long-sequences.md, "`gluon_attn`: FlashAttention-3's schedule in Gluon".
 
 Invariants: segment bounds come from ``cu_seqlens`` on the device (``max_seqlen`` only sizes the grid),
 so a launch is capturable; no atomics, so it is deterministic; a nearly empty last wave is split along
@@ -45,7 +45,7 @@ THREE_CONSUMER_WAVES = 1.5
 CONSUMER_REGS = {2: 224, 3: 160}
 LOADER_REGS = 24
 # 128-key tiles, 3 stages and no ping-pong between consumers: the alternatives measured slower or
-# within noise (docs/long-sequences.md, "Eighth round").
+# within noise (docs/long-sequences.md, "Tried and dropped").
 
 # Triton 3.9 renamed the TMA load; the 3.6 name raises there.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared

@@ -1,13 +1,9 @@
 """NEOX (rotate-half) vision RoPE in plain torch: the reference, the CPU path and the fallback.
 
-It performs exactly the operations of transformers' ``apply_rotary_pos_emb_vision`` (Qwen3-VL), so on
-a CPU its result is bit-identical to the Hugging Face tower, and on a GPU in eager mode it matches
-the Triton kernel in ``triton_rope`` bit for bit (both round each fp32 product and sum separately).
-
-``rotated_native`` is the same math as a pure function (new tensors, inputs untouched): what ROCm
-compiles with ``torch.compile``. A compiled in-place helper fails when q and k are views of one fused
-qkv tensor under ``torch.inference_mode`` (torch 2.11, CUDA: "wrong number of dimensions"), since
-AOTAutograd must then replay mutations of aliased inputs; a pure function has none to replay.
+The operations of transformers' ``apply_rotary_pos_emb_vision``, so bit-identical to the Hugging Face
+tower on a CPU and to ``triton_rope`` on a GPU (both round each fp32 product and sum separately).
+``rotated_native`` is the same math as a pure function, what ROCm compiles: a compiled in-place helper
+fails on views of one fused qkv under ``inference_mode`` (AOTAutograd replays aliased mutations).
 """
 
 from __future__ import annotations

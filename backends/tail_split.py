@@ -7,7 +7,7 @@ trailing query blocks of every segment leave the main launch and into how many k
 ``(o, m, l)`` that ``merge_tail`` combines in split order, so the result is deterministic and a graph
 replay equals the eager call; split rows differ from unsplit ones by fp32 rounding only. Only layouts
 whose segments are all equally long (``max_seqlen * segments == tokens``) are split, since only then
-does the host know every length. The wave model against measurement: docs/long-sequences.md, "Ninth round".
+does the host know every length. Measured: docs/long-sequences.md, "The split last wave".
 """
 
 from __future__ import annotations

@@ -36,11 +36,9 @@ class TritonAttnConfig:
 def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = None, *, arch: str) -> TritonAttnConfig:
     """The fixed launch configuration for ``head_dim`` and ``dtype`` on the GPU architecture ``arch``.
 
-    ``arch`` names the target: ``"gfx942"`` (MI300X), ``"gfx950"`` (MI355X), another ``"gfx*"`` (a safe
-    AMD default); anything else (``"sm_90"``, ``"cpu"`` for the interpreter) gets the NVIDIA choices.
-    ``query_tiles`` is the number of 128-row query tiles of the launch (``None``: many). Chosen from
-    host values only, never autotuned (autotuning would benchmark inside a graph capture). Speed is
-    measured by ``rocm-vit bench-attn --sweep-triton``. fp32 (not a serving dtype) gets small tiles.
+    ``arch``: ``"gfx942"``, ``"gfx950"``, another ``"gfx*"`` (a safe AMD default); anything else
+    (``"sm_90"``, ``"cpu"``) gets the NVIDIA choices. ``query_tiles``: 128-row query tiles of the
+    launch (``None``: many). Host values only, never autotuned (that would benchmark inside a capture).
     """
     if arch.startswith("gfx"):
         return _amd_config(arch, dtype)
@@ -246,10 +244,9 @@ def _varlen_attn_fwd(
     m_valid = offs_m < seq_len
     # Head offsets are multiples of ALIGN elements (checked on the host): without this hint a head
     # stride like 72 defeats vectorised loads and with them the pipelined async copies.
-    # Rows are never masked: rows past the segment re-read its last row (their output is not
-    # stored). Only the head-dim tail past HEAD_DIM is masked, by column. Masking rows and tail
-    # columns together (2-D masks) on a peeled partial key tile gave NaNs and out-of-bounds reads
-    # under Triton 3.6 on an H200 (docs/benchmarks.md, History, first round).
+    # Rows are never masked (rows past the segment re-read its last row, and are not stored); only
+    # the head-dim tail, by column. 2-D masks on a peeled partial key tile gave NaNs under Triton 3.6
+    # (docs/benchmarks.md, History, first round).
     offs_m_read = tl.minimum(offs_m, seq_len - 1)
     q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m_read[:, None] * stride_qn
     q0 = tl.load(q_rows + offs_d0[None, :]).to(dtype)
@@ -269,8 +266,7 @@ def _varlen_attn_fwd(
     k_base = K + tl.multiple_of(row0 * stride_kn + kv_head * stride_kh, ALIGN)
     v_base = V + tl.multiple_of(row0 * stride_vn + kv_head * stride_vh, ALIGN)
 
-    # One loop, every tile bounds-checked. Peeling the partial last tile out of the loop (unmasked
-    # full tiles) gave NaNs in the head-dim tail at head dim 80 under Triton 3.6 on an H200.
+    # One loop, every tile bounds-checked: peeling the partial last tile gave NaNs at d80 (Triton 3.6).
     for start_n in range(0, seq_len, BLOCK_N):
         acc0, acc1, m_i, l_i = _attend_tile(
             acc0, acc1, m_i, l_i, q0, q1, k_base, v_base, stride_kn, stride_vn, start_n, seq_len,
@@ -325,10 +321,8 @@ def _attend_tile(
         k1 = _load_tail(k_rows, offs_d1, HEAD_DIM, BLOCK_D0, BLOCK_D1)
         scores = tl.dot(q1, tl.trans(k1.to(dtype)), scores, input_precision=DOT_PRECISION)
     if start_n + BLOCK_N > seq_len:
-        # Only a segment's last tile can run past it. A branch instead of an unconditional select
-        # keeps the mask off the full tiles: 2.14 ms instead of 2.36 ms at 12 800 tokens, head dim
-        # 72, H200 (docs/benchmarks.md, History, second round); unlike peeling the tile out of the loop,
-        # it stays correct.
+        # Only a segment's last tile can run past it: a branch keeps the mask off the full tiles
+        # (docs/benchmarks.md, History, second round); unlike peeling that tile, it stays correct.
         scores = tl.where((offs_n < seq_len)[None, :], scores, float("-inf"))
     # Every tile holds at least one valid key, so m_new is finite and exp2(-inf - m_new) is 0.
     m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale_log2)
@@ -348,8 +342,7 @@ def _attend_tile(
 def _load_tail(rows, offs_d1, HEAD_DIM: tl.constexpr, BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr):
     """The head-dim tail ``[rows, BLOCK_D1]``, zeros past ``HEAD_DIM`` (masked by column only).
 
-    Measured on an H200 at head dim 72: masking 1.65x faster than re-reading the last column
-    (2.37 vs 3.90 ms at 12 800 tokens), which defeats vectorised loads.
+    Re-reading the last column instead defeats vectorised loads (1.65x slower at d72 on an H200).
     """
     if BLOCK_D0 + BLOCK_D1 == HEAD_DIM:
         return tl.load(rows + offs_d1[None, :])

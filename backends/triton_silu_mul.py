@@ -1,12 +1,9 @@
 """Gated SiLU, ``silu(gate) * up``, from one stacked gate+up projection: one Triton launch, graph safe.
 
-Qwen2.5-VL's MLP is ``down(silu(gate(x)) * up(x))``. Its tower holds gate and up as one stacked
-weight, so one GEMM writes ``gate_up`` ``[N, 2W]`` (gate in columns ``[0, W)``, up in ``[W, 2W)``),
-and this kernel writes ``silu(gate) * up`` ``[N, W]``: one launch instead of eager torch's two (silu,
-then the product) and one ``[N, W]`` intermediate less. The roundings are eager torch's: the SiLU is
-computed in fp32 from the stored gate and rounded to the dtype, then the product is computed in fp32
-and rounded again. Only the SiLU's exponential is not torch's (Triton's ``exp``): in fp32 the result
-differs in its last bits, and in fp16/bf16 a rare element by an ulp or two (tests/gpu/test_fusion_gpu.py).
+``gate_up`` ``[N, 2W]`` is Qwen2.5-VL's stacked projection (gate in columns ``[0, W)``, up in
+``[W, 2W)``); the output ``silu(gate) * up`` ``[N, W]`` takes one launch instead of eager torch's two.
+The roundings are eager torch's (the SiLU rounded to the dtype, then the product); only the
+exponential is Triton's, so fp32 differs in its last bits and fp16/bf16 a rare element by an ulp or two.
 
 Shapes: ``gate_up`` ``[N, 2W]`` contiguous, fp16, bf16 or fp32; ``W`` up to 65536. The wrapper
 allocates the output and nothing else, never synchronises and compiles one binary per dtype and

@@ -1,11 +1,9 @@
 """Fused steps of a vision tower: residual add + norm, fc1 + tanh-GELU, gated SiLU, position-embedding interpolation.
 
-The tower is launch-bound at small images (a 224² image on qwen3-vl-8b ran 12 kernels per block for
-196 tokens) and bandwidth-bound around its GEMMs at large ones, so each kernel removed counts.
-Graph replay equals eager bit for bit only if both run the same code, so the choice is the policy's
-and never depends on whether a capture is running: fused on CUDA and ROCm unless ``rocm-vit tune``
-measured the plain ops faster (``ROCM_VIT_FUSED_OPS=0`` turns it off), the plain torch ops on CPU
-and for shapes a kernel does not cover.
+Each kernel removed counts: the tower is launch-bound at small images and bandwidth-bound around its
+GEMMs at large ones. The choice is the policy's, fixed for the process so that replay equals eager:
+fused on CUDA and ROCm unless ``rocm-vit tune`` measured plain faster or ``ROCM_VIT_FUSED_OPS=0``;
+plain torch ops on CPU and for shapes a kernel does not cover.
 """
 
 from __future__ import annotations
@@ -41,11 +39,9 @@ def add_norm(x: torch.Tensor, update: torch.Tensor | None, norm: nn.Module) -> t
 def linear_gelu_tanh(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     """``gelu(linear(x), approximate="tanh")``; on CUDA one cuBLASLt GEMM with the GELU in its epilogue.
 
-    cuBLASLt's GELU epilogue is the tanh approximation (PyTorch's own fallbacks for this op apply
-    ``gelu(approximate="tanh")``, aten/src/ATen/native/cuda/Blas.cpp), applied to the fp32
-    accumulator before the one rounding to the output dtype; the plain pair rounds twice. Only NVIDIA
-    CUDA: the CPU op computes the erf GELU, and on ROCm the hipBLASLt epilogue has not been run by
-    this project, so both take the plain pair, as does a torch without this private op.
+    The epilogue applies the tanh GELU to the fp32 accumulator before the one rounding; the plain pair
+    rounds twice. Only NVIDIA CUDA: the CPU op computes the erf GELU and hipBLASLt's epilogue has not
+    been run, so those take the plain pair, as does a torch without this private op.
     """
     if active_policy().gelu_epilogue.value and x.is_cuda and x.dim() == 2 and linear.bias is not None:
         return torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)

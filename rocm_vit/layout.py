@@ -1,13 +1,9 @@
 """VisionLayout: everything about one batch of images and videos that is known on the host.
 
-Invariants: built from ``grid_thw`` as host data, a layout never reads the device. It carries the
-graph key and, per segmentation, ``cu_seqlens`` (a host tuple, and an int32 device tensor copied
-once, non-blocking from pinned memory, with an event any reading stream waits for) and ``max_seqlen``.
-Segmentations: ``"full"`` (one segment per frame) and, for a windowed tower (Qwen2.5-VL),
-``"window"``, with the tokens permuted so each window is contiguous (``window_index``) and back
-(``window_inverse``). ``AttentionLayout`` is the part the graph runner and the attention backends
-read; callers that hold offsets rather than ``grid_thw`` (SGLang's models) build one directly.
-Contract: docs/design.md, "Layout".
+Invariants: built from ``grid_thw`` as host data, a layout never reads the device. Per segmentation
+(``"full"``; ``"window"`` for a windowed tower) it holds ``cu_seqlens`` as a host tuple and as an int32
+device tensor copied once, with an event any reading stream waits for. ``AttentionLayout`` is the part
+the runner and the backends read. Contract: docs/design.md, "Layout".
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """One resolved Policy: which attention kernel, rotary, fused ops, side stream and graph ceiling, and why.
 
-Every choice rocm-vit makes about the machine comes from ``resolve_policy``, a pure function of
-platform facts (``Facts``), settings and an optional tuned profile (``rocm-vit tune``). The process
-computes it once (``current_policy``); attention, rotary, fused ops, the deepstack side stream,
-the towers' graph defaults and the SGLang adapter read it, and ``rocm-vit doctor`` prints it with
-every reason. Attention is chosen among the backends whose declared needs this machine meets
-(``rocm_vit.backend_requirements``). Without a profile the rules below hold; they were measured on an
-H200 and are guesses elsewhere, which is why ``rocm-vit tune`` measures the user's GPU.
-
-Graph replay equals eager bit for bit only if both run the same code: the policy is fixed for the
-life of a process (``use_policy`` swaps it for ``rocm-vit tune`` and tests, never while graphs exist).
+``resolve_policy`` is a pure function of platform facts, settings and an optional tuned profile;
+attention is chosen among the backends whose declared needs this machine meets
+(``rocm_vit.backend_requirements``). Without a profile the rules below hold: measured on an H200,
+guesses elsewhere, which is why ``rocm-vit tune`` exists. Invariant: the policy is fixed for the life
+of a process, so replay equals eager (``use_policy`` swaps it for ``tune`` and tests only).
+``rocm-vit doctor`` prints it with every reason. Contract: docs/design.md, "Policy".
 """
 
 from __future__ import annotations
@@ -51,11 +47,9 @@ logger = logging.getLogger(__name__)
 # parent packages: flash_attn, triton.experimental).
 PROBED_MODULES = tuple(dict.fromkeys(["triton", *(name for needs in REQUIREMENTS.values() for name in needs.modules)]))
 
-# The CUDA rule (``pick_cuda_backend``), measured on an H200 (bf16, 16 heads, head dim 72;
-# docs/benchmarks.md, "`rocm-vit bench-attn`" and "`rocm-vit tune`"): cuDNN's SDPA leads on few long
-# segments that are whole ALIGNMENT_TOKENS-token tiles; triton_attn below 1024 tokens, on many or
-# ragged segments (one launch instead of one per segment) and on partial last tiles, which most
-# photos have. cuDNN plans each new shape at its first call; under graphs the warm-up pays it once.
+# The CUDA rule (``pick_cuda_backend``): cuDNN's SDPA leads on few long segments of whole
+# ALIGNMENT_TOKENS-token tiles; triton_attn below 1024 tokens, on many or ragged segments and on partial
+# last tiles. Measured: docs/long-sequences.md, "The rule at photo sizes without a long-sequence kernel".
 CUDA_PARTIAL_TILE_VARLEN = "triton_attn"
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
@@ -158,14 +152,11 @@ class CudaRule:
 class TunedRule:
     """The fastest available backend at the measured layout nearest to this one (``rocm-vit tune``).
 
-    Nearness compares the longest segment, the shortest and the count, each on a log scale, and
-    whether the longest is a whole number of 128-token tiles: these decide which kernel wins (cuDNN's
-    per-length launches, the varlen grid, long-sequence kernels; on an H200 cuDNN led at 8192 and
-    16384 tokens and trailed at 8160 and 14400). The tuned pick replaces ``fallback``'s only where
-    ``fallback``'s was measured more than ``TUNED_MARGIN`` slower there: closer than that is noise
-    between runs, and a near neighbour is not the layout itself. Only timings of the caller's head
-    dim count (all of them when it is unknown); head dims the profile did not measure, and layouts
-    none of whose measured backends can run now, use ``fallback``.
+    Nearness: the longest segment, the shortest and the count on a log scale, and whether the longest
+    is whole 128-token tiles (what decides the winner). The tuned pick replaces ``fallback``'s only
+    where that was measured more than ``TUNED_MARGIN`` slower: closer is noise. Only timings of the
+    caller's head dim count (all when unknown); unmeasured head dims, and layouts none of whose
+    measured backends can run now, use ``fallback``.
     """
 
     timings: tuple[AttentionTiming, ...]
@@ -408,12 +399,10 @@ def _attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -
 def _rocm_attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -> AttentionPolicy:
     """ROCm's whole attention choice, including what serves a caller that names aiter.
 
-    ``ROCM_VIT_ATTENTION_BACKEND`` wins. Otherwise one backend for every layout: ``aiter_attn`` where
-    aiter is installed and ``SGLANG_USE_AITER=1``, else ``triton_attn`` (the kernel picks its tiles
-    per arch: ``backends/triton_attn.py``), else ``sdpa``. With a tuned profile the backend is
-    ``auto``: per layout the fastest measured among the backends that can run, aiter's only with
-    ``SGLANG_USE_AITER=1`` (``TunedRule``), else that one backend. A caller that names aiter
-    (SGLang's ``aiter_attn`` slot) gets ``auto`` where the policy picks per layout, else ``aiter_attn``.
+    ``ROCM_VIT_ATTENTION_BACKEND`` wins. Otherwise ``aiter_attn`` where aiter is installed and
+    ``SGLANG_USE_AITER=1``, else ``triton_attn``, else ``sdpa``; with a tuned profile ``auto`` over
+    those that can run (aiter's only with ``SGLANG_USE_AITER=1``). A caller that names aiter gets
+    ``auto`` where the policy picks per layout, else ``aiter_attn``.
     """
     if settings.attention_backend:
         attention = _named_attention(settings.attention_backend)

@@ -29,18 +29,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     (Qwen3-VL passes fp32 cos/sin); the math runs in fp32 and each result is rounded to its own
     tensor's dtype, so q and k may differ in dtype. Nothing is returned and nothing else is written.
 
-    CUDA: rocm-vit's Triton kernel, one launch, no allocation, graph-capturable; shapes it does not
-    cover (4-D q/k, non-contiguous tensors, cos/sin not 2-D, mismatched lengths) use the native
-    helper, which allocates fp32 temporaries. ROCm: the native math as a pure function under
-    ``torch.compile`` (dynamic token count: one compilation per dtype and stride pattern, made by
-    the first call, which the graph runner's eager warm-up makes before any capture), its results
-    copied into q and k; a pattern whose compilation fails is logged once and served by the native
-    helper from then on, in eager and graph mode alike. CPU: the native helper.
-    ``ROCM_VIT_ROTARY=triton|compiled|native`` overrides the choice.
-
-    The Triton kernel and the native helper round exactly like transformers' eager
-    ``apply_rotary_pos_emb_vision`` (bit-identical results); the compiled helper may differ in the
-    last bit where Inductor fuses a multiply and an add.
+    CUDA: the Triton kernel (one launch, no allocation, capturable; other shapes: the native helper,
+    which allocates fp32 temporaries). ROCm: the native math under ``torch.compile``, compiled per
+    dtype and stride pattern by the first call (the runner's eager warm-up, before any capture); a
+    failed compile is logged once and that pattern served natively for good. CPU: the native helper.
+    Triton and native round like transformers' eager helper bit for bit; the compiled one may differ
+    in the last bit. Contract: docs/design.md, "Rotary".
     """
     implementation(rotary_impl_name())(q, k, cos, sin)
 
@@ -110,13 +104,10 @@ _NOT_YET = object()
 def _compile_for_one_pattern() -> Callable:
     """``rope_torch.rotated_native`` under ``torch.compile``, with a code object of its own.
 
-    fullgraph: fail at the first call instead of silently running part of the rotary eagerly.
-    dynamic: the token count changes with every image; one compile serves them all.
-    A code object per call pattern: Dynamo keeps its cache, and its recompile limit (8), per code
-    object. Shared, a process that met more patterns than that (tests do) failed the next one's
-    compile; worse, a static compile past the limit ran the uncompiled function, whose last bit
-    differs, so a graph and an eager run of one layout could disagree. The function is pure (see
-    ``rope_torch``): a compiled in-place one failed on fused-qkv views under inference_mode.
+    fullgraph: fail at the first call, not run part of it eagerly. dynamic: one compile for every
+    token count. A code object per call pattern, because Dynamo's recompile limit (8) is per code
+    object and past it a graph and an eager run could disagree in the last bit (docs/design.md,
+    "Hazards"). Pure, because a compiled in-place one failed on fused-qkv views under inference_mode.
     """
     code = rotated_native.__code__.replace()
     fresh = types.FunctionType(code, rotated_native.__globals__, rotated_native.__name__, rotated_native.__defaults__)

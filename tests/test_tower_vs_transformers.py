@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from rocm_vit.models import Qwen3VLVisionTower, Qwen25VLVisionConfig, Qwen25VLVisionTower, VisionConfig, preset
+from rocm_vit.models import Qwen3VLVisionConfig, Qwen3VLVisionTower, Qwen25VLVisionConfig, Qwen25VLVisionTower, preset
 from rocm_vit.models.positions import position_embedding_taps
 
 transformers = pytest.importorskip("transformers")
-from transformers import Qwen2_5_VLVisionConfig, Qwen3VLVisionConfig  # noqa: E402
+from transformers import Qwen2_5_VLVisionConfig  # noqa: E402
+from transformers import Qwen3VLVisionConfig as HFQwen3VLVisionConfig  # noqa: E402
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel  # noqa: E402
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel  # noqa: E402
 
@@ -25,8 +26,8 @@ LAYOUTS = {
 }
 
 
-def _hf_model(config: VisionConfig, generator: torch.Generator) -> Qwen3VLVisionModel:
-    hf_config = Qwen3VLVisionConfig(
+def _hf_model(config: Qwen3VLVisionConfig, generator: torch.Generator) -> Qwen3VLVisionModel:
+    hf_config = HFQwen3VLVisionConfig(
         depth=config.depth,
         hidden_size=config.hidden_size,
         num_heads=config.num_heads,
@@ -95,9 +96,9 @@ def test_state_dict_keys_and_shapes_equal_transformers(generator: torch.Generato
 
 
 def test_from_config_accepts_transformers_config_and_dict() -> None:
-    hf_config = Qwen3VLVisionConfig(depth=3, hidden_size=128, num_heads=2, deepstack_visual_indexes=[1])
-    from_hf = VisionConfig.from_config(hf_config)
-    from_dict = VisionConfig.from_config(hf_config.to_dict())
+    hf_config = HFQwen3VLVisionConfig(depth=3, hidden_size=128, num_heads=2, deepstack_visual_indexes=[1])
+    from_hf = Qwen3VLVisionConfig.from_config(hf_config)
+    from_dict = Qwen3VLVisionConfig.from_config(hf_config.to_dict())
     assert from_hf == from_dict
     assert (from_hf.depth, from_hf.head_dim, from_hf.deepstack_visual_indexes) == (3, 64, (1,))
     assert from_hf.rope_theta == hf_config.rope_parameters["rope_theta"]

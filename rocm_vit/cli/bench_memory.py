@@ -1,23 +1,16 @@
-"""``rocm-vit bench-memory``: the graph runner's default settings under documented serving streams.
+"""``rocm-vit bench-memory``: the graph runner's defaults (and ``--budget-mib``) under serving streams.
 
-A server sends a few image sizes again and again and many sizes once. The runner's defaults (at most
-32 graphs, a layout captured on its second call and only up to 4096 patches, staging plus pool within
-a byte budget) are meant to replay the repeats, leave the one-offs eager, and hold graph memory
-within the budget whatever comes. This command checks that on a GPU, with those defaults and
-``--budget-mib``, in three scenarios:
+The defaults should replay the repeats, leave the one-offs eager and hold graph memory within the
+budget whatever comes. Scenarios (``SCENARIOS``), each with its targets:
 
-- ``mixed``: ``workload.mixed_stream``, 80 % of the calls to 20 hot small layouts and 20 % one-offs,
-  first through graphs, then all-eager: hit rate (target >= 75 %), bytes held (target <= budget),
-  per-call latency and peak reserved memory of both runs;
-- ``random``: ``workload.revisiting_workloads``, random layouts of which half repeat an earlier one:
-  bytes held after every call (target <= budget), and how far reserved memory grows after the first
-  10 % of the calls (target <= budget: a pool or staging leaked per capture passes it within a few
-  dozen of the hundreds of captures);
-- ``streams``: four threads, each on its own CUDA stream, replay shared graphs (one staging, one pool)
-  between one-offs; every output must equal an eager reference bit for bit (targets: replays
-  happened, no call failed, no mismatch).
+- ``mixed``: 80 % of the calls to 20 hot small layouts, through graphs then all-eager: hit rate, bytes held;
+- ``random``: random layouts, half revisited: bytes held, reserved-memory growth after the warm-up share;
+- ``streams``: threads on their own streams replay shared graphs: every output equal to eager;
+- ``churn``: #27's stream, every layout captured at first sight: refusals, outputs equal to eager;
+- ``capture-stall``: another thread's stream while layouts are captured: its p99 against its p50.
 
 Ends with one table (``--json``: one object); exit status 1 when a target is missed, 2 without a GPU.
+Targets and figures: docs/benchmarks.md, "`rocm-vit bench-memory`".
 """
 
 from __future__ import annotations

@@ -115,9 +115,7 @@ def random_workloads(count: int, seed: int, config: TowerConfig, max_side_px: in
 # Sides of the hot layouts of ``mixed_stream``: thumbnails to small photos, one or two per request,
 # so every hot layout stays under the runner's default ``max_tokens`` and can be captured.
 HOT_SIDES_PX = (224, 640)
-# A 12 MP phone photo, 4032x3024, is 47,376 patches after Qwen's resize (Qwen3-VL's processor accepts
-# up to 16,777,216 pixels, 65,536 patches); the one-offs stop at 1344 px by default so that a run
-# takes minutes, and ``--max-side 4032`` in bench-memory brings such photos in.
+# One-offs stop at 1344 px so that a run takes minutes; ``--max-side 4032`` brings in 12 MP photos.
 DEFAULT_ONE_OFF_MAX_SIDE_PX = 1344
 _THUMBNAIL_SIDE_PX = 64
 
@@ -132,13 +130,10 @@ def mixed_stream(
 ) -> list[Workload]:
     """A serving stream: ``hot_share`` of the calls go to ``hot`` repeated layouts, the rest are one-offs.
 
-    Hot layouts are one or two images with sides of 224..640 px, under ``DEFAULT_MAX_TOKENS`` (4096)
-    patches; the runner's defaults should capture each on its second call and replay it after. One-offs
-    are one or two images with sides from 64 px thumbnails to ``max_side_px`` photos that the runner
-    sees once: no two share their per-image patch counts with each other or a hot layout (a Qwen3-VL
-    graph key holds those, so a 16x32 and a 32x16 image share one). Exactly ``round(calls * hot_share)``
-    calls are hot, each drawn uniformly from the hot layouts, in a seeded random order. Specs are pixel
-    sizes that ``parse_layouts`` reads back (``1x448x640+1x224x224``).
+    Hot layouts: one or two images of 224..640 px a side, under ``DEFAULT_MAX_TOKENS`` patches. One-offs:
+    one or two images from 64 px to ``max_side_px``, no two with the same per-image patch counts as each
+    other or a hot layout (what a Qwen3-VL graph key holds). Exactly ``round(calls * hot_share)`` calls
+    are hot, in a seeded order. Specs are pixel sizes ``parse_layouts`` reads back.
     """
     if calls < 0 or hot < 1 or not 0.0 <= hot_share <= 1.0:
         raise ValueError(
@@ -323,11 +318,9 @@ def int_list(text: str) -> list[int]:
 def device_ms(fn: Callable[[], object], rep_ms: int = 20, graph: bool = True) -> float:
     """Median milliseconds of one call of ``fn`` on the GPU, the host's launch cost left out.
 
-    ``graph``: as many calls as fill ``rep_ms`` captured in one CUDA/HIP graph and replayed
-    (Triton's ``do_bench_cudagraph``), which is how a replayed tower runs its kernels and what
-    the eager path approaches on large inputs; small kernels timed one launch at a time measure the
-    host instead (the H200's host made a 12 us attention call look like 40-135 us). Where capture
-    fails, or with ``graph=False``: ``do_bench``, events around each call with L2 flushed between.
+    ``graph``: calls filling ``rep_ms`` captured in one graph and replayed (``do_bench_cudagraph``), as a
+    replayed tower runs its kernels; launch by launch, small kernels measure the host. Where capture
+    fails, or with ``graph=False``: ``do_bench``, events around each call, L2 flushed between.
     """
     import triton.testing
 

@@ -1,6 +1,6 @@
 """Reference vision towers with transformers-compatible weights."""
 
-from rocm_vit.models.config import Qwen25VLVisionConfig, TowerConfig, VisionConfig, preset, preset_names
+from rocm_vit.models.config import Qwen3VLVisionConfig, Qwen25VLVisionConfig, TowerConfig, preset, preset_names
 from rocm_vit.models.qwen2_5_vl import Qwen25VLVisionTower
 from rocm_vit.models.qwen3_vl import Qwen3VLVisionTower
 from rocm_vit.models.tower import VisionTower
@@ -17,11 +17,11 @@ def tower_class(config: TowerConfig) -> type[VisionTower]:
 
 __all__ = [
     "TOWERS",
+    "Qwen3VLVisionConfig",
     "Qwen3VLVisionTower",
     "Qwen25VLVisionConfig",
     "Qwen25VLVisionTower",
     "TowerConfig",
-    "VisionConfig",
     "VisionTower",
     "preset",
     "preset_names",

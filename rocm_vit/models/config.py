@@ -74,7 +74,7 @@ class TowerConfig:
 
 
 @dataclass(frozen=True)
-class VisionConfig(TowerConfig):
+class Qwen3VLVisionConfig(TowerConfig):
     """The fields of transformers' ``Qwen3VLVisionConfig`` that shape the tower (Qwen3-VL, Qwen3.5)."""
 
     model_type: ClassVar[str] = "qwen3_vl"
@@ -122,7 +122,9 @@ class Qwen25VLVisionConfig(TowerConfig):
         self._check_block_indexes("fullatt_block_indexes", self.fullatt_block_indexes)
 
 
-CONFIG_CLASSES: dict[str, type[TowerConfig]] = {cls.model_type: cls for cls in (VisionConfig, Qwen25VLVisionConfig)}
+CONFIG_CLASSES: dict[str, type[TowerConfig]] = {
+    cls.model_type: cls for cls in (Qwen3VLVisionConfig, Qwen25VLVisionConfig)
+}
 
 
 def preset_names() -> list[str]:

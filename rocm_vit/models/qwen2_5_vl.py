@@ -1,12 +1,9 @@
 """Qwen2.5-VL vision tower: windowed attention in most blocks, full attention in ``fullatt_block_indexes``.
 
-``state_dict`` names and shapes equal transformers' ``Qwen2_5_VisionTransformerPretrainedModel``, so
-HF vision weights load unchanged (the MLP holds them stacked and padded inside, see ``GatedMLP``).
-As in transformers, ``embed`` permutes patches and rotary positions into window order (whole merge
-blocks move), every block attends within its segmentation of that order, and ``_restore_token_order``
-puts the merged tokens back; both permutations use host-computed indices (``VisionLayout``). The first
-is inside ``encode`` with its index as a per-call input, the second after it, so a graph depends only
-on the two segmentations and layouts that cut into the same windows share one.
+``state_dict`` names and shapes equal transformers' ``Qwen2_5_VisionTransformerPretrainedModel``. As
+there, ``embed`` permutes merge blocks into window order and ``_restore_token_order`` puts the merged
+tokens back, both by host-computed indices; the first permutation is a per-call input of ``encode``,
+the second runs after it, so a graph depends only on the two segmentations.
 """
 
 from __future__ import annotations
@@ -81,13 +78,11 @@ class Qwen25VLVisionTower(VisionTower):
 class GatedMLP(nn.Module):
     """``down_proj(act(gate_proj(x)) * up_proj(x))``, with biases (transformers' ``Qwen2_5_VLMLP``).
 
-    Held as one stacked ``gate_up_proj`` GEMM and a ``down_proj``, at a width padded with zeros to a
-    multiple of 8 (3424): at 3420 a bf16 row is not 16-byte aligned and cuBLAS falls back to slow
-    ``align2`` kernels (3-4x slower: docs/benchmarks.md, History, sixth round; SGLang pads its vision
-    MLP the same way). Padded columns
-    have zero weights and biases, so they compute ``act(0) * 0 = 0`` and meet zero columns of
-    ``down_proj``: the same function. ``state_dict`` and ``load_state_dict`` speak transformers' names and shapes, so HF
-    checkpoints load unchanged and the padding never leaves the module.
+    Held as one stacked ``gate_up_proj`` GEMM and a ``down_proj``, zero-padded to a multiple of 8
+    (3424): at 3420 a bf16 row is not 16-byte aligned and cuBLAS runs ``align2`` kernels
+    (docs/benchmarks.md, History, sixth round). Padded columns compute ``act(0) * 0 = 0`` into zero
+    columns of ``down_proj``: the same function. ``state_dict`` and ``load_state_dict`` speak
+    transformers' names and shapes; the padding never leaves the module.
     """
 
     def __init__(self, config: Qwen25VLVisionConfig) -> None:
@@ -127,11 +122,7 @@ class GatedMLP(nn.Module):
 
 
 def padded_intermediate_size(size: int) -> int:
-    """The gated MLP's width as held: a multiple of 8, so rows are 16-byte aligned in every dtype.
-
-    A multiple of 64 (3456) measured the same within 2 % on the H200 (docs/benchmarks.md, History,
-    sixth round).
-    """
+    """The gated MLP's width as held: a multiple of 8, so rows are 16-byte aligned in every dtype."""
     return -(-size // 8) * 8
 
 

@@ -1,10 +1,7 @@
 """Qwen3-VL / Qwen3.5 vision tower with transformers-compatible weights and a graphable block stack.
 
-Parameter names and shapes equal transformers' ``Qwen3VLVisionModel``, so the vision weights of an
-HF checkpoint load unchanged. Everything that depends on the image layout is computed on the host
-(``VisionLayout``) and reaches the device through non-blocking copies, so a forward never waits on
-the device. ``encode`` (``embed``, then ``forward_blocks``) is the one function that both eager mode and
-graph capture run.
+Parameter names and shapes equal transformers' ``Qwen3VLVisionModel``, so HF vision weights load
+unchanged. What the forward shares with the other towers (host layouts, ``encode``): ``tower.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from torch import nn
 from rocm_vit.attention import AttnArgs
 from rocm_vit.fusion import add_norm, add_position_embedding, linear_gelu_tanh
 from rocm_vit.layout import VisionLayout, to_device_async
-from rocm_vit.models.config import VisionConfig
+from rocm_vit.models.config import Qwen3VLVisionConfig
 from rocm_vit.models.positions import position_embedding_taps, rotary_position_ids
 from rocm_vit.models.side_stream import SideStream
 from rocm_vit.models.tower import (
@@ -39,10 +36,10 @@ class Qwen3VLVisionTower(VisionTower):
     the merged tokens, then each deepstack feature, concatenated on dim 1 (SGLang's convention).
     """
 
-    config_class = VisionConfig
-    config: VisionConfig
+    config_class = Qwen3VLVisionConfig
+    config: Qwen3VLVisionConfig
 
-    def __init__(self, config: VisionConfig, attention_backend: str | None = None) -> None:
+    def __init__(self, config: Qwen3VLVisionConfig, attention_backend: str | None = None) -> None:
         super().__init__(config, attention_backend)
         self.patch_embed = PatchEmbed(config, bias=True)
         self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
@@ -87,7 +84,7 @@ class Qwen3VLVisionTower(VisionTower):
 
 
 class VisionMLP(nn.Module):
-    def __init__(self, config: VisionConfig) -> None:
+    def __init__(self, config: Qwen3VLVisionConfig) -> None:
         super().__init__()
         self.linear_fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=True)
         self.linear_fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=True)
@@ -106,7 +103,7 @@ class PatchMerger(nn.Module):
     The deepstack mergers normalise after the shuffle (over the merged width); the final one before.
     """
 
-    def __init__(self, config: VisionConfig, postshuffle_norm: bool) -> None:
+    def __init__(self, config: Qwen3VLVisionConfig, postshuffle_norm: bool) -> None:
         super().__init__()
         self.merged_size = config.hidden_size * config.spatial_merge_size**2
         self.postshuffle_norm = postshuffle_norm

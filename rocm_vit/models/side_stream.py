@@ -1,15 +1,11 @@
 """Work off the block stack's critical path, run on a second stream so it overlaps the blocks.
 
-Qwen3-VL's deepstack mergers read the residual stream after blocks 8, 16 and 24 (8B) and nothing
-after them reads their output until the final concatenation. At a small image the blocks leave most
-SMs idle (196-row GEMMs), so a merger on a second stream runs in that slack instead of after the
-stack: on an H200 the three 8B mergers are ~0.1 ms of a 1.5 ms replay at 224².
-
-Eager runs and graph captures take the same path: the fork (``wait_stream``) and join are captured as
-graph edges, and ``record_stream`` keeps the caching allocator from handing a tensor of one stream to
-the other while it is still read. Results do not depend on the stream: each kernel computes the same
-thing in either order. The policy decides: NVIDIA CUDA, where it was measured; ROCm and CPU run the
-work inline.
+Qwen3-VL's deepstack mergers read the residual stream after a few blocks and nothing reads their
+output until the final concatenation; at small images the blocks leave most SMs idle, so the mergers
+run in that slack (docs/benchmarks.md, History, second round). Eager runs and captures take the same
+path: fork and join become graph edges, and ``record_stream`` keeps the allocator from reusing a
+tensor the other stream still reads. Results do not depend on the stream. The policy decides: NVIDIA
+CUDA, where it was measured; ROCm and CPU run the work inline.
 """
 
 from __future__ import annotations

@@ -52,11 +52,9 @@ _LAYOUT_CACHE_SIZE = 64
 class PreparedLayout:
     """A layout with the device tensors a tower needs for it, copied once from pinned host memory.
 
-    The layout itself caches its ``cu_seqlens`` tensors per device. The rotary ``cos``/``sin``
-    depend on the layout alone (not on any weight), so they are computed once here instead of on
-    every call: four fewer launches per forward. ``embed_inputs`` are what ``embed`` reads besides
-    the pixels; they reach a graph as per-call inputs (copied in before each replay), since layouts
-    that share a graph may differ in them (a 16x32 and a 32x16 image have equal attention metadata).
+    ``cos``/``sin`` depend on the layout alone, so they are computed once, not per call.
+    ``embed_inputs`` (what ``embed`` reads besides the pixels) reach a graph as per-call inputs:
+    layouts that share a graph may differ in them (a 16x32 and a 32x16 image).
     """
 
     layout: VisionLayout
@@ -69,8 +67,7 @@ class PreparedLayout:
     def wait_ready(self) -> None:
         """Make the current stream wait until the tensors are written (no host sync).
 
-        Once the event has completed, all later work sees the tensors: a query then replaces the
-        stream lookup and the wait (over 10 us of host time per call on an H200's host:
+        Once the event has completed a query replaces the stream lookup and the wait (host time:
         docs/benchmarks.md, History, eleventh round).
         """
         if self.ready is not None and not self.ready.query():
@@ -175,14 +172,12 @@ class VisionTower(nn.Module, ABC):
     ) -> ViTGraphRunner:
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
-        Bounded by default: at most ``capacity`` graphs, each layout captured on its
-        ``min_sightings``-th call and only up to ``max_tokens`` patches (``None``: the policy's, 8192
-        unless set), staging plus pool within ``budget_bytes`` (``None``: 1/64 of the device's memory,
-        256 MiB .. 4 GiB); the least used graphs are evicted. ``by_benefit``: capture only layouts the
-        policy's cost model predicts a replay saves time on, and at capacity only those called more
-        often than the least used graph (``False``: every layout within those limits, as ``bench`` and
-        ``verify`` need). ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a
-        CPU tower the runner serves every call eagerly and logs that once.
+        ``max_tokens=None``: the policy's ceiling; ``budget_bytes=None``: the runner's default.
+        ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, and
+        at capacity only layouts called more often than the least used graph (``False``: every layout
+        within the limits, as ``bench`` and ``verify`` need; the limits: docs/design.md, "Runner").
+        ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a CPU tower the
+        runner serves every call eagerly and logs that once.
         """
         self._graph_runner = ViTGraphRunner(
             self.encode,

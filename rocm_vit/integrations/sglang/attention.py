@@ -1,15 +1,11 @@
 """SGLang's vision attention on rocm-vit: the ``aiter_attn`` slot and the rotary policy.
 
-``AiterVisionAttention`` takes SGLang's constructor and forward signature and runs the backend the
-policy names for a caller that asks for aiter (``AttentionPolicy.for_aiter``: ``aiter_attn``, or
-``auto`` where a tuned profile picks per layout on ROCm). SGLang's own ``VisionAiterAttention``
-reads ``max_seqlen`` with ``.item()`` (a host sync in every layer, fatal inside a graph capture) and
-does not accept a graph runner's list; this one takes that list (``[cu_seqlens, max_seqlen]``, or
-with the host segment lengths appended), SGLang's precomputed metadata or a bare ``cu_seqlens``
-tensor, and reads nothing back from the device when host data is given.
-
-``rotary_pos_emb`` replaces both rotary helpers ``VisionAttention.forward`` chooses between, so the
-same rocm-vit implementation (``rocm_vit.rotary.apply_rotary``) runs in eager and in graph mode.
+``AiterVisionAttention`` keeps SGLang's constructor and forward signature and runs the policy's
+backend for a caller that names aiter (``AttentionPolicy.for_aiter``). It takes a graph runner's
+list, SGLang's precomputed metadata or a bare ``cu_seqlens`` tensor, and reads nothing back from the
+device when host data is given. ``rotary_pos_emb`` replaces both rotary helpers of
+``VisionAttention.forward``, so eager and graph mode run ``rocm_vit.rotary.apply_rotary``. What
+SGLang's own versions did: docs/sglang.md, "What the plugin changes".
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """SGLang's ``ViTCudaGraphRunner``, rebuilt on ``rocm_vit.graphs.ViTGraphRunner``.
 
-SGLang 0.5.23's runner knows only the triton_attn / fa3 / fa4 argument lists, gives every graph a
-private pool and keeps every graph forever, captures in global error mode (other threads may not
-touch the GPU meanwhile), returns its static output buffer (the next replay overwrites what the
-caller holds) and rounds fp32 cos/sin to the ViT dtype in graph mode only. The adapter keeps its
-constructor and ``run(...)`` signature, so SGLang's models call it unchanged, and hands the block
-stack to rocm-vit's runner: one graph per exact layout keyed from host data, one shared pool and
-one staging set, graphs only for layouts seen ``SGLANG_VIT_CUDA_GRAPH_MIN_HITS`` times and up to
-``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS`` patches, at most ``SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY`` graphs
-within ``SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB`` (least recently used evicted; everything else runs
-the same blocks eagerly), thread-local capture inside SGLang's tensor-parallel capture context, every
-caller's stream ordered, owned outputs, and cos/sin in the dtype the model passed.
-
-Qwen2.5-VL's windowed calls (``cu_window_seqlens``, ``output_indices``, ``position_embeddings``)
-take the same path: the layout carries SGLang's full and window offsets as given (its full offsets
-start with an empty segment, one segment per item), each block attends within the windows or,
-in ``fullatt_block_indexes``, the whole items, as SGLang's eager ``forward`` does, and the merged
-tokens are put back in order with ``output_indices`` outside the graph (the permutation is not part
-of the graph key).
-
-Whatever rocm-vit's runner cannot serve (an attention backend without a graph-safe argument list, a
-call in another form, any failure) runs SGLang's eager block loop for that tower, never SGLang's own
-runner, which raises for every backend but triton_attn/fa3/fa4 and so fails every request with aiter.
-Under tensor parallelism the ranks agree on every capture through SGLang's TP group.
+``ViTGraphRunnerAdapter(vit)`` keeps SGLang 0.5.23's constructor and ``run`` signature, so SGLang's
+models call it unchanged, and hands the blocks, merger and deepstack mergers to ``ViTGraphRunner``:
+the segment offsets come from SGLang's host-side layout key (Qwen2.5-VL's window offsets too; its
+``output_indices`` permutation is applied outside the graph), the limits from the
+``SGLANG_VIT_CUDA_GRAPH_*`` settings, cos/sin stay in the dtype the model passed. What the runner
+cannot serve (a backend that reads its offsets back, a call in another form, every call after a
+failure) runs SGLang's eager block loop, never SGLang's own runner. Under tensor parallelism the
+ranks agree on every capture through SGLang's TP group. What SGLang's runner gets wrong, and so what
+this replaces: docs/sglang.md, "What the plugin changes".
 """
 
 from __future__ import annotations

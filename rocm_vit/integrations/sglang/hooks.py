@@ -1,10 +1,8 @@
 """What the plugin changes in SGLang, and the version gate that decides whether each change is safe.
 
-Each ``Hook`` names the SGLang module it patches, the dotted targets it replaces (for logs, the
-doctor and docs/sglang.md), the signatures rocm-vit was written against, and how to install it.
-On a tested SGLang release the hooks are installed as they are; on any other release each hook's
-targets are checked first (they exist, their parameters are the expected ones) and a hook that
-does not match is left out with one warning naming it, while the others still apply.
+Each ``Hook`` names the module it patches, its dotted targets, the signatures rocm-vit was written
+against, and how to install it. On an untested SGLang release a hook whose targets are missing or
+take other parameters is left out with one warning; the others still apply. docs/sglang.md lists them.
 """
 
 from __future__ import annotations
