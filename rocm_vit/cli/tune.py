@@ -1,16 +1,10 @@
 """``rocm-vit tune``: measure this GPU and write the profile every later process on it loads.
 
-The policy's rules were measured on one H200; on any other GPU they are guesses. This command times,
-on the user's GPU and for one preset: every attention backend that can run here (on ROCm also aiter
-with the head dim padded to 128) over single images, batches and ragged mixes; each rotary
-implementation over fused-qkv views; on Hopper, ``gluon_attn`` with two and three consumer warpgroups
-per program over single images, whose crossover (in waves of programs) becomes its rule; the tower
-eagerly with the fused block ops on and off; and eager against graph replay per patch count, whose
-crossover becomes the graph ceiling. The profile
-(``rocm_vit.profile``) is keyed by device, arch and library versions: another version's is ignored.
-
-Measurements run under ``inference_mode`` with random weights and inputs (speed does not depend on
-the values); each graph's output is checked bitwise against eager before it is timed.
+Times, for one preset: every attention backend that can run here over single images, batches and
+ragged mixes; each rotary; ``gluon_attn``'s two against three consumers (Hopper); fused block ops on
+and off; eager against graph replay per patch count, which the policy fits its graph cost model to.
+Under ``inference_mode`` with random weights; each graph's output is checked bitwise against eager
+before it is timed. The profile (``rocm_vit.profile``) is keyed by device, arch and library versions.
 """
 
 from __future__ import annotations

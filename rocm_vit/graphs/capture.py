@@ -1,16 +1,9 @@
-"""The graph mechanism the runner drives: real CUDA/HIP graphs, behind a small seam.
+"""The graph mechanism the runner drives: real CUDA/HIP graphs behind a small seam (a stand-in on CPU).
 
-The runner's policy (keys, admission, staging, budget, verification, failures) is tested on CPU by
-swapping this mechanism for a stand-in; everything the GPU must do lives here.
-
-Captures never stall the device: ``torch.cuda.graph`` synchronizes the device and empties the
-allocator's cache on entry, which stops every stream of a server; ``capture`` calls the graph's
-``capture_begin``/``capture_end`` on the runner's stream instead, ordered after the caller's work by
-the runner. A warm-up allocates in the pool its capture will use, so what it frees is reused by
-that capture and counted in the budget, instead of staying cached for the runner's stream for good.
-Releasing pools empties the allocator's cache (the runner does it only when the budget demands):
-freeing one ``torch.cuda.MemPool`` alone aborted the process under torch 2.11 on an H200
-("captures_underway.empty() INTERNAL ASSERT FAILED", docs/rocm.md, "Hazards").
+Invariants: captures use ``capture_begin``/``capture_end`` on the runner's stream, never
+``torch.cuda.graph`` (it syncs the device and empties the cache, stalling the server); a warm-up
+allocates in the pool its capture uses; pools are released by emptying the allocator's cache, never by
+freeing one ``MemPool`` (that aborted under torch 2.11). Evidence: docs/design.md, "Hazards".
 """
 
 from __future__ import annotations

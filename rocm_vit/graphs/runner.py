@@ -1,23 +1,13 @@
 """ViTGraphRunner: graphs for the small, repeated calls of a server, within a memory budget, for any caller.
 
-Invariants (docs/usage.md, "Graphs"; docs/rocm.md, "Hazards"):
-- a graph key carries every segmentation's offsets and the per-call tensors' dtypes and shapes;
-- every graph of one input signature reads one set of staging buffers and writes one output buffer,
-  allocated once at the token ceiling and never regrown; per-call tensors are copied in (device to
-  device) before each replay, and the output cloned out after it;
-- the graph pool holds no live tensor between calls: what a capture or warm-up allocates there is
-  free again when it ends, so later captures reuse it and the pool grows only to the largest need;
-- each graph owns its segment offsets, written once before its capture and never again: no
-  host-to-device copy is ever enqueued into what a graph reads between its capture and its replays;
-- a new graph is kept only if its first replay equals the eager warm-up before it, bit for bit;
-- replays return a clone; the runner's device work is ordered by one marker event, whatever the
-  caller's stream;
-- admission, eviction and release follow from the call sequence, the cost model and pool sizes and
-  launch times agreed across ranks (``agree_max``), so tensor-parallel ranks capture the same layouts
-  in the same order;
-- at capacity the least used graph is evicted (calls counted, halved every
-  ``_AGING_CALLS_PER_GRAPH * capacity`` calls); with a cost model, a layout is captured only where a
-  replay is predicted to save time, and only once it is called more often than that graph.
+Invariants (docs/design.md, "Runner" and "Hazards"):
+- the key carries every segmentation's offsets and each per-call tensor's dtype and shape;
+- one staging set (inputs and output) per input signature, allocated once at the token ceiling;
+- the pool holds nothing between calls; each graph owns its offsets, written once, never again;
+- a new graph is kept only if its first replay equals its eager warm-up bit for bit;
+- ``run`` returns a clone; one marker event orders the runner's device work on any stream;
+- admission (the cost model, call counts), eviction and release follow the call sequence and
+  rank-agreed sizes and launch times (``agree_max``), so tensor-parallel ranks decide alike.
 """
 
 from __future__ import annotations
