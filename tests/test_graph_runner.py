@@ -726,7 +726,7 @@ def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Gene
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     pixels = [torch.randn(sum(t * h * w for t, h, w in g), width, generator=generator) for g in grids]
     eager = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
-    runner = tower.enable_graphs(capacity=8, min_sightings=1, mechanism=StandInGraphs())
+    runner = tower.enable_graphs(capacity=8, min_sightings=1, mechanism=StandInGraphs(), by_benefit=False)
     graphed = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
     tower.disable_graphs()
     assert all(torch.equal(a, b) for a, b in zip(eager, graphed, strict=True))
@@ -934,3 +934,69 @@ def test_the_launch_time_is_learned_from_this_hosts_eager_runs(generator: torch.
     assert runner.stats()["launch_ms"] == 20.0
     _run_checked(runner, large, generator)  # 16 ms on the device: saves 4 of 20
     assert runner.stats()["captures"] == 1
+
+
+def test_a_deferred_capture_serves_its_call_eagerly_and_the_graph_replays_later(generator: torch.Generator) -> None:
+    runner, mechanism = _runner(defer_captures=True)
+    layout = _layout((1, 2, 4), (1, 2, 2))
+    _run_checked(runner, layout, generator)  # eligible at once (min sightings 1): served eagerly
+    assert runner.wait_for_captures(timeout=30)
+    stats = runner.stats()
+    assert (stats["eager_runs"]["capture_deferred"], stats["captures"], stats["replays"]) == (1, 1, 0)
+    _run_checked(runner, layout, generator)
+    assert runner.stats()["replays"] == 1 and mechanism.events.count("capture") == 1
+
+
+@dataclass
+class _BlockingCaptures(StandInGraphs):
+    """Captures that start, then wait until the test lets them finish."""
+
+    started: threading.Event = field(default_factory=threading.Event)
+    proceed: threading.Event = field(default_factory=threading.Event)
+
+    def capture(self, fn, pool, stream):
+        self.started.set()
+        assert self.proceed.wait(timeout=30), "the test never let the capture finish"
+        return super().capture(fn, pool, stream)
+
+
+def test_calls_during_a_deferred_capture_run_eagerly_instead_of_waiting_for_it(generator: torch.Generator) -> None:
+    """No request waits for a warm-up and a capture: the capture thread holds the runner meanwhile."""
+    mechanism = _BlockingCaptures()
+    runner, _ = _runner(mechanism=mechanism, defer_captures=True)
+    first, second = _layout((1, 2, 4)), _layout((1, 4, 4))
+    _run_checked(runner, first, generator)
+    assert mechanism.started.wait(timeout=30)
+    for layout in (first, second, first):  # the capture is stuck: every call is served at once, eagerly
+        _run_checked(runner, layout, generator)
+    mechanism.proceed.set()  # reached only because no call above waited for the capture
+    assert runner.wait_for_captures(timeout=30)
+    assert runner.stats()["eager_runs"]["capturing"] == 3
+    _run_checked(runner, first, generator)
+    assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 1)
+
+
+def test_ranks_that_must_agree_capture_inline_even_when_deferral_is_asked(generator: torch.Generator) -> None:
+    runner, _ = _runner(defer_captures=True, agree_max=list)
+    _run_checked(runner, _layout((1, 2, 4)), generator)
+    stats = runner.stats()
+    assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_deferred"]) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])
+def test_a_deferred_capture_runs_in_the_callers_grad_mode(mode: str, generator: torch.Generator) -> None:
+    """Grad and inference modes are per thread: a capture thread in the default mode failed to
+    capture a tower called under inference_mode (in-place writes to views of inference tensors)."""
+    config = preset("tiny")
+    tower = tower_class(config)(config, attention_backend="sdpa").eval()
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    grid = [(1, 4, 6), (1, 2, 4)]
+    pixels = torch.randn(32, width, generator=generator)
+    runner = tower.enable_graphs(min_sightings=1, mechanism=StandInGraphs())  # the serving defaults
+    with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
+        expected = tower(pixels, grid, use_graphs=False)
+        assert torch.equal(tower(pixels, grid), expected)  # served eagerly, captured off its path
+        assert runner.wait_for_captures(timeout=30)
+        assert torch.equal(tower(pixels, grid), expected)
+    stats = runner.stats()
+    assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_failed"]) == (1, 1, 0)

@@ -19,7 +19,7 @@ import statistics
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,8 @@ EAGER_REASONS = (
     "over_capacity",
     "over_max_tokens",
     "no_saving",
+    "capture_deferred",
+    "capturing",
     "below_min_sightings",
     "over_budget",
     "capture_failed",
@@ -155,6 +157,31 @@ class _Staging:
 
 
 @dataclass
+class _Pending:
+    """A capture decided on a call that was served eagerly: copies of its inputs, for the capture."""
+
+    key: tuple
+    signature: Signature
+    layout: AttentionLayout
+    tensors: tuple[torch.Tensor, ...]
+    stream: Any  # the caller's, where the copies were made and are freed
+    # The caller's thread-local modes, which the capture thread takes on.
+    grad_enabled: bool
+    inference_mode: bool
+
+    @contextlib.contextmanager
+    def callers_modes(self) -> Iterator[None]:
+        """The caller's grad and inference modes and current device, in the capture thread."""
+        device = self.tensors[0].device
+        with contextlib.ExitStack() as modes:
+            modes.enter_context(torch.inference_mode(self.inference_mode))
+            modes.enter_context(torch.set_grad_enabled(self.grad_enabled))
+            if device.type == "cuda":
+                modes.enter_context(torch.cuda.device(device))
+            yield
+
+
+@dataclass
 class _Attempt:
     """A capture's outcome before the ranks agree on it."""
 
@@ -181,6 +208,9 @@ class ViTGraphRunner:
     ``cost_model``: capture only layouts it predicts a replay saves time on (the launch time measured
     from this runner's eager runs), and at capacity only those called more often than the least used
     graph (``None``: every layout is worth a graph); ``clock``: the host clock eager runs are timed with;
+    ``defer_captures``: the call that makes a layout eligible is served eagerly and the capture runs
+    on the runner's own thread, so no request waits for a warm-up and a capture (calls arriving
+    meanwhile run eagerly); ignored with ``agree_max``, whose ranks must capture in step;
     ``budget_bytes`` for staging, offsets and pool (``None``: 1/64 of the device's memory, 256 MiB ..
     4 GiB); ``agree_max``: the element-wise maximum over the ranks of a tensor-parallel group, for
     runners whose captures must happen on every rank alike (``None``: this process decides alone).
@@ -200,6 +230,7 @@ class ViTGraphRunner:
         agree_max: AgreeMax | None = None,
         cost_model: CostModel | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        defer_captures: bool = False,
     ) -> None:
         for name, value, least in (("capacity", capacity, 0), ("min_sightings", min_sightings, 1)):
             if not isinstance(value, int) or value < least:
@@ -222,6 +253,12 @@ class ViTGraphRunner:
         self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
         self._calls = 0
         self._lock = threading.Lock()
+        self._defer = defer_captures and agree_max is None
+        self._pending: _Pending | None = None
+        self._capturing = threading.Event()  # the capture thread has the lock or is waiting for it
+        self._wake = threading.Condition()  # pending captures and their end
+        self._capture_thread: threading.Thread | None = None
+        self._counts_lock = threading.Lock()  # eager runs counted without the runner's lock
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently used first
         self._staging: dict[Signature, _Staging] = {}
         self._sightings: OrderedDict[tuple, int] = OrderedDict()  # calls of layouts without a graph
@@ -274,7 +311,13 @@ class ViTGraphRunner:
         # Exact shapes and dtypes: cheap to build on every call (the staging signature is derived
         # from them only when a capture is due).
         key = (layout.graph_key, tuple((t.dtype, t.shape) for t in tensors))
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            if self._capturing.is_set():  # a deferred capture holds the runner: do not wait for it
+                with self._counts_lock:
+                    self._eager_runs["capturing"] += 1
+                return self._timed_eager(tensors, layout)
+            self._lock.acquire()
+        try:
             self._age()
             entry = self._graphs.get(key)
             if entry is not None:
@@ -284,17 +327,33 @@ class ViTGraphRunner:
             reason = self._admission(key, layout, x.device)
             if reason is None:
                 signature = _signature(tensors, layout.num_patches)
-                reason = self._make_room(signature, layout.num_patches)
+                reason = self._staging_over_budget(signature)
+            if reason is None and self._defer:
+                self._defer_capture(key, signature, layout, tensors)
+                reason = "capture_deferred"
             if reason is None:
+                self._make_room(signature, layout.num_patches)
                 pool_before = self._pool_bytes
                 output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before)
                 # Here, not inside: a pool is released only once no local holds the warm-up's output.
                 self._hold_budget(layout.num_patches, pool_before)
                 return output
             self._eager_runs[reason] += 1
+        finally:
+            self._lock.release()
+        return self._timed_eager(tensors, layout, timed=reason != "no_gpu")
+
+    def wait_for_captures(self, timeout: float | None = None) -> bool:
+        """Block until no deferred capture is pending or running; ``False`` if ``timeout`` passed first."""
+        with self._wake:
+            return self._wake.wait_for(lambda: self._pending is None and not self._capturing.is_set(), timeout)
+
+    def _timed_eager(
+        self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout, timed: bool = True
+    ) -> torch.Tensor:
         started = self._clock()
         output = self._eager(tensors, layout)
-        if reason != "no_gpu":
+        if timed:
             self._launch_samples.append((self._clock() - started) * 1e3)
         return output
 
@@ -395,34 +454,38 @@ class ViTGraphRunner:
             for key in counts:
                 counts[key] //= 2
 
-    def _make_room(self, signature: Signature, tokens: int) -> str | None:
-        """Evict the least used graph when at capacity; release the pool when a capture of
-        ``tokens`` is predicted to grow it past the budget (graphs hold nothing in it between calls,
-        so evicting them would free nothing there).
-
-        ``"over_budget"`` only where staging alone is over the budget; a capture whose bound says it
-        may not fit even alone is tried alone (every graph dropped, the pool released): only a
-        measurement refuses it (``_over_budget_tokens``).
-        """
-        budget = self._budget_bytes
+    def _fixed_bytes(self, signature: Signature) -> int:
+        """Staging and offsets once ``signature``'s staging exists."""
         fixed_bytes = self._staging_bytes() + self._offsets_bytes()
         if signature not in self._staging:
             fixed_bytes += _Staging.planned_bytes(signature, self.max_tokens)
-        if fixed_bytes > budget:
-            self._log_once(
-                "staging",
-                "graph staging for %d tokens needs %.0f MiB, over the %.0f MiB budget; calls run eagerly",
-                self.max_tokens,
-                fixed_bytes / 2**20,
-                budget / 2**20,
-            )
-            return "over_budget"
+        return fixed_bytes
+
+    def _staging_over_budget(self, signature: Signature) -> str | None:
+        """``"over_budget"`` where staging alone is over the budget: the only refusal before a measurement."""
+        fixed_bytes, budget = self._fixed_bytes(signature), self._budget_bytes
+        if fixed_bytes <= budget:
+            return None
+        self._log_once(
+            "staging",
+            "graph staging for %d tokens needs %.0f MiB, over the %.0f MiB budget; calls run eagerly",
+            self.max_tokens,
+            fixed_bytes / 2**20,
+            budget / 2**20,
+        )
+        return "over_budget"
+
+    def _make_room(self, signature: Signature, tokens: int) -> None:
+        """Evict the least used graph when at capacity; release the pool when a capture of
+        ``tokens`` is predicted to grow it past the budget (graphs hold nothing in it between calls,
+        so evicting them would free nothing there). A capture whose bound says it may not fit even
+        alone is tried alone: only a measurement refuses it (``_over_budget_tokens``)."""
+        budget, fixed_bytes = self._budget_bytes, self._fixed_bytes(signature)
         while len(self._graphs) >= self.capacity:
             self._evict_least_used()
         need = self._scratch.bound(tokens)
         if need is not None and self._pool_bytes and fixed_bytes + max(self._pool_bytes, need) > budget:
             self._release_pools()
-        return None
 
     def _evict_least_used(self) -> None:
         key = self._least_used()
@@ -473,9 +536,11 @@ class ViTGraphRunner:
         tensors: tuple[torch.Tensor, ...],
         immutable: bool,
         pool_before: int,
-    ) -> torch.Tensor:
+        serve: bool = True,
+    ) -> torch.Tensor | None:
         """Capture ``key``, agree on the outcome with the other ranks, keep the graph only if every
-        rank captured it and its first replay equals the warm-up everywhere; serve this call."""
+        rank captured it and its first replay equals the warm-up everywhere; serve this call (with
+        ``serve``: a deferred capture's call was served already)."""
         need = self._scratch.bound(layout.num_patches)
         started = time.perf_counter()
         attempt = self._capture(signature, layout, tensors, immutable)
@@ -483,10 +548,11 @@ class ViTGraphRunner:
         measured = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._live_pools())
         failed, self._pool_bytes = self._agree([int(not captured), measured])
         if failed:
-            output = self._eager(tensors, layout)  # raises if eager fails too: then nothing is marked
+            output = self._eager(tensors, layout) if serve else None  # raises if eager fails too: nothing marked
             if attempt.entry is not None:
                 self._mechanism.retire(attempt.entry.graph)
-            self._remember_failure(key, layout, "capture_failed", attempt.error or "another rank's capture failed")
+            why = attempt.error or "another rank's capture failed"
+            self._remember_failure(key, layout, "capture_failed", why, served=serve)
             return output
         entry = attempt.entry
         self._graphs[key] = entry
@@ -494,7 +560,7 @@ class ViTGraphRunner:
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
         self._account(entry, need, pool_before)
-        output = self._replay(entry, tensors, immutable)
+        output = self._replay(entry, tensors, immutable, serves=serve)
         verify_started = time.perf_counter()
         (unverified,) = self._agree([int(not _bitwise_equal(output, attempt.warm_output))])
         self._verify_seconds += time.perf_counter() - verify_started
@@ -502,9 +568,59 @@ class ViTGraphRunner:
             del self._graphs[key]
             del self._uses[key]
             self._mechanism.retire(entry.graph)
-            self._remember_failure(key, layout, "capture_unverified", "its first replay differs from the warm-up")
-            output = self._eager(tensors, layout)
+            why = "its first replay differs from the warm-up"
+            self._remember_failure(key, layout, "capture_unverified", why, served=serve)
+            output = self._eager(tensors, layout) if serve else None
         return output
+
+    def _defer_capture(
+        self, key: tuple, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...]
+    ) -> None:
+        """Hand ``key``'s capture to the capture thread, with copies of this call's inputs (one at a
+        time: a layout that finds another pending is asked for again at its next call)."""
+        if self._pending is not None:
+            return
+        stream = self._mechanism.current_stream(tensors[0].device)
+        self._follow_marker(stream)  # staging is not read here, but the copies join the runner's order
+        copies = tuple(tensor.clone() for tensor in tensors)
+        self._mark(stream)  # the capture waits for the copies
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        self._pending = _Pending(key, signature, layout, copies, stream, *modes)
+        if self._capture_thread is None:
+            self._capture_thread = threading.Thread(target=self._capture_loop, name="rocm-vit-capture", daemon=True)
+            self._capture_thread.start()
+        with self._wake:
+            self._wake.notify_all()
+
+    def _capture_loop(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._pending is not None)
+                self._capturing.set()
+            try:
+                with self._lock:
+                    pending, self._pending = self._pending, None
+                    self._capture_pending(pending)
+            except Exception:  # the thread must survive whatever one capture does
+                logger.exception("deferred graph capture failed; its layout will be asked for again")
+            finally:
+                with self._wake:
+                    self._capturing.clear()
+                    self._wake.notify_all()
+
+    def _capture_pending(self, pending: _Pending) -> None:
+        """The deferred capture, under the runner's lock, as ``run`` would have made it inline."""
+        key, layout, signature = pending.key, pending.layout, pending.signature
+        try:
+            if key in self._graphs or key in self._failed or self._staging_over_budget(signature):
+                return
+            self._make_room(signature, layout.num_patches)
+            pool_before = self._pool_bytes
+            with pending.callers_modes():
+                self._capture_and_verify(key, signature, layout, pending.tensors, False, pool_before, serve=False)
+            self._hold_budget(layout.num_patches, pool_before)
+        finally:
+            self._follow_marker(pending.stream)  # the copies are freed on the caller's stream, after use
 
     def _capture(
         self, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
@@ -594,7 +710,9 @@ class ViTGraphRunner:
         if alone:
             self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
 
-    def _replay(self, entry: _Graph, tensors: tuple[torch.Tensor, ...], immutable: bool) -> torch.Tensor:
+    def _replay(
+        self, entry: _Graph, tensors: tuple[torch.Tensor, ...], immutable: bool, serves: bool = True
+    ) -> torch.Tensor:
         # On the caller's stream: ordered after the caller's pending work (its inputs) by the stream
         # itself, after the runner's last work on other streams by the marker; the clone is the
         # caller's, allocated on its stream.
@@ -604,7 +722,7 @@ class ViTGraphRunner:
         self._mechanism.replay(entry.graph)
         output = entry.output.clone()
         self._mark(stream)
-        self._replays += 1
+        self._replays += serves  # a deferred capture's check serves no call
         return output
 
     def _follow_marker(self, stream: Any) -> None:
@@ -621,12 +739,14 @@ class ViTGraphRunner:
         attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(x.device))
         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
-    def _remember_failure(self, key: tuple, layout: AttentionLayout, reason: str, why: object) -> None:
+    def _remember_failure(
+        self, key: tuple, layout: AttentionLayout, reason: str, why: object, served: bool = True
+    ) -> None:
         self._sightings.pop(key, None)
         self._failed[key] = reason
         if len(self._failed) > _MAX_TRACKED_LAYOUTS:
             self._failed.popitem(last=False)
-        self._eager_runs[reason] += 1
+        self._eager_runs[reason] += served
         logger.warning(
             "graph capture of %d tokens in %d segments is not used (%s: %s); this layout runs eagerly",
             layout.num_patches,

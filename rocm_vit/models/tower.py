@@ -173,9 +173,10 @@ class VisionTower(nn.Module, ABC):
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
         ``max_tokens=None``: the policy's ceiling; ``budget_bytes=None``: the runner's default.
-        ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, and
-        at capacity only layouts called more often than the least used graph (``False``: every layout
-        within the limits, as ``bench`` and ``verify`` need; the limits: docs/design.md, "Runner").
+        ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, at
+        capacity only layouts called more often than the least used graph, and off the requests'
+        path, on the runner's capture thread (``False``: every layout within the limits at its call,
+        as ``bench`` and ``verify`` need; the limits: docs/design.md, "Runner").
         ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a CPU tower the
         runner serves every call eagerly and logs that once.
         """
@@ -187,6 +188,7 @@ class VisionTower(nn.Module, ABC):
             max_tokens=active_policy().graph_max_tokens.value if max_tokens is None else max_tokens,
             budget_bytes=budget_bytes,
             cost_model=active_policy().graph_cost.value.for_blocks(self.config.depth) if by_benefit else None,
+            defer_captures=by_benefit,
             **runner_options,
         )
         return self._graph_runner

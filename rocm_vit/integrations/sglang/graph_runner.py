@@ -159,6 +159,7 @@ class ViTGraphRunnerAdapter:
                 min_sightings=settings.graph_min_hits,
                 max_tokens=_graph_max_tokens(settings),
                 cost_model=_cost_model(len(vit.blocks)),
+                defer_captures=True,  # ignored where the TP ranks must capture in step
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
                 capture_context=self._upstream._capture_context,
                 mechanism=mechanism,
