@@ -475,6 +475,7 @@ def _bench_memory_report(
                 "reserved_growth_after_warm_up_bytes": 0,
                 "peak_reserved_growth_after_warm_up_bytes": 100 << 20,
                 "reserved_after_warm_up_by_holder": {"graph pools": 512 << 20},
+                "all_eager_peak_reserved_growth_after_warm_up_bytes": 60 << 20,
                 "reserved_at_the_largest_sample": {"bytes": 9 << 30, "by_holder": {"graph pools": 1 << 30}},
             },
             "churn": {

@@ -8,9 +8,11 @@ real shared pool would hold: the largest warm-up's or capture's intermediates, i
 
 from __future__ import annotations
 
+import gc
 import itertools
 import random
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -1000,3 +1002,16 @@ def test_a_deferred_capture_runs_in_the_callers_grad_mode(mode: str, generator: 
         assert torch.equal(tower(pixels, grid), expected)
     stats = runner.stats()
     assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_failed"]) == (1, 1, 0)
+
+
+def test_a_dropped_runner_is_freed_and_its_capture_thread_ends(generator: torch.Generator) -> None:
+    """The capture thread holds its runner only while it captures: dropping a tower frees the pool."""
+    runner, _ = _runner(defer_captures=True)
+    _run_checked(runner, _layout((1, 2, 4)), generator)
+    assert runner.wait_for_captures(timeout=30)
+    thread, dropped = runner._capture_thread, weakref.ref(runner)
+    del runner
+    gc.collect()  # graphs hold closures over the runner: a cycle, which only the collector frees
+    assert dropped() is None
+    thread.join(timeout=30)  # at its next poll the thread finds the runner gone and ends
+    assert not thread.is_alive()

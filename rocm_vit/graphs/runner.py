@@ -18,6 +18,7 @@ import math
 import statistics
 import threading
 import time
+import weakref
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ _MAX_TRACKED_LAYOUTS = 4096
 MIN_SAVING_SHARE = 0.05
 # Call counts are halved every this many calls per graph of capacity: old popularity fades.
 _AGING_CALLS_PER_GRAPH = 16
+# How long the capture thread waits for work before it checks whether its runner still exists.
+_CAPTURE_THREAD_POLL_S = 0.5
 # The launch time is the median host time of this many recent eager runs, once there are enough.
 _LAUNCH_SAMPLES = 64
 _MIN_LAUNCH_SAMPLES = 8
@@ -254,9 +257,7 @@ class ViTGraphRunner:
         self._calls = 0
         self._lock = threading.Lock()
         self._defer = defer_captures and agree_max is None
-        self._pending: _Pending | None = None
-        self._capturing = threading.Event()  # the capture thread has the lock or is waiting for it
-        self._wake = threading.Condition()  # pending captures and their end
+        self._queue = _CaptureQueue()
         self._capture_thread: threading.Thread | None = None
         self._counts_lock = threading.Lock()  # eager runs counted without the runner's lock
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently used first
@@ -312,7 +313,7 @@ class ViTGraphRunner:
         # from them only when a capture is due).
         key = (layout.graph_key, tuple((t.dtype, t.shape) for t in tensors))
         if not self._lock.acquire(blocking=False):
-            if self._capturing.is_set():  # a deferred capture holds the runner: do not wait for it
+            if self._queue.capturing.is_set():  # a deferred capture holds the runner: do not wait for it
                 with self._counts_lock:
                     self._eager_runs["capturing"] += 1
                 return self._timed_eager(tensors, layout)
@@ -345,8 +346,9 @@ class ViTGraphRunner:
 
     def wait_for_captures(self, timeout: float | None = None) -> bool:
         """Block until no deferred capture is pending or running; ``False`` if ``timeout`` passed first."""
-        with self._wake:
-            return self._wake.wait_for(lambda: self._pending is None and not self._capturing.is_set(), timeout)
+        queue = self._queue
+        with queue.wake:
+            return queue.wake.wait_for(lambda: queue.pending is None and not queue.capturing.is_set(), timeout)
 
     def _timed_eager(
         self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout, timed: bool = True
@@ -578,35 +580,21 @@ class ViTGraphRunner:
     ) -> None:
         """Hand ``key``'s capture to the capture thread, with copies of this call's inputs (one at a
         time: a layout that finds another pending is asked for again at its next call)."""
-        if self._pending is not None:
+        if self._queue.pending is not None:
             return
         stream = self._mechanism.current_stream(tensors[0].device)
         self._follow_marker(stream)  # staging is not read here, but the copies join the runner's order
         copies = tuple(tensor.clone() for tensor in tensors)
         self._mark(stream)  # the capture waits for the copies
         modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        self._pending = _Pending(key, signature, layout, copies, stream, *modes)
+        self._queue.pending = _Pending(key, signature, layout, copies, stream, *modes)
         if self._capture_thread is None:
-            self._capture_thread = threading.Thread(target=self._capture_loop, name="rocm-vit-capture", daemon=True)
+            self._capture_thread = threading.Thread(
+                target=_capture_loop, args=(weakref.ref(self), self._queue), name="rocm-vit-capture", daemon=True
+            )
             self._capture_thread.start()
-        with self._wake:
-            self._wake.notify_all()
-
-    def _capture_loop(self) -> None:
-        while True:
-            with self._wake:
-                self._wake.wait_for(lambda: self._pending is not None)
-                self._capturing.set()
-            try:
-                with self._lock:
-                    pending, self._pending = self._pending, None
-                    self._capture_pending(pending)
-            except Exception:  # the thread must survive whatever one capture does
-                logger.exception("deferred graph capture failed; its layout will be asked for again")
-            finally:
-                with self._wake:
-                    self._capturing.clear()
-                    self._wake.notify_all()
+        with self._queue.wake:
+            self._queue.wake.notify_all()
 
     def _capture_pending(self, pending: _Pending) -> None:
         """The deferred capture, under the runner's lock, as ``run`` would have made it inline."""
@@ -759,6 +747,40 @@ class ViTGraphRunner:
         if topic not in self._logged:
             self._logged.add(topic)
             logger.warning(message, *args)
+
+
+class _CaptureQueue:
+    """What the runner and its capture thread share; the thread holds the runner only to capture, so
+    a dropped runner is freed (its graphs and pool with it) and the thread then ends."""
+
+    def __init__(self) -> None:
+        self.pending: _Pending | None = None
+        self.capturing = threading.Event()  # the capture thread has the runner's lock or waits for it
+        self.wake = threading.Condition()  # a capture is pending, or one ended
+
+
+def _capture_loop(runner_ref: weakref.ref[ViTGraphRunner], queue: _CaptureQueue) -> None:
+    while True:
+        with queue.wake:
+            if not queue.wake.wait_for(lambda: queue.pending is not None, _CAPTURE_THREAD_POLL_S):
+                if runner_ref() is None:
+                    return
+                continue
+            queue.capturing.set()
+        runner = runner_ref()
+        try:
+            if runner is None:
+                return
+            with runner._lock:
+                pending, queue.pending = queue.pending, None
+                runner._capture_pending(pending)
+        except Exception:  # the thread must survive whatever one capture does
+            logger.exception("deferred graph capture failed; its layout will be asked for again")
+        finally:
+            del runner
+            with queue.wake:
+                queue.capturing.clear()
+                queue.wake.notify_all()
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
