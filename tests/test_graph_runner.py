@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from rocm_vit.attention import SdpaAttention, get_backend
+from rocm_vit.attention import SdpaAttention, SegmentLengths, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import ScratchBounds
@@ -152,7 +152,7 @@ HIDDEN = 8
 
 def _toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Depends on every input and on the segment boundaries, like real attention does."""
-    (seq_lens,) = attn_args["full"]
+    seq_lens = attn_args["full"].seq_lens
     segment_sums = torch.cat([part.sum(0, keepdim=True).expand_as(part) for part in x.split(list(seq_lens))])
     return x * cos[:, :HIDDEN] + segment_sums + sin[:, :HIDDEN]
 
@@ -180,7 +180,7 @@ def _inputs(layout: AttentionLayout, generator: torch.Generator) -> tuple[torch.
 
 
 def _eager(layout: AttentionLayout, x, cos, sin) -> torch.Tensor:
-    return _toy_forward_blocks(x, {"full": [layout.segmentations["full"].seq_lens]}, cos, sin)
+    return _toy_forward_blocks(x, {"full": SegmentLengths(layout.segmentations["full"].seq_lens)}, cos, sin)
 
 
 def _layout(*grid: tuple[int, int, int]) -> AttentionLayout:
@@ -797,7 +797,7 @@ def test_further_inputs_get_staging_buffers_copied_before_every_replay(generator
     for _ in range(3):
         x, cos, sin = _inputs(layout, generator)
         offsets = torch.randn(layout.num_patches, 1, generator=generator)
-        eager = _toy_with_offsets(x, {"full": [layout.segmentations["full"].seq_lens]}, cos, sin, offsets)
+        eager = _toy_with_offsets(x, {"full": SegmentLengths(layout.segmentations["full"].seq_lens)}, cos, sin, offsets)
         assert torch.equal(runner.run(x, layout, cos, sin, offsets), eager)
     (staging,) = runner._staging.values()
     assert len(staging.inputs) == 4 and staging.inputs[3].shape[1:] == offsets.shape[1:]
@@ -829,7 +829,7 @@ class _RecordingSdpa(SdpaAttention):
 def _windowed_toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor):
     """A window "block" then a full one: the output depends on both segmentations' boundaries."""
     for name in ("window", "full"):
-        (seq_lens,) = attn_args[name]
+        seq_lens = attn_args[name].seq_lens
         x = x * cos[:, :HIDDEN] + torch.cat([part.cumsum(0) for part in x.split(list(seq_lens))]) + sin[:, :HIDDEN]
     return x
 
@@ -849,7 +849,7 @@ def test_windowed_graph_owns_offsets_per_segmentation(generator: torch.Generator
     layout = _windowed((1, 12, 20), (1, 4, 4))
     for _ in range(2):
         x, cos, sin = _inputs(layout, generator)
-        eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
+        eager_args = {name: SegmentLengths(seg.seq_lens) for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
     (graph,) = runner._graphs.values()
     assert list(graph.offsets) == ["full", "window"]
@@ -867,7 +867,7 @@ def test_equal_token_counts_with_other_windows_get_their_own_graph(generator: to
     assert wide.segmentations["full"] == squarer.segmentations["full"]
     for layout in (wide, squarer, wide, squarer):
         x, cos, sin = _inputs(layout, generator)
-        eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
+        eager_args = {name: SegmentLengths(seg.seq_lens) for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
     assert (runner.stats()["graphs"], runner.stats()["replays"]) == (2, 4)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rocm_vit.attention import BACKENDS, get_backend
+from rocm_vit.attention import BACKENDS, VarlenArgs, get_backend
 from rocm_vit.layout import VisionLayout
 from rocm_vit.platform import current_platform
 
@@ -172,7 +172,7 @@ def test_triton_attn_without_max_seqlen_bounds_its_grid_by_tokens_without_a_sync
     q, k, v = _qkv(layout.num_patches, 80, torch.float16)
     cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
     attn_args = backend.attn_args_from_tensor(cu_seqlens)
-    assert attn_args == [cu_seqlens, None]
+    assert attn_args == VarlenArgs(cu_seqlens, None)
     backend(q, k, v, attn_args, 0.1)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
