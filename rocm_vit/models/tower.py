@@ -182,7 +182,7 @@ class VisionTower(nn.Module, ABC):
         """
         self._graph_runner = ViTGraphRunner(
             self.encode,
-            self.attention,
+            self.attention.layout_args,
             capacity=capacity,
             min_sightings=min_sightings,
             max_tokens=active_policy().graph_max_tokens.value if max_tokens is None else max_tokens,
