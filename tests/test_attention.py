@@ -1,4 +1,4 @@
-"""Attention backends on a CPU: numerics against float64, argument lists, selection, the Triton kernel
+"""Attention backends on a CPU: numerics against float64, per-layer arguments, selection, the Triton kernel
 through the interpreter, and aiter against a stand-in that enforces aiter's real signature."""
 
 from __future__ import annotations
