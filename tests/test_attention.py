@@ -137,7 +137,7 @@ BF16_TOLERANCE = {"atol": 2e-2, "rtol": 0}
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
-def test_aiter_attn_list_layout_matches_float64_reference(generator, stand_in_aiter, kv_heads):
+def test_aiter_attn_runner_args_match_float64_reference(generator, stand_in_aiter, kv_heads):
     layout = _layout(RAGGED_GRID)
     q, k, v = _qkv(generator, layout.num_patches, 4, kv_heads, 80, torch.bfloat16)
     cu_seqlens = layout.cu_seqlens_tensor("cpu")
@@ -273,7 +273,7 @@ def test_runner_args_reference_the_buffer_and_hold_only_host_data(backend_cls):
     assert all(type(item) in (int, tuple, type(None)) for item in items if not isinstance(item, torch.Tensor))
 
 
-def test_aiter_attn_list_path_reads_nothing_back(generator, stand_in_aiter):
+def test_aiter_attn_runner_args_path_reads_nothing_back(generator, stand_in_aiter):
     layout = _layout(RAGGED_GRID)
     q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64, torch.bfloat16)
     cu_seqlens = layout.cu_seqlens_tensor("cpu").as_subclass(_NoHostReads)
@@ -631,7 +631,7 @@ def _interpreter_cases() -> dict[str, dict]:
     grid = [(1, 2, 3), (1, 1, 1), (2, 2, 2)]
     layout = _layout(grid)
     q, k, v = _qkv(generator, layout.num_patches, 2, 2, 72, torch.float16)
-    cases["backend_list_layout"] = {
+    cases["backend_runner_args"] = {
         "q": q, "k": k, "v": v, "grid": grid, "seq_lens": layout.seq_lens, "scale": 0.1, "via": "backend",
     }  # fmt: skip
     return cases
