@@ -61,7 +61,8 @@ class VarlenArgs:
 
 @dataclass(frozen=True, slots=True)
 class PickedArgs:
-    """What ``auto`` takes per layer: the backend it picked for the segmentation, and that backend's arguments."""
+    """What ``auto`` takes per layer: the backend it picked for the segmentation and that backend's
+    arguments."""
 
     backend: AttentionBackend
     args: LayerArgs
@@ -256,8 +257,8 @@ class TritonAttention(_VarlenAttention):
 class GluonAttention(TritonAttention):
     """rocm-vit's Gluon kernel for Hopper: FlashAttention-3's warp-specialised schedule (sm_90 only).
 
-    It takes triton_attn's arguments and contract; calls outside its scope (dtype, head dim, grouped heads,
-    alignment: ``gluon_unsupported_reason``) run triton_attn inside the wrapper.
+    It takes triton_attn's arguments and contract; calls outside its scope (dtype, head dim, grouped
+    heads, alignment: ``gluon_unsupported_reason``) run triton_attn inside the wrapper.
     """
 
     name = "gluon_attn"
@@ -297,8 +298,8 @@ class AutoAttention(AttentionBackend):
 
     The choice is made in ``runner_args`` from the segmentation alone, so one layout always gets the
     same kernels and a captured graph replays exactly what the eager run computed. It takes
-    ``PickedArgs``: that backend and its arguments. The rule is the policy's when the backend is built: the CUDA
-    rule, or, with a tuned profile, what ``rocm-vit tune`` measured fastest on this GPU.
+    ``PickedArgs``: that backend and its arguments. The rule is the policy's when the backend is
+    built: the CUDA rule, or, with a tuned profile, what ``rocm-vit tune`` measured fastest on this GPU.
     """
 
     name = "auto"
