@@ -1,9 +1,12 @@
-"""Attention backends: one class per kernel, each declaring the argument list it takes per layer.
+"""Attention backends: one class per kernel, each declaring the arguments it takes per layer.
 
-The tower and the graph runner never test a backend's name: they ask the backend for its list
-(``runner_args``) once per layout segmentation and hand each layer the list of the segmentation it
-attends within; ``layout_args`` builds them all. Callers without a layout (SGLang's
-``VisionAttention``) build the list from a ``cu_seqlens`` tensor with ``attn_args_from_tensor``.
+A backend's per-layer arguments are one of three small frozen types: ``SegmentLengths`` (host
+lengths), ``VarlenArgs`` (device offsets and a host maximum) or ``PickedArgs`` (``auto``'s kernel
+and that kernel's arguments). They hold tensors and host ints only, never anything read back from
+the device. The tower and the graph runner never test a backend's name: they ask the backend for
+its arguments (``runner_args``) once per layout segmentation and hand each layer those of the
+segmentation it attends within; ``layout_args`` builds them all. Callers without a layout (SGLang's
+``VisionAttention``) build them from a ``cu_seqlens`` tensor with ``attn_args_from_tensor``.
 
 What each backend needs to run is declared in ``rocm_vit.backend_requirements``; which one runs is
 the policy's (``rocm_vit.policy``; ``rocm-vit doctor`` prints it with its reasons).
@@ -20,6 +23,7 @@ import logging
 import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -32,9 +36,43 @@ from rocm_vit.policy import active_policy, current_facts
 
 logger = logging.getLogger(__name__)
 
-# What a tower's ``forward_blocks`` takes: one backend argument list per segmentation of the
-# layout, keyed by its name (``"full"``; ``"window"`` too for a windowed layout).
-AttnArgs = dict[str, list]
+
+@dataclass(frozen=True, slots=True)
+class SegmentLengths:
+    """Host segment lengths: what ``sdpa`` takes per layer."""
+
+    seq_lens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class VarlenArgs:
+    """What a varlen kernel takes per layer: ``cu_seqlens``, int32 segment offsets on the device, and
+    ``max_seqlen``, the longest segment as a host int (``None``: not known on the host; only
+    ``triton_attn`` and ``gluon_attn`` take that, bounding their grid by the token count).
+
+    ``seq_lens``: the host segment lengths, for a caller that chooses by them (SGLang's ``aiter_attn``
+    slot under ``auto``); the kernels do not read them.
+    """
+
+    cu_seqlens: torch.Tensor
+    max_seqlen: int | None
+    seq_lens: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PickedArgs:
+    """What ``auto`` takes per layer: the backend it picked for the segmentation and that backend's
+    arguments."""
+
+    backend: AttentionBackend
+    args: LayerArgs
+
+
+# One layer's attention arguments, whichever the backend.
+LayerArgs = SegmentLengths | VarlenArgs | PickedArgs
+# What a tower's ``forward_blocks`` takes: one layer's arguments per segmentation of the layout,
+# keyed by its name (``"full"``; ``"window"`` too for a windowed layout).
+AttnArgs = Mapping[str, LayerArgs]
 
 
 class AttentionBackend(ABC):
@@ -55,19 +93,19 @@ class AttentionBackend(ABC):
         return backend_unavailable_reason(cls.name, facts)
 
     @abstractmethod
-    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        """The per-layer argument list for ``segmentation``; ``cu_seqlens`` is its int32 device tensor.
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> LayerArgs:
+        """The per-layer arguments for ``segmentation``; ``cu_seqlens`` is its int32 device tensor.
 
         A ``VisionLayout`` stands for its full segmentation. The graph runner passes its own static
-        ``cu_seqlens`` buffer, so the list must reference that tensor rather than copy it, and must
-        hold nothing read back from the device.
+        ``cu_seqlens`` buffer, so the arguments must reference that tensor rather than copy it, and
+        must hold nothing read back from the device.
         """
 
     def layout_args(self, layout: VisionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> AttnArgs:
         """``runner_args`` of every segmentation of ``layout``, by name: what ``forward_blocks`` takes.
 
         ``cu_seqlens`` maps each segmentation's name to its int32 device tensor (the layout's own,
-        or the graph runner's static buffers).
+        or the graph runner's static buffers). A tower hands this method to its graph runner.
         """
         return {
             name: self.runner_args(segmentation, cu_seqlens[name])
@@ -80,8 +118,8 @@ class AttentionBackend(ABC):
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
-    ) -> list:
-        """The per-layer argument list for a caller that holds only a ``cu_seqlens`` tensor.
+    ) -> LayerArgs:
+        """The per-layer arguments for a caller that holds only a ``cu_seqlens`` tensor.
 
         ``max_seqlen`` and ``seq_lens`` are host data the caller may already have; pass them. A
         backend that needs host lengths takes them from a CPU ``cu_seqlens`` for free and, only as
@@ -90,9 +128,9 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: LayerArgs, scale: float
     ) -> torch.Tensor:
-        """Attention output ``[N, H, D]`` in ``v.dtype``."""
+        """Attention output ``[N, H, D]`` in ``v.dtype``; ``attn_args`` is what this backend built."""
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
         """Get ready to serve this shape: a kernel that would compile at its first call compiles now,
@@ -108,48 +146,46 @@ class SdpaAttention(AttentionBackend):
 
     name = "sdpa"
 
-    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        return [segmentation.seq_lens]
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> SegmentLengths:
+        return SegmentLengths(segmentation.seq_lens)
 
     def attn_args_from_tensor(
         self,
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
-    ) -> list:
-        return [_host_seq_lens(self.name, cu_seqlens, seq_lens)]
+    ) -> SegmentLengths:
+        return SegmentLengths(_host_seq_lens(self.name, cu_seqlens, seq_lens))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: SegmentLengths, scale: float
     ) -> torch.Tensor:
-        (seq_lens,) = attn_args
-        return sdpa_varlen(q, k, v, seq_lens, scale)
+        return sdpa_varlen(q, k, v, attn_args.seq_lens, scale)
 
 
 class _VarlenAttention(AttentionBackend):
-    """A kernel taking ``[cu_seqlens, max_seqlen]``: the int32 device offsets and a host int.
+    """A kernel taking ``VarlenArgs``: the int32 device offsets and the longest segment as a host int.
 
     Subclasses set ``_attend(q, k, v, cu_seqlens, max_seqlen, scale)``, their kernel's wrapper.
     """
 
     _attend: Callable[..., torch.Tensor]
 
-    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        return [cu_seqlens, segmentation.max_seqlen]
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> VarlenArgs:
+        return VarlenArgs(cu_seqlens, segmentation.max_seqlen)
 
     def attn_args_from_tensor(
         self,
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
-    ) -> list:
-        return [cu_seqlens, _host_max_seqlen(self.name, cu_seqlens, max_seqlen, seq_lens)]
+    ) -> VarlenArgs:
+        return VarlenArgs(cu_seqlens, _host_max_seqlen(self.name, cu_seqlens, max_seqlen, seq_lens))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: VarlenArgs, scale: float
     ) -> torch.Tensor:
-        cu_seqlens, max_seqlen = attn_args
-        return self._attend(q, k, v, cu_seqlens, max_seqlen, scale)
+        return self._attend(q, k, v, attn_args.cu_seqlens, attn_args.max_seqlen, scale)
 
 
 class AiterAttention(_VarlenAttention):
@@ -192,9 +228,9 @@ class AiterPaddedAttention(AiterAttention):
 class TritonAttention(_VarlenAttention):
     """rocm-vit's Triton varlen kernel (CUDA and ROCm; on a CPU only under ``TRITON_INTERPRET=1``).
 
-    Its list is ``[cu_seqlens, max_seqlen]``, not SGLang's ``[cu_seqlens, seq_lens, max_seqlen]``:
-    the kernel reads each segment's bounds from ``cu_seqlens`` on the device and uses
-    ``max_seqlen`` only to size its grid, so per-segment host lengths would be dead weight.
+    It takes ``VarlenArgs``, not SGLang's ``[cu_seqlens, seq_lens, max_seqlen]``: the kernel reads
+    each segment's bounds from ``cu_seqlens`` on the device and uses ``max_seqlen`` only to size its
+    grid (``None``: by the token count), so per-segment lengths would be dead weight.
     """
 
     name = "triton_attn"
@@ -210,19 +246,19 @@ class TritonAttention(_VarlenAttention):
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
-    ) -> list:
+    ) -> VarlenArgs:
         # max_seqlen only bounds the grid: without host data the kernel bounds it by the token
         # count (None), which costs empty programs but never a device read.
         if max_seqlen is None and seq_lens is None and cu_seqlens.device.type != "cpu":
-            return [cu_seqlens, None]
+            return VarlenArgs(cu_seqlens, None)
         return super().attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)
 
 
 class GluonAttention(TritonAttention):
     """rocm-vit's Gluon kernel for Hopper: FlashAttention-3's warp-specialised schedule (sm_90 only).
 
-    It takes triton_attn's list and contract; calls outside its scope (dtype, head dim, grouped heads,
-    alignment: ``gluon_unsupported_reason``) run triton_attn inside the wrapper.
+    It takes triton_attn's arguments and contract; calls outside its scope (dtype, head dim, grouped
+    heads, alignment: ``gluon_unsupported_reason``) run triton_attn inside the wrapper.
     """
 
     name = "gluon_attn"
@@ -261,9 +297,9 @@ class AutoAttention(AttentionBackend):
     """A kernel per segmentation, named by the policy's rule from host-side lengths (and the head dim).
 
     The choice is made in ``runner_args`` from the segmentation alone, so one layout always gets the
-    same kernels and a captured graph replays exactly what the eager run computed. Its list is
-    ``[backend, that backend's list]``. The rule is the policy's when the backend is built: the CUDA
-    rule, or, with a tuned profile, what ``rocm-vit tune`` measured fastest on this GPU.
+    same kernels and a captured graph replays exactly what the eager run computed. It takes
+    ``PickedArgs``: that backend and its arguments. The rule is the policy's when the backend is
+    built: the CUDA rule, or, with a tuned profile, what ``rocm-vit tune`` measured fastest on this GPU.
     """
 
     name = "auto"
@@ -276,26 +312,25 @@ class AutoAttention(AttentionBackend):
         self._without_lengths = self._backends[self._rule.without_lengths]
         self._picks: dict[tuple[int, ...], AttentionBackend] = {}  # host lengths -> backend
 
-    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
+    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> PickedArgs:
         backend = self._pick(segmentation.seq_lens)
-        return [backend, backend.runner_args(segmentation, cu_seqlens)]
+        return PickedArgs(backend, backend.runner_args(segmentation, cu_seqlens))
 
     def attn_args_from_tensor(
         self,
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
-    ) -> list:
+    ) -> PickedArgs:
         if seq_lens is None and cu_seqlens.device.type == "cpu":
             seq_lens = _host_seq_lens(self.name, cu_seqlens, None)
         backend = self._without_lengths if seq_lens is None else self._pick(seq_lens)
-        return [backend, backend.attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)]
+        return PickedArgs(backend, backend.attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: PickedArgs, scale: float
     ) -> torch.Tensor:
-        backend, backend_args = attn_args
-        return backend(q, k, v, backend_args, scale)
+        return attn_args.backend(q, k, v, attn_args.args, scale)
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
         for backend in self._backends.values():

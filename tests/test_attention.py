@@ -1,9 +1,10 @@
-"""Attention backends on a CPU: numerics against float64, argument lists, selection, the Triton kernel
+"""Attention backends on a CPU: numerics against float64, per-layer arguments, selection, the Triton kernel
 through the interpreter, and aiter against a stand-in that enforces aiter's real signature."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.abc
 import importlib.util
@@ -24,9 +25,12 @@ from rocm_vit.attention import (
     AutoAttention,
     Fa4Attention,
     GluonAttention,
+    PickedArgs,
     SdpaAttention,
+    SegmentLengths,
     TorchVarlenAttention,
     TritonAttention,
+    VarlenArgs,
     get_backend,
     resolve_backend_name,
 )
@@ -94,7 +98,7 @@ def test_sdpa_from_a_host_cu_seqlens_tensor(generator):
     q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
     backend = SdpaAttention()
     attn_args = backend.attn_args_from_tensor(torch.tensor(layout.cu_seqlens))
-    assert attn_args == [layout.seq_lens]
+    assert attn_args == SegmentLengths(layout.seq_lens)
     torch.testing.assert_close(
         backend(q, k, v, attn_args, 0.125).double(), _reference(q, k, v, layout.seq_lens, 0.125), atol=1e-5, rtol=0
     )
@@ -133,13 +137,13 @@ BF16_TOLERANCE = {"atol": 2e-2, "rtol": 0}
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
-def test_aiter_attn_list_layout_matches_float64_reference(generator, stand_in_aiter, kv_heads):
+def test_aiter_attn_runner_args_match_float64_reference(generator, stand_in_aiter, kv_heads):
     layout = _layout(RAGGED_GRID)
     q, k, v = _qkv(generator, layout.num_patches, 4, kv_heads, 80, torch.bfloat16)
     cu_seqlens = layout.cu_seqlens_tensor("cpu")
     backend = AiterAttention()
     attn_args = backend.runner_args(layout, cu_seqlens)
-    assert attn_args[0] is cu_seqlens and attn_args[1] == layout.max_seqlen
+    assert attn_args.cu_seqlens is cu_seqlens and attn_args.max_seqlen == layout.max_seqlen
     out = backend(q, k, v, attn_args, 0.1)
     torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 0.1), **BF16_TOLERANCE)
     (call,) = stand_in_aiter.calls
@@ -178,7 +182,7 @@ def test_aiter_attn_tensor_caller_path_converts_offsets(generator, stand_in_aite
     # An eager caller's int64, non-contiguous offsets: converted on the way in, lengths from the host.
     spaced = torch.tensor([x for offset in layout.cu_seqlens for x in (offset, -1)])[::2]
     attn_args = backend.attn_args_from_tensor(spaced)
-    assert attn_args[1] == layout.max_seqlen and type(attn_args[1]) is int
+    assert attn_args.max_seqlen == layout.max_seqlen and type(attn_args.max_seqlen) is int
     out = backend(q, k, v, attn_args, 0.125)
     torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 0.125), **BF16_TOLERANCE)
     backend(q, k, v, backend.attn_args_from_tensor(spaced, max_seqlen=np.int64(layout.max_seqlen)), 0.125)
@@ -190,7 +194,7 @@ def test_aiter_attn_refuses_a_tensor_max_seqlen(generator, stand_in_aiter):
     q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
     cu_seqlens = layout.cu_seqlens_tensor("cpu")
     with pytest.raises(TypeError, match="host int"):
-        AiterAttention()(q, k, v, [cu_seqlens, torch.tensor(layout.max_seqlen)], 0.125)
+        AiterAttention()(q, k, v, VarlenArgs(cu_seqlens, torch.tensor(layout.max_seqlen)), 0.125)
     with pytest.raises(TypeError, match="host int"):
         AiterAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=torch.tensor(layout.max_seqlen))
 
@@ -260,14 +264,16 @@ def test_runner_args_reference_the_buffer_and_hold_only_host_data(backend_cls):
     cu_seqlens = layout.cu_seqlens_tensor("cpu").as_subclass(_NoHostReads)
     attn_args = backend_cls().runner_args(layout, cu_seqlens)
     if backend_cls is AutoAttention:
-        inner, attn_args = attn_args
-        assert isinstance(inner, (SdpaAttention, TorchVarlenAttention, TritonAttention))
-    tensors = [item for item in attn_args if isinstance(item, torch.Tensor)]
+        assert isinstance(attn_args, PickedArgs)
+        assert isinstance(attn_args.backend, (SdpaAttention, TorchVarlenAttention, TritonAttention))
+        attn_args = attn_args.args
+    items = [getattr(attn_args, field.name) for field in dataclasses.fields(attn_args)]
+    tensors = [item for item in items if isinstance(item, torch.Tensor)]
     assert all(item is cu_seqlens for item in tensors)
-    assert all(type(item) in (int, tuple) for item in attn_args if not isinstance(item, torch.Tensor))
+    assert all(type(item) in (int, tuple, type(None)) for item in items if not isinstance(item, torch.Tensor))
 
 
-def test_aiter_attn_list_path_reads_nothing_back(generator, stand_in_aiter):
+def test_aiter_attn_runner_args_path_reads_nothing_back(generator, stand_in_aiter):
     layout = _layout(RAGGED_GRID)
     q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64, torch.bfloat16)
     cu_seqlens = layout.cu_seqlens_tensor("cpu").as_subclass(_NoHostReads)
@@ -286,8 +292,8 @@ def test_tensor_callers_with_host_lengths_read_nothing_back(backend_cls, machine
     backend = backend_cls()
     with_lengths = backend.attn_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
     if backend_cls is AutoAttention:
-        with_lengths = with_lengths[1]
-    assert with_lengths in ([layout.seq_lens], [cu_seqlens, layout.max_seqlen])
+        with_lengths = with_lengths.args
+    assert with_lengths in (SegmentLengths(layout.seq_lens), VarlenArgs(cu_seqlens, layout.max_seqlen))
     if backend_cls is not SdpaAttention:
         backend.attn_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen)
 
@@ -295,9 +301,9 @@ def test_tensor_callers_with_host_lengths_read_nothing_back(backend_cls, machine
 def test_triton_attn_tensor_caller_without_lengths_bounds_the_grid_instead_of_reading(machine):
     machine("cuda")
     cu_seqlens = torch.empty(4, dtype=torch.int32, device="meta").as_subclass(_NoHostReads)
-    assert TritonAttention().attn_args_from_tensor(cu_seqlens) == [cu_seqlens, None]
-    backend, attn_args = AutoAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=9)
-    assert attn_args == [cu_seqlens, 9] and backend is not None
+    assert TritonAttention().attn_args_from_tensor(cu_seqlens) == VarlenArgs(cu_seqlens, None)
+    picked = AutoAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=9)
+    assert picked.args == VarlenArgs(cu_seqlens, 9) and picked.backend is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,14 +373,14 @@ def test_cuda_selects_auto_with_triton_attn_for_ragged_layouts(machine):
     assert name == "auto" and "triton_attn" in why
     backend = get_backend()
     assert isinstance(backend, AutoAttention)
-    ragged, _ = backend.runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
+    ragged = backend.runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32)).backend
     assert isinstance(ragged, TritonAttention)
 
 
 def test_cuda_without_triton_uses_torch_varlen_for_ragged_layouts(machine):
     machine("cuda", {"torch.nn.attention.varlen"})
     assert "torch_varlen" in resolve_backend_name()[1]
-    ragged, _ = get_backend().runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32))
+    ragged = get_backend().runner_args(_layout(RAGGED_GRID), torch.zeros(6, dtype=torch.int32)).backend
     assert isinstance(ragged, TorchVarlenAttention)
 
 
@@ -478,7 +484,7 @@ def test_cuda_auto_sends_long_segments_to_fa4_where_installed(machine):
     assert name == "auto" and "fa4 when the longest segment has >= 2048 tokens" in why
     backend = get_backend()
     picks = {
-        grid_name: type(backend.runner_args(_layout(grid), torch.zeros(len(grid) + 1, dtype=torch.int32))[0])
+        grid_name: type(backend.runner_args(_layout(grid), torch.zeros(len(grid) + 1, dtype=torch.int32)).backend)
         for grid_name, grid in {"long": [(1, 80, 160)], "one_1024": [(1, 32, 32)], "ragged": RAGGED_GRID}.items()
     }
     assert picks == {"long": Fa4Attention, "one_1024": SdpaAttention, "ragged": TritonAttention}
@@ -490,7 +496,7 @@ def test_fa4_is_not_used_before_hopper(machine):
     with pytest.raises(RuntimeError, match="sm_80"):
         get_backend("fa4")
     long = _layout([(1, 80, 160)])
-    assert isinstance(get_backend().runner_args(long, torch.zeros(2, dtype=torch.int32))[0], SdpaAttention)
+    assert isinstance(get_backend().runner_args(long, torch.zeros(2, dtype=torch.int32)).backend, SdpaAttention)
 
 
 def _with_gluon(machine, capability: tuple[int, int], extra: frozenset[str] = frozenset()) -> None:
@@ -501,7 +507,7 @@ def _with_gluon(machine, capability: tuple[int, int], extra: frozenset[str] = fr
 def _picks(backend) -> dict[str, type]:
     grids = {"long": [(1, 80, 160)], "one_1024": [(1, 32, 32)], "ragged": RAGGED_GRID}
     return {
-        name: type(backend.runner_args(_layout(grid), torch.zeros(len(grid) + 1, dtype=torch.int32))[0])
+        name: type(backend.runner_args(_layout(grid), torch.zeros(len(grid) + 1, dtype=torch.int32)).backend)
         for name, grid in grids.items()
     }
 
@@ -554,7 +560,7 @@ def test_fa4_wrapper_names_the_package_when_it_is_missing_and_refuses_device_len
 def test_auto_gives_one_layout_the_same_kernel_every_time():
     backend = AutoAttention()
     cu_seqlens = torch.zeros(6, dtype=torch.int32)
-    picks = {id(backend.runner_args(_layout(RAGGED_GRID), cu_seqlens)[0]) for _ in range(3)}
+    picks = {id(backend.runner_args(_layout(RAGGED_GRID), cu_seqlens).backend) for _ in range(3)}
     assert len(picks) == 1
 
 
@@ -625,7 +631,7 @@ def _interpreter_cases() -> dict[str, dict]:
     grid = [(1, 2, 3), (1, 1, 1), (2, 2, 2)]
     layout = _layout(grid)
     q, k, v = _qkv(generator, layout.num_patches, 2, 2, 72, torch.float16)
-    cases["backend_list_layout"] = {
+    cases["backend_runner_args"] = {
         "q": q, "k": k, "v": v, "grid": grid, "seq_lens": layout.seq_lens, "scale": 0.1, "via": "backend",
     }  # fmt: skip
     return cases

@@ -13,7 +13,7 @@ import itertools
 import random
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 import torch
 
-from rocm_vit.attention import SdpaAttention, get_backend
+from rocm_vit.attention import AttnArgs, SegmentLengths, VarlenArgs, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import ScratchBounds
-from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
+from rocm_vit.graphs.runner import LayoutArgs
+from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
 
 
@@ -154,7 +155,7 @@ HIDDEN = 8
 
 def _toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Depends on every input and on the segment boundaries, like real attention does."""
-    (seq_lens,) = attn_args["full"]
+    seq_lens = attn_args["full"].seq_lens
     segment_sums = torch.cat([part.sum(0, keepdim=True).expand_as(part) for part in x.split(list(seq_lens))])
     return x * cos[:, :HIDDEN] + segment_sums + sin[:, :HIDDEN]
 
@@ -168,7 +169,7 @@ def _launches_taking(milliseconds: float) -> Any:
 def _runner(**kwargs: Any) -> tuple[ViTGraphRunner, StandInGraphs]:
     mechanism = kwargs.pop("mechanism", None) or StandInGraphs()
     kwargs.setdefault("min_sightings", 1)
-    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa"), mechanism=mechanism, **kwargs)
+    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa").layout_args, mechanism=mechanism, **kwargs)
     return runner, mechanism
 
 
@@ -182,7 +183,7 @@ def _inputs(layout: AttentionLayout, generator: torch.Generator) -> tuple[torch.
 
 
 def _eager(layout: AttentionLayout, x, cos, sin) -> torch.Tensor:
-    return _toy_forward_blocks(x, {"full": [layout.segmentations["full"].seq_lens]}, cos, sin)
+    return _toy_forward_blocks(x, {"full": SegmentLengths(layout.segmentations["full"].seq_lens)}, cos, sin)
 
 
 def _layout(*grid: tuple[int, int, int]) -> AttentionLayout:
@@ -290,47 +291,40 @@ def test_all_graphs_read_one_staging_set_that_never_grows(generator: torch.Gener
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (8, 16)
 
 
-class _DeviceOffsets(SdpaAttention):
-    """A varlen-style list: the offsets tensor itself, read when the graph runs (as a GPU kernel reads it)."""
-
-    def runner_args(self, segmentation, cu_seqlens: torch.Tensor) -> list:
-        return [cu_seqlens]
-
-
 def _offsets_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    (cu_seqlens,) = attn_args["full"]
-    offsets = cu_seqlens.tolist()  # what the "device" holds at replay time
+    offsets = attn_args["full"].cu_seqlens.tolist()  # what the "device" holds at replay time
     lengths = [end - start for start, end in itertools.pairwise(offsets)]
     return torch.cat([part.cumsum(0) for part in x.split(lengths)]) * cos[:, :HIDDEN] + sin[:, :HIDDEN]
 
 
-class _RecordingOffsets(_DeviceOffsets):
-    """Records the offsets tensor each list was built on."""
+class _RecordingOffsets:
+    """A varlen-style ``layout_args``: the offsets tensor itself, read when the graph runs (as a GPU
+    kernel reads it); records each offsets tensor it was given."""
 
     def __init__(self) -> None:
         self.built_on: list[torch.Tensor] = []
 
-    def runner_args(self, segmentation, cu_seqlens: torch.Tensor) -> list:
-        self.built_on.append(cu_seqlens)
-        return super().runner_args(segmentation, cu_seqlens)
+    def __call__(self, layout: AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> dict[str, VarlenArgs]:
+        self.built_on.extend(cu_seqlens[name] for name in layout.segmentations)
+        return {name: VarlenArgs(cu_seqlens[name], seg.max_seqlen) for name, seg in layout.segmentations.items()}
 
 
 def test_replays_read_their_own_offsets_which_nothing_writes_after_capture(generator: torch.Generator) -> None:
     """Equal token counts, other boundaries, alternating: each replay reads its own offsets, and no
     copy lands in them between the capture and any replay (on MI355X a host-to-device copy right
     before a replay was read stale: docs/rocm.md, "Hazards")."""
-    backend = _RecordingOffsets()
-    runner = ViTGraphRunner(_offsets_forward, backend, min_sightings=1, mechanism=StandInGraphs())
+    layout_args = _RecordingOffsets()
+    runner = ViTGraphRunner(_offsets_forward, layout_args, min_sightings=1, mechanism=StandInGraphs())
     layouts = [_layout((1, 4, 4), (1, 2, 2)), _layout((1, 2, 2), (1, 4, 4)), _layout((1, 2, 10))]
     for layout in layouts * 3 + layouts[:1] * 2:
         x, cos, sin = _inputs(layout, generator)
-        expected = _offsets_forward(x, {"full": [layout.cu_seqlens_tensor("cpu")]}, cos, sin)
+        expected = _offsets_forward(x, {"full": VarlenArgs(layout.cu_seqlens_tensor("cpu"), None)}, cos, sin)
         assert torch.equal(runner.run(x, layout, cos, sin), expected)
         # Written once before the warm-up read them (version 1 for a fresh tensor), never again.
-        assert [offsets._version for offsets in backend.built_on] == [1] * len(backend.built_on)
+        assert [offsets._version for offsets in layout_args.built_on] == [1] * len(layout_args.built_on)
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (3, 11)
     graphs_offsets = {id(graph.offsets["full"]) for graph in runner._graphs.values()}
-    assert {id(offsets) for offsets in backend.built_on} == graphs_offsets and len(graphs_offsets) == 3
+    assert {id(offsets) for offsets in layout_args.built_on} == graphs_offsets and len(graphs_offsets) == 3
 
 
 def test_at_capacity_the_least_used_graph_makes_way_only_for_a_layout_called_more(
@@ -612,7 +606,9 @@ def _failing_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: t
 
 
 def test_input_that_fails_eagerly_too_raises_and_marks_nothing(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_failing_forward, get_backend("sdpa"), min_sightings=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(
+        _failing_forward, get_backend("sdpa").layout_args, min_sightings=1, mechanism=StandInGraphs()
+    )
     layout = _layout((1, 2, 4))
     x, cos, sin = _inputs(layout, generator)
     with pytest.raises(RuntimeError, match="rejects this input"):
@@ -697,7 +693,7 @@ def test_concurrent_callers_are_serialised(generator: torch.Generator) -> None:
 
 
 def test_real_mechanism_on_cpu_runs_eagerly_with_reason(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa"), mechanism=CudaGraphs())
+    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa").layout_args, mechanism=CudaGraphs())
     layout = _layout((1, 2, 4))
     _run_checked(runner, layout, generator)
     assert runner.stats()["eager_runs"]["no_gpu"] == 1
@@ -794,12 +790,14 @@ def _toy_with_offsets(x, attn_args: dict, cos, sin, offsets: torch.Tensor) -> to
 
 
 def test_further_inputs_get_staging_buffers_copied_before_every_replay(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_toy_with_offsets, get_backend("sdpa"), min_sightings=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(
+        _toy_with_offsets, get_backend("sdpa").layout_args, min_sightings=1, mechanism=StandInGraphs()
+    )
     layout = _layout((1, 2, 4), (1, 2, 2))
     for _ in range(3):
         x, cos, sin = _inputs(layout, generator)
         offsets = torch.randn(layout.num_patches, 1, generator=generator)
-        eager = _toy_with_offsets(x, {"full": [layout.segmentations["full"].seq_lens]}, cos, sin, offsets)
+        eager = _toy_with_offsets(x, {"full": SegmentLengths(layout.segmentations["full"].seq_lens)}, cos, sin, offsets)
         assert torch.equal(runner.run(x, layout, cos, sin, offsets), eager)
     (staging,) = runner._staging.values()
     assert len(staging.inputs) == 4 and staging.inputs[3].shape[1:] == offsets.shape[1:]
@@ -817,21 +815,22 @@ def test_other_input_dtypes_get_their_own_graph(generator: torch.Generator) -> N
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (2, 3)
 
 
-class _RecordingSdpa(SdpaAttention):
-    """sdpa that also records the ``cu_seqlens`` tensor each segmentation's list was built on."""
+class _RecordingSdpa:
+    """sdpa's ``layout_args``, recording the ``cu_seqlens`` tensor each segmentation's arguments were built on."""
 
     def __init__(self) -> None:
         self.built_on: list[torch.Tensor] = []
+        self._sdpa = get_backend("sdpa")
 
-    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        self.built_on.append(cu_seqlens)
-        return super().runner_args(segmentation, cu_seqlens)
+    def __call__(self, layout: AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> AttnArgs:
+        self.built_on.extend(cu_seqlens[name] for name in layout.segmentations)
+        return self._sdpa.layout_args(layout, cu_seqlens)
 
 
 def _windowed_toy_forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor):
     """A window "block" then a full one: the output depends on both segmentations' boundaries."""
     for name in ("window", "full"):
-        (seq_lens,) = attn_args[name]
+        seq_lens = attn_args[name].seq_lens
         x = x * cos[:, :HIDDEN] + torch.cat([part.cumsum(0) for part in x.split(list(seq_lens))]) + sin[:, :HIDDEN]
     return x
 
@@ -840,24 +839,24 @@ def _windowed(*grid: tuple[int, int, int]) -> AttentionLayout:
     return VisionLayout.from_grid_thw(list(grid), window_merge_blocks=4).attention
 
 
-def _windowed_runner(backend: SdpaAttention | None = None) -> ViTGraphRunner:
-    backend = backend or get_backend("sdpa")
-    return ViTGraphRunner(_windowed_toy_forward_blocks, backend, min_sightings=1, mechanism=StandInGraphs())
+def _windowed_runner(layout_args: LayoutArgs | None = None) -> ViTGraphRunner:
+    layout_args = layout_args or get_backend("sdpa").layout_args
+    return ViTGraphRunner(_windowed_toy_forward_blocks, layout_args, min_sightings=1, mechanism=StandInGraphs())
 
 
 def test_windowed_graph_owns_offsets_per_segmentation(generator: torch.Generator) -> None:
-    backend = _RecordingSdpa()
-    runner = _windowed_runner(backend)
+    layout_args = _RecordingSdpa()
+    runner = _windowed_runner(layout_args)
     layout = _windowed((1, 12, 20), (1, 4, 4))
     for _ in range(2):
         x, cos, sin = _inputs(layout, generator)
-        eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
+        eager_args = {name: SegmentLengths(seg.seq_lens) for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
     (graph,) = runner._graphs.values()
     assert list(graph.offsets) == ["full", "window"]
-    # The captured argument lists were built on the graph's own offsets, holding this layout's.
-    assert len(backend.built_on) == 2
-    for name, built_on in zip(("full", "window"), backend.built_on, strict=True):
+    # The captured arguments were built on the graph's own offsets, holding this layout's.
+    assert len(layout_args.built_on) == 2
+    for name, built_on in zip(("full", "window"), layout_args.built_on, strict=True):
         assert built_on.dtype == torch.int32
         assert built_on.data_ptr() == graph.offsets[name].data_ptr()
         assert built_on.tolist() == list(layout.segmentations[name].cu_seqlens)
@@ -869,7 +868,7 @@ def test_equal_token_counts_with_other_windows_get_their_own_graph(generator: to
     assert wide.segmentations["full"] == squarer.segmentations["full"]
     for layout in (wide, squarer, wide, squarer):
         x, cos, sin = _inputs(layout, generator)
-        eager_args = {name: [seg.seq_lens] for name, seg in layout.segmentations.items()}
+        eager_args = {name: SegmentLengths(seg.seq_lens) for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
     assert (runner.stats()["graphs"], runner.stats()["replays"]) == (2, 4)
 

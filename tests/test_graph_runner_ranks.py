@@ -42,7 +42,7 @@ def _rank(rank: int, store_path: str, report_dir: str, agree: bool) -> None:
         )
         runner = ViTGraphRunner(
             support._toy_forward_blocks,
-            get_backend("sdpa"),
+            get_backend("sdpa").layout_args,
             mechanism=mechanism,
             min_sightings=1,
             capacity=8,

@@ -328,7 +328,7 @@ def test_auto_attention_follows_the_tuned_policy(fake_platform):
         backend = get_backend(head_dim=72)
         assert isinstance(backend, AutoAttention)
         picks = {
-            name: type(backend.runner_args(VisionLayout.from_grid_thw(grid, 1), torch.zeros(len(grid) + 1))[0])
+            name: type(backend.runner_args(VisionLayout.from_grid_thw(grid, 1), torch.zeros(len(grid) + 1)).backend)
             for name, grid in {"one": [(1, 64, 64)], "many": [(1, 16, 16)] * 16}.items()
         }
     assert picks["one"] is SdpaAttention and picks["many"].name == "torch_varlen"  # 1x4096, 16x256
@@ -484,7 +484,7 @@ def test_a_named_auto_is_the_platforms_own_per_layout_rule(fake_platform):
     with policy.use_policy(named):
         backend = get_backend(head_dim=72)
         assert isinstance(backend, AutoAttention)
-        picked = backend.runner_args(VisionLayout.from_grid_thw([(1, 64, 64)], 1), torch.zeros(2))[0]
+        picked = backend.runner_args(VisionLayout.from_grid_thw([(1, 64, 64)], 1), torch.zeros(2)).backend
     assert picked.name == "sdpa"
     on_rocm = resolve_policy(ROCM, Settings(attention_backend="auto", use_aiter=True)).attention
     assert (on_rocm.backend, on_rocm.rule.candidates) == ("auto", ("aiter_attn",))

@@ -78,7 +78,7 @@ def simulate(stream: Stream, host: CostModel) -> dict[str, Any]:
     result["oracle"] = _summary(oracle)
     for name, options in POLICIES.items():
         runner = ViTGraphRunner(
-            _toy_blocks, get_backend("sdpa"), mechanism=_InstantGraphs(), clock=_host_clock(host), **options
+            _toy_blocks, get_backend("sdpa").layout_args, mechanism=_InstantGraphs(), clock=_host_clock(host), **options
         )
         kinds = [_call(runner, grid) for grid in progress(list(stream.calls), f"{stream.name}, {name}", "call")]
         counts = {kind: kinds.count(kind) for kind in ("replay", "eager")}

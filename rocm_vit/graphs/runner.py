@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -33,12 +33,14 @@ from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.layout import AttentionLayout
 
 if TYPE_CHECKING:  # the policy imports this package: no import back at run time
-    from rocm_vit.attention import AttentionBackend
+    from rocm_vit.attention import AttnArgs
 
 logger = logging.getLogger(__name__)
 
 # forward_blocks(x, attn_args, cos, sin, *inputs) -> output
 ForwardBlocks = Callable[..., torch.Tensor]
+# layout_args(layout, cu_seqlens) -> attn_args: per segmentation, built on the given offsets tensors
+LayoutArgs = Callable[[AttentionLayout, Mapping[str, torch.Tensor]], "AttnArgs"]
 # Per per-call tensor, in call order: dtype, shape past the first dim, and rows per token (1 for x,
 # cos, sin; 1/4 for a window index with one entry per 2x2 merge block).
 Signature = tuple[tuple[torch.dtype, tuple[int, ...], Fraction], ...]
@@ -196,9 +198,11 @@ class _Attempt:
 class ViTGraphRunner:
     """Runs ``forward_blocks(x, attn_args, cos, sin, *inputs)`` under graphs keyed by the exact layout.
 
-    ``attn_args`` is ``attention.layout_args(layout, cu_seqlens)``: one backend argument list per
+    ``attn_args`` is ``layout_args(layout, cu_seqlens)``: one layer's attention arguments per
     segmentation, by name, built on the graph's own offsets in a graph and on the layout's tensors
-    in an eager run. ``forward_blocks`` hands each block the list of the segmentation it attends within.
+    in an eager run, so they must reference the ``cu_seqlens`` tensors given and hold nothing read
+    back from the device. A tower passes its backend's ``layout_args``; ``forward_blocks`` hands each
+    block the arguments of the segmentation it attends within.
 
     ``run`` returns a tensor owned by the caller, ready on the caller's current stream. Calls are
     serialised on the host by a lock, and the runner's device work on the device by a marker event
@@ -222,7 +226,7 @@ class ViTGraphRunner:
     def __init__(
         self,
         forward_blocks: ForwardBlocks,
-        attention: AttentionBackend,
+        layout_args: LayoutArgs,
         *,
         capacity: int = DEFAULT_CAPACITY,
         min_sightings: int = DEFAULT_MIN_SIGHTINGS,
@@ -243,7 +247,7 @@ class ViTGraphRunner:
         if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes < 0):
             raise ValueError(f"budget_bytes = {budget_bytes!r} must be an int >= 0 or None (device default)")
         self.forward_blocks = forward_blocks
-        self.attention = attention
+        self.layout_args = layout_args
         self.capacity = capacity
         self.min_sightings = min_sightings
         self.max_tokens = max_tokens
@@ -632,7 +636,7 @@ class ViTGraphRunner:
                         for name in layout.segmentations
                         for host in (layout.cu_seqlens_host(name),)
                     }
-                    attn_args = self.attention.layout_args(layout, offsets)
+                    attn_args = self.layout_args(layout, offsets)
 
                     def forward() -> torch.Tensor:
                         x, cos, sin, *inputs = views
@@ -724,7 +728,7 @@ class ViTGraphRunner:
 
     def _eager(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> torch.Tensor:
         x, cos, sin, *inputs = tensors
-        attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(x.device))
+        attn_args = self.layout_args(layout, layout.cu_seqlens_tensors(x.device))
         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
     def _remember_failure(

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rocm_vit.attention import AttentionBackend, AttnArgs, get_backend
+from rocm_vit.attention import AttentionBackend, AttnArgs, LayerArgs, get_backend
 from rocm_vit.fusion import add_norm
 from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MIN_SIGHTINGS, ViTGraphRunner
 from rocm_vit.layout import VisionLayout, host_grid_thw
@@ -156,9 +156,9 @@ class VisionTower(nn.Module, ABC):
     ) -> torch.Tensor:
         """All blocks and the merger(s): what eager mode runs and graphs capture.
 
-        ``attn_args`` holds one attention-backend argument list per segmentation of the layout
+        ``attn_args`` holds one layer's attention-backend arguments per segmentation of the layout
         (``attn_args["full"]``, and ``attn_args["window"]`` for a windowed tower); each block takes
-        the list of the segmentation it attends within. Must not read the device.
+        those of the segmentation it attends within. Must not read the device.
         """
 
     def enable_graphs(
@@ -182,7 +182,7 @@ class VisionTower(nn.Module, ABC):
         """
         self._graph_runner = ViTGraphRunner(
             self.encode,
-            self.attention,
+            self.attention.layout_args,
             capacity=capacity,
             min_sightings=min_sightings,
             max_tokens=active_policy().graph_max_tokens.value if max_tokens is None else max_tokens,
@@ -311,7 +311,7 @@ class VisionAttention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, attn_args: list, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_args: LayerArgs, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
         apply_rotary(q, k, cos, sin)
         out = self.backend(q, k, v, attn_args, self.scale)
@@ -339,7 +339,7 @@ class VisionBlock(nn.Module):
         self,
         x: torch.Tensor,
         normed: torch.Tensor,
-        attn_args: list,
+        attn_args: LayerArgs,
         cos: torch.Tensor,
         sin: torch.Tensor,
         next_norm: nn.Module,
@@ -352,7 +352,7 @@ class VisionBlock(nn.Module):
 def run_blocks(
     blocks: Sequence[VisionBlock],
     x: torch.Tensor,
-    block_attn_args: Sequence[list],
+    block_attn_args: Sequence[LayerArgs],
     cos: torch.Tensor,
     sin: torch.Tensor,
     final_norm: nn.Module,
@@ -360,7 +360,7 @@ def run_blocks(
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The block stack: ``(final_norm(x), {i: taps[i](x after block i)})``.
 
-    ``block_attn_args[i]`` is block ``i``'s attention argument list. Every residual add runs fused
+    ``block_attn_args[i]`` is block ``i``'s attention arguments. Every residual add runs fused
     with the norm after it, the last one with ``final_norm`` (the merger's pre-shuffle norm). A tap
     is called as soon as its block is done (it may launch work on another stream).
     """

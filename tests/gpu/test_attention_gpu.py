@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rocm_vit.attention import BACKENDS, get_backend
+from rocm_vit.attention import BACKENDS, VarlenArgs, get_backend
 from rocm_vit.layout import VisionLayout
 from rocm_vit.platform import current_platform
 
@@ -120,7 +120,7 @@ def test_output_dtype_follows_v_when_q_is_fp16_beside_bf16_kv(name):
 @torch.inference_mode()
 @pytest.mark.parametrize("layout_name", ["ragged", "single_4096"])
 @pytest.mark.parametrize("name", BACKEND_NAMES)
-def test_graph_replay_equals_eager_bitwise_with_the_list_layout(name, layout_name):
+def test_graph_replay_equals_eager_bitwise_with_runner_args(name, layout_name):
     backend = _backend(name)
     layout = _layout(layout_name)
     q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
@@ -146,20 +146,20 @@ def test_graph_replay_equals_eager_bitwise_with_the_list_layout(name, layout_nam
 
 @torch.inference_mode()
 @pytest.mark.parametrize("name", BACKEND_NAMES)
-def test_no_host_sync_in_the_list_and_tensor_paths(name):
+def test_no_host_sync_in_the_runner_args_and_tensor_paths(name):
     backend = _backend(name)
     layout = _layout("ragged")
     q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
     cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
-    list_args = backend.runner_args(layout, cu_seqlens)
+    from_layout = backend.runner_args(layout, cu_seqlens)
     tensor_args = backend.attn_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
     max_only_args = backend.attn_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen) if name != "sdpa" else None
-    for attn_args in filter(None, (list_args, tensor_args, max_only_args)):
+    for attn_args in filter(None, (from_layout, tensor_args, max_only_args)):
         backend(q, k, v, attn_args, 0.1)  # warm-up outside the check: compilation may query the device
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for attn_args in filter(None, (list_args, tensor_args, max_only_args)):
+        for attn_args in filter(None, (from_layout, tensor_args, max_only_args)):
             backend(q, k, v, attn_args, 0.1)
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -172,7 +172,7 @@ def test_triton_attn_without_max_seqlen_bounds_its_grid_by_tokens_without_a_sync
     q, k, v = _qkv(layout.num_patches, 80, torch.float16)
     cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
     attn_args = backend.attn_args_from_tensor(cu_seqlens)
-    assert attn_args == [cu_seqlens, None]
+    assert attn_args == VarlenArgs(cu_seqlens, None)
     backend(q, k, v, attn_args, 0.1)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

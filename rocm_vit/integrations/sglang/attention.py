@@ -72,8 +72,9 @@ class AiterVisionAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention over packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``; returns ``[N, H, D]``.
 
-        ``cu_seqlens`` is a graph runner's ``[cu_seqlens, max_seqlen]`` list, or (eager) a tensor,
-        SGLang's ``SingletonCache`` or ``None`` (one segment per batch row), in which case
+        ``cu_seqlens`` is a graph runner's list (``[cu_seqlens, max_seqlen, seq_lens]`` from rocm-vit's
+        adapter, ``SGLANG_GRAPH_ARGS["aiter_attn"]``, or ``[cu_seqlens, max_seqlen]``), or (eager) a
+        tensor, SGLang's ``SingletonCache`` or ``None`` (one segment per batch row), in which case
         ``forward_metadata.max_seqlen`` or a host ``max_seqlen`` keyword spares the device read.
         """
         if isinstance(cu_seqlens, list):

@@ -19,20 +19,20 @@ import itertools
 import logging
 import operator
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from rocm_vit.attention import AttentionBackend, AttnArgs
+from rocm_vit.attention import VarlenArgs
 from rocm_vit.graphs import DEFAULT_MAX_TOKENS, GraphMechanism, ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.ranks import group_max
 from rocm_vit.graphs.runner import AgreeMax
 from rocm_vit.integrations.sglang.imports import original
-from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
+from rocm_vit.layout import AttentionLayout
 from rocm_vit.policy import active_policy
 from rocm_vit.settings import Settings, load_settings
 
@@ -48,27 +48,28 @@ _LAYOUT_CACHE_SIZE = 256
 class _GraphArgs:
     """How one SGLang vision attention backend reads ``cu_seqlens`` when graphs are on.
 
-    ``build(cu_seqlens, max_seqlen, seq_lens)`` turns the int32 device offsets, the host maximum and
-    the host segment lengths into the list the backend's forward takes; it runs inside the captured
-    function, so whatever it derives on the device belongs to the graph. ``output_workspace``: the
-    backend writes into ``output_ws``.
+    ``build(args)`` turns a segmentation's ``VarlenArgs`` (int32 device offsets, host maximum, host
+    segment lengths: ``_segment_args``) into the list the backend's forward takes: the one place
+    SGLang's list shapes are made. It runs inside the captured function, so whatever it derives on
+    the device belongs to the graph. ``output_workspace``: the backend writes into ``output_ws``.
     """
 
-    build: Callable[[torch.Tensor, int, tuple[int, ...]], list]
+    build: Callable[[VarlenArgs], list]
     output_workspace: bool = False
 
 
-def _offsets_and_max(cu_seqlens: torch.Tensor, max_seqlen: int, seq_lens: tuple[int, ...]) -> list:
-    return [cu_seqlens, max_seqlen]
+def _offsets_and_max(args: VarlenArgs) -> list:
+    return [args.cu_seqlens, args.max_seqlen]
 
 
-def _offsets_max_and_host_lengths(cu_seqlens: torch.Tensor, max_seqlen: int, seq_lens: tuple[int, ...]) -> list:
+def _offsets_max_and_host_lengths(args: VarlenArgs) -> list:
     # rocm-vit's AiterVisionAttention: under a tuned profile it picks a kernel per layout by these.
-    return [cu_seqlens, max_seqlen, seq_lens]
+    return [args.cu_seqlens, args.max_seqlen, args.seq_lens]
 
 
-def _offsets_lengths_and_max(cu_seqlens: torch.Tensor, max_seqlen: int, seq_lens: tuple[int, ...]) -> list:
-    return [cu_seqlens, cu_seqlens[1:] - cu_seqlens[:-1], max_seqlen]
+def _offsets_lengths_and_max(args: VarlenArgs) -> list:
+    cu_seqlens = args.cu_seqlens
+    return [cu_seqlens, cu_seqlens[1:] - cu_seqlens[:-1], args.max_seqlen]
 
 
 # SGLang 0.5.23, layers/attention/vision.py: what each backend's forward reads in graph mode.
@@ -154,7 +155,7 @@ class ViTGraphRunnerAdapter:
         try:
             runner = ViTGraphRunner(
                 functools.partial(self._forward_blocks, spec),
-                _SegmentOffsets(),
+                _segment_args,
                 capacity=settings.graph_cache_capacity,
                 min_sightings=settings.graph_min_hits,
                 max_tokens=_graph_max_tokens(settings),
@@ -286,11 +287,19 @@ class ViTGraphRunnerAdapter:
         return (cos, sin) if cos is not None and sin is not None and position_embeddings is None else None
 
     def _forward_blocks(
-        self, spec: _GraphArgs, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        spec: _GraphArgs,
+        x: torch.Tensor,
+        attn_args: Mapping[str, VarlenArgs],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
     ) -> torch.Tensor:
-        """What eager runs and graphs capture: SGLang's blocks, merger and deepstack mergers."""
+        """What eager runs and graphs capture: SGLang's blocks, merger and deepstack mergers.
+
+        ``attn_args`` is ``_segment_args``'s; each block gets its segmentation's in SGLang's list shape.
+        """
         vit = self.vit
-        cu_seqlens = {name: spec.build(*args) for name, args in attn_args.items()}
+        cu_seqlens = {name: spec.build(args) for name, args in attn_args.items()}
         output_ws = None
         if spec.output_workspace:
             attn = vit.blocks[0].attn
@@ -328,27 +337,14 @@ class ViTGraphRunnerAdapter:
         return layout
 
 
-class _SegmentOffsets(AttentionBackend):
-    """The list the runner builds per segmentation for an SGLang tower: ``[cu_seqlens, max_seqlen, seq_lens]``.
-
-    The kernel is SGLang's (each block's ``VisionAttention``); ``_forward_blocks`` turns this list
-    into the one that backend reads. The runner never attends itself, so only ``runner_args`` runs.
-    """
-
-    name = "sglang"
-
-    def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> list:
-        return [cu_seqlens, segmentation.max_seqlen, segmentation.seq_lens]
-
-    def attn_args_from_tensor(
-        self, cu_seqlens: torch.Tensor, max_seqlen: int | None = None, seq_lens: Sequence[int] | None = None
-    ) -> list:
-        raise NotImplementedError("SGLang towers attend in SGLang's VisionAttention")
-
-    def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: list, scale: float
-    ) -> torch.Tensor:
-        raise NotImplementedError("SGLang towers attend in SGLang's VisionAttention")
+def _segment_args(layout: AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> dict[str, VarlenArgs]:
+    """The runner's ``layout_args`` for an SGLang tower: per segmentation, its offsets tensor, longest
+    segment and host lengths. The kernel is SGLang's (each block's ``VisionAttention``), so nothing
+    here attends; ``_GraphArgs.build`` turns these into the list that backend reads."""
+    return {
+        name: VarlenArgs(cu_seqlens[name], segmentation.max_seqlen, segmentation.seq_lens)
+        for name, segmentation in layout.segmentations.items()
+    }
 
 
 def eager_unsupported_reason(vit: nn.Module) -> str | None:
