@@ -1014,3 +1014,15 @@ def test_a_dropped_runner_is_freed_and_its_capture_thread_ends(generator: torch.
     assert dropped() is None
     thread.join(timeout=30)  # at its next poll the thread finds the runner gone and ends
     assert not thread.is_alive()
+
+
+def test_a_deferred_capture_whose_first_replay_fails_is_dropped_and_remembered(generator: torch.Generator) -> None:
+    """Inline, the replay's error reaches the caller; deferred, no caller waits: the graph goes."""
+    runner, mechanism = _runner(mechanism=StandInGraphs(fail_replays=1), defer_captures=True)
+    layout = _layout((1, 2, 4))
+    _run_checked(runner, layout, generator)
+    assert runner.wait_for_captures(timeout=30)
+    _run_checked(runner, layout, generator)  # served eagerly: the layout failed
+    stats = runner.stats()
+    assert (stats["graphs"], stats["failed_layouts"], stats["replays"]) == (0, 1, 0)
+    assert stats["eager_runs"]["capture_failed"] == 1 and mechanism.retired == 1

@@ -152,6 +152,16 @@ def test_graph_path_through_the_adapter_equals_eager_bitwise(report: dict[str, A
 
 
 @needs_sglang
+def test_captures_off_the_requests_path_through_the_adapter_serve_the_same_bits(report: dict[str, Any]) -> None:
+    """The adapter's default: the call that makes a layout eligible is served eagerly, its graph
+    captured on the runner's thread; the next call of that layout replays it."""
+    graphs = report["graph_vs_eager_deferred"]
+    assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
+    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 8)
+    assert {reason: count for reason, count in graphs["eager_runs"].items() if count} == {"capture_deferred": 4}
+
+
+@needs_sglang
 def test_tuned_profile_on_rocm_picks_a_kernel_per_layout_in_sglangs_aiter_slot(report: dict[str, Any]) -> None:
     tuned = report["tuned"]
     assert tuned["backend"] == "rocm_vit.attention.AutoAttention"

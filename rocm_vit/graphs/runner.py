@@ -566,18 +566,28 @@ class ViTGraphRunner:
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
         self._account(entry, need, pool_before)
-        output = self._replay(entry, tensors, immutable, serves=serve)
+        try:
+            output = self._replay(entry, tensors, immutable, serves=serve)
+        except Exception as error:
+            if serve:
+                raise  # inline, as before: the caller sees it (the SGLang adapter then serves eagerly for good)
+            self._drop_new_graph(key, entry)
+            self._remember_failure(key, layout, "capture_failed", error, served=False)
+            return None
         verify_started = time.perf_counter()
         (unverified,) = self._agree([int(not _bitwise_equal(output, attempt.warm_output))])
         self._verify_seconds += time.perf_counter() - verify_started
         if unverified:
-            del self._graphs[key]
-            del self._uses[key]
-            self._mechanism.retire(entry.graph)
+            self._drop_new_graph(key, entry)
             why = "its first replay differs from the warm-up"
             self._remember_failure(key, layout, "capture_unverified", why, served=serve)
             output = self._eager(tensors, layout) if serve else None
         return output
+
+    def _drop_new_graph(self, key: tuple, entry: _Graph) -> None:
+        del self._graphs[key]
+        del self._uses[key]
+        self._mechanism.retire(entry.graph)
 
     def _defer_capture(
         self, key: tuple, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...]

@@ -193,6 +193,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     eager = _run(model, inputs, graphs=False)
     report["aiter_vs_sdpa"] = _max_difference(eager, eager_before)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
+    report["graph_vs_eager_deferred"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), defer=True)
     report["adapter_safety"] = _adapter_safety(model, inputs, eager)
     report["tuned"] = _tuned_aiter_slot(state, inputs, eager_before)
 
@@ -212,7 +213,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     model.load_state_dict(state_2_5)
     eager = _run_2_5(model, inputs_2_5, graphs=False)
     report["qwen2_5_vl"]["aiter_vs_sdpa"] = _max_difference(eager, eager_before_2_5)
-    model.cuda_graph_runner = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
+    model.cuda_graph_runner = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism(), defer_captures=False)
     graphed = _run_2_5(model, inputs_2_5, graphs=True)
     again = _run_2_5(model, inputs_2_5, graphs=True)
     stats = model.cuda_graph_runner.stats()
@@ -397,16 +398,28 @@ def _run_2_5(model: torch.nn.Module, inputs: list, graphs: bool) -> list[torch.T
     return [model(pixels, torch.tensor(grid, dtype=torch.int32)) for pixels, grid in inputs]
 
 
-def _graph_vs_eager(model: torch.nn.Module, inputs: list, eager: list[torch.Tensor], mechanism: Any) -> dict:
-    """Graph path (SGLang's forward_with_cuda_graph -> the adapter) against ``eager``, bit for bit."""
+def _graph_vs_eager(
+    model: torch.nn.Module, inputs: list, eager: list[torch.Tensor], mechanism: Any, defer: bool = False
+) -> dict:
+    """Graph path (SGLang's forward_with_cuda_graph -> the adapter) against ``eager``, bit for bit.
+
+    Captured on the triggering call (counts are exact); with ``defer``, on the runner's thread, each
+    call waited for (the triggering call is then served eagerly)."""
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
-    if mechanism is not None:
-        model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism)
-    graphed = _run(model, inputs, graphs=True)
+    adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism, defer_captures=defer)
+
+    def each_waited() -> list[torch.Tensor]:
+        outputs = []
+        for request in inputs:
+            outputs += _run(model, [request], graphs=True)
+            assert adapter.wait_for_captures(timeout=60)
+        return outputs
+
+    graphed = each_waited()
     kept = graphed[0].clone()
-    again = _run(model, inputs, graphs=True)  # every layout replays now
-    stats = model.graph_runners.stats()
+    again = each_waited()  # every layout replays now
+    stats = adapter.stats()
     return {
         "bitwise_equal": [torch.equal(a, b) for a, b in zip(graphed + again, eager + eager, strict=True)],
         "first_output_survives_replays": torch.equal(graphed[0], kept),
@@ -642,7 +655,7 @@ def _fallback_serves_every_request(state: dict, inputs: list, aiter_kernel: Call
     eager = _run(model, requests, graphs=False)
     mechanism = _stand_in_mechanism()
     mechanism.fail_replays = 1
-    adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism)
+    adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism, defer_captures=False)
     try:
         served = _run(model, requests, graphs=True)
         error = None

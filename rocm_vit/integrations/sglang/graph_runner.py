@@ -93,10 +93,10 @@ class ViTGraphRunnerAdapter:
     rocm-vit's runner (logged with its traceback) run SGLang's eager block loop: a request never
     fails because of rocm-vit. Only a tower whose blocks do not fit that loop either is left to
     SGLang's own runner, as without the plugin. ``mechanism`` replaces CUDA/HIP graphs (tests on a
-    CPU pass a stand-in).
+    CPU pass a stand-in); ``defer_captures=False`` captures on the triggering call (tests that count).
     """
 
-    def __init__(self, vit: nn.Module, *, mechanism: GraphMechanism | None = None) -> None:
+    def __init__(self, vit: nn.Module, *, mechanism: GraphMechanism | None = None, defer_captures: bool = True) -> None:
         self.vit = vit
         # SGLang's runner: only for a tower whose blocks do not fit the eager loop either.
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
@@ -115,7 +115,7 @@ class ViTGraphRunnerAdapter:
             self._takes_position_embeddings = "position_embeddings" in _parameters(vit.blocks[0].forward)
         problem = eager_problem or unsupported_reason(vit, self._upstream)
         if problem is None:
-            self._runner, problem = self._build_runner(settings, mechanism)
+            self._runner, problem = self._build_runner(settings, mechanism, defer_captures)
         if not settings.vit_cuda_graph:
             return
         if problem is not None:
@@ -141,7 +141,7 @@ class ViTGraphRunnerAdapter:
         return self._runner is not None
 
     def _build_runner(
-        self, settings: Settings, mechanism: GraphMechanism | None
+        self, settings: Settings, mechanism: GraphMechanism | None, defer_captures: bool
     ) -> tuple[ViTGraphRunner | None, str | None]:
         vit = self.vit
         backend = vit.blocks[0].attn.qkv_backend_name
@@ -160,7 +160,7 @@ class ViTGraphRunnerAdapter:
                 min_sightings=settings.graph_min_hits,
                 max_tokens=_graph_max_tokens(settings),
                 cost_model=_cost_model(len(vit.blocks)),
-                defer_captures=True,  # ignored where the TP ranks must capture in step
+                defer_captures=defer_captures,  # ignored where the TP ranks must capture in step
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
                 capture_context=self._upstream._capture_context,
                 mechanism=mechanism,
@@ -224,6 +224,10 @@ class ViTGraphRunnerAdapter:
             )
             return self._eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
+
+    def wait_for_captures(self, timeout: float | None = None) -> bool:
+        """``ViTGraphRunner.wait_for_captures``; ``True`` at once without a runner."""
+        return self._runner is None or self._runner.wait_for_captures(timeout)
 
     def stats(self) -> dict[str, Any]:
         """The rocm-vit runner's counters (captures, replays, evictions, eager runs by reason, bytes
