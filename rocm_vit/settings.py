@@ -45,6 +45,12 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+# The graph runner's defaults (rocm_vit.graphs takes them from here): at most this many graphs, and a
+# layout captured on its second call, so one-off layouts (most of a real image mix) never are.
+DEFAULT_CAPACITY = 32
+DEFAULT_MIN_SIGHTINGS = 2
+
+
 @dataclass(frozen=True)
 class Settings:
     """The settings in effect. ``None`` for a backend or rotary means "choose per platform"."""
@@ -55,9 +61,9 @@ class Settings:
     disable: bool = False
     use_aiter: bool = False
     vit_cuda_graph: bool = False
-    graph_cache_capacity: int = 32
-    graph_min_hits: int = 2
-    graph_max_tokens: int | None = None  # None: the policy's (the tuned crossover, else 4096)
+    graph_cache_capacity: int = DEFAULT_CAPACITY
+    graph_min_hits: int = DEFAULT_MIN_SIGHTINGS
+    graph_max_tokens: int | None = None  # None: the policy's (8192)
     graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
 
     def as_dict(self) -> dict[str, object]:

@@ -31,6 +31,7 @@ from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.layout import AttentionLayout
+from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MIN_SIGHTINGS
 
 if TYPE_CHECKING:  # the policy imports this package: no import back at run time
     from rocm_vit.attention import AttnArgs
@@ -60,9 +61,6 @@ EAGER_REASONS = (
     "capture_unverified",
 )
 
-DEFAULT_CAPACITY = 32
-# A layout is captured on its second call: one-off layouts (most of a real image mix) never are.
-DEFAULT_MIN_SIGHTINGS = 2
 # A memory guard, not where graphs stop paying (the cost model decides that): staging is allocated
 # at this many patches (88 MB for Qwen3-VL-8B), and larger calls run eagerly.
 DEFAULT_MAX_TOKENS = 8192
