@@ -1,8 +1,6 @@
 """Launch arithmetic for the Triton wrappers, in plain Python.
 
-Triton 3.5+ wraps ``triton.cdiv`` and ``triton.next_power_of_2`` as constexpr functions; called from
-the host they go through that wrapper's argument unwrapping, which was a fifth of the rotary wrapper's
-host time on an H200 (docs/benchmarks.md, History, sixth round). These are the same functions without it.
+Triton 3.5+'s host-side wrappers cost a fifth of the rotary wrapper's time (docs/benchmarks.md, "History").
 """
 
 from __future__ import annotations

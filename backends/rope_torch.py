@@ -1,9 +1,7 @@
 """NEOX (rotate-half) vision RoPE in plain torch: the reference, the CPU path and the fallback.
 
-The operations of transformers' ``apply_rotary_pos_emb_vision``, so bit-identical to the Hugging Face
-tower on a CPU and to ``triton_rope`` on a GPU (both round each fp32 product and sum separately).
-``rotated_native`` is the same math as a pure function, what ROCm compiles: a compiled in-place helper
-fails on views of one fused qkv under ``inference_mode`` (AOTAutograd replays aliased mutations).
+Invariant: transformers' ``apply_rotary_pos_emb_vision`` operations, so bit-identical to it on a CPU and
+to ``triton_rope`` on a GPU. ``rotated_native`` is the pure form ROCm compiles (see ``rotary.py``).
 """
 
 from __future__ import annotations
@@ -12,12 +10,9 @@ import torch
 
 
 def rotary_native_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Rotate ``q`` and ``k`` in place.
+    """Rotate q ``[..., N, H, D]`` and k ``[..., N, KH, D]`` in place; cos/sin ``[..., N, D]``; any dtypes.
 
-    q ``[..., N, H, D]``, k ``[..., N, KH, D]``, cos/sin ``[..., N, D]`` broadcastable against them
-    after inserting the head axis; any float dtypes, any strides. The math runs in fp32 and each
-    result is rounded back to its own tensor's dtype, as transformers does. Allocates fp32
-    temporaries, so it is a fallback, not the fast path.
+    fp32 math, each result rounded to its own dtype; allocates fp32 temporaries.
     """
     q_rotated, k_rotated = rotated_native(q, k, cos, sin)
     q.copy_(q_rotated)
@@ -27,11 +22,7 @@ def rotary_native_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
 def rotated_native(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rotated q, rotated k)`` as new tensors in q's and k's own dtypes; the inputs are only read.
-
-    Shapes and rounding as ``rotary_native_``: fp32 math, one round-to-nearest-even cast per result,
-    which is what ``copy_`` of the fp32 result into q or k does.
-    """
+    """``(rotated q, rotated k)`` as new tensors, shapes and rounding as ``rotary_native_``; inputs only read."""
     cos = cos.unsqueeze(-2).float()
     sin = sin.unsqueeze(-2).float()
     return _rotate(q, cos, sin), _rotate(k, cos, sin)

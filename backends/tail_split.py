@@ -1,13 +1,8 @@
 """The last wave of a one-program-per-SM attention launch, split along the keys and merged in order.
 
-When a launch's program count is just past a multiple of the SM count, its last wave keeps a few SMs
-busy for a whole program's time. ``plan_tail_split`` chooses, from the launch's shape alone, how many
-trailing query blocks of every segment leave the main launch and into how many key ranges each is cut
-(flash-decoding's split-KV, for the tail only). Invariants: the split programs write fp32 partials
-``(o, m, l)`` that ``merge_tail`` combines in split order, so the result is deterministic and a graph
-replay equals the eager call; split rows differ from unsplit ones by fp32 rounding only. Only layouts
-whose segments are all equally long (``max_seqlen * segments == tokens``) are split, since only then
-does the host know every length. Measured: docs/long-sequences.md, "The split last wave".
+Invariants: fp32 partials merged in split order, so results are deterministic and replay equals eager
+(split rows differ from unsplit by fp32 rounding only); only equal-length segments are split (the host
+knows every length). Measured: docs/long-sequences.md, "The split last wave".
 """
 
 from __future__ import annotations
@@ -21,14 +16,11 @@ import triton.language as tl
 
 from .launch_math import cdiv, next_power_of_2
 
-# Costs in one program's key-tile steps (on an H200 at head dim 72, ~1.4 us for 128 query rows and
-# ~1.8 us for 192): a program's fixed part (Q load, pipeline fill, epilogue) and the split's own (a
-# kernel boundary and the merge launch).
+# Costs in key-tile steps: a program's fixed part, and the split's own (a kernel boundary, the merge).
 PROGRAM_OVERHEAD_TILES = 1
 SPLIT_OVERHEAD_TILES = 6
 MIN_TILES_PER_SPLIT = 2
-# A split must beat the unsplit launch by this fraction of its modelled time: below it the model's
-# error (programs finish staggered, not in lockstep waves) is as large as the gain.
+# A split must beat the unsplit launch by this fraction: below it the wave model's error is as large.
 MIN_GAIN = 0.03
 MAX_SPLITS = 16
 MERGE_BLOCK_ROWS = 16
@@ -46,12 +38,7 @@ class TailSplit:
 def plan_tail_split(
     seq_len: int, block_rows: int, tile_keys: int, programs_per_block: int, sms: int
 ) -> TailSplit | None:
-    """The split that finishes soonest by the wave model, or ``None`` when an unsplit launch does.
-
-    ``seq_len`` is every segment's length, ``block_rows`` the query rows of one program, ``tile_keys``
-    the keys of one of its steps, ``programs_per_block`` heads times segments, ``sms`` the programs
-    that run at once.
-    """
+    """The split that finishes soonest by the wave model, or ``None`` when an unsplit launch does."""
     return _plan(cdiv(seq_len, block_rows), cdiv(seq_len, tile_keys), programs_per_block, sms)
 
 
@@ -79,8 +66,7 @@ def _plan(blocks: int, tiles: int, programs_per_block: int, sms: int) -> TailSpl
 def partials(
     plan: TailSplit, block_rows: int, segments: int, heads: int, width: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh fp32 ``(o [splits, segments, rows, heads, width], ml [..., 2])`` for the split programs:
-    unnormalised output and the base-2 row max and row sum of each key range."""
+    """Fresh fp32 ``(o [splits, segments, rows, heads, width], ml [..., 2])``: base-2 row max and sum."""
     rows = plan.tail_blocks * block_rows
     shape = (plan.splits, segments, rows, heads)
     buffer = torch.empty(plan.splits * segments * rows * heads * (width + 2), dtype=torch.float32, device=device)

@@ -1,13 +1,8 @@
 """Residual add fused with the next LayerNorm or RMSNorm, one Triton launch per norm, CUDA/HIP-graph safe.
 
-One program owns whole rows: it adds ``x + update``, rounds the sum to ``x``'s dtype and stores it (the
-residual stream), then normalises that rounded row in fp32 and stores it. The roundings are eager
-torch's, so the only difference from ``x + update`` then ``nn.LayerNorm`` / transformers' RMSNorm is
-the order of the fp32 row sums. Memory traffic: 4 ``N·C`` elements against 6 and a launch unfused.
-
-Shapes: ``x`` and ``update`` ``[N, C]`` contiguous, one dtype (fp16, bf16, fp32); weight (and bias for
-LayerNorm) ``[C]``; ``C`` up to 16384; ``update=None`` normalises ``x`` alone. The wrapper allocates
-the two outputs only, never synchronises, and compiles one binary per ``(C, dtype, norm kind)``.
+Invariant: eager torch's roundings, so it differs from the unfused pair only in the order of fp32 row
+sums. Shapes: ``x``, ``update`` ``[N, C]`` contiguous, one dtype; weight/bias ``[C]``; ``C`` <= 16384.
+Allocates the two outputs only, never syncs; one binary per ``(C, dtype, norm kind)``.
 """
 
 from __future__ import annotations
@@ -33,10 +28,7 @@ def add_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s, norm(s))`` with ``s = x + update`` (or ``x`` when ``update`` is None), both in ``x.dtype``.
 
-    ``kind`` is ``"layer_norm"`` (``nn.LayerNorm`` with weight and bias) or ``"rms_norm"``
-    (transformers' Qwen2 RMSNorm: normalise in fp32, round to ``x.dtype``, then multiply by weight in
-    the dtype torch promotes the two to). The caller checks ``supports``; nothing is checked here,
-    to keep the launch path free of host work.
+    ``kind``: ``"layer_norm"`` or ``"rms_norm"``. Unchecked: the caller checks ``supports``.
     """
     rows, hidden = x.shape
     summed = x if update is None else torch.empty_like(x)
@@ -111,16 +103,14 @@ def _add_norm_kernel(
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     dtype = x.dtype
     if HAS_UPDATE:
-        # The residual stream is stored rounded, and the norm sees the rounded sum: eager torch's
-        # ``x + update`` followed by the norm.
+        # The norm sees the rounded sum, as eager torch.
         x = (x.to(tl.float32) + tl.load(update_ptr + offsets, mask=mask, other=0.0).to(tl.float32)).to(dtype)
         tl.store(summed_ptr + offsets, x, mask=mask)
     x = x.to(tl.float32)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
     if RMS:
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HIDDEN + eps)
-        # transformers' Qwen2RMSNorm: ``weight * (x * rstd).to(input dtype)``, a product in the
-        # promoted dtype of the two.
+        # As transformers' Qwen2RMSNorm: ``weight * (x * rstd).to(input dtype)``.
         normed = (x * rstd).to(dtype)
         out_dtype = normed_ptr.dtype.element_ty
         normed = (weight.to(tl.float32) * normed.to(tl.float32)).to(out_dtype)

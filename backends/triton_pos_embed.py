@@ -1,14 +1,8 @@
 """Bilinear position-embedding interpolation added to the patch embeddings: one Triton launch, in place.
 
-Qwen3-VL interpolates its learned ``[G*G, C]`` position table to each image's grid: every patch takes
-four table rows with bilinear weights. In torch that is a gather, a product, a sum, a cast and an add
-(five launches) through a ``[N, 4, C]`` fp32 intermediate, 236 MB at 12 800 patches of width 1152.
-Here one program per patch gathers its four rows, sums the weighted rows in fp32 in tap order, rounds
-once to the table's dtype and adds the result to ``x`` in place, with eager torch's roundings.
-
-Shapes: ``x`` ``[N, C]`` contiguous; ``table`` ``[P, C]`` contiguous, same dtype as ``x``; ``taps``
-``[N, 4]`` int64 (or int32) indices into ``table``; ``weights`` ``[N, 4]`` fp32; ``C`` up to 16384.
-The wrapper allocates nothing, never synchronises and compiles one binary per ``(C, dtype)``.
+Replaces torch's five launches and ``[N, 4, C]`` fp32 intermediate, with eager torch's roundings (tap order).
+Shapes: ``x`` ``[N, C]`` and ``table`` ``[P, C]`` contiguous, one dtype; ``taps`` ``[N, 4]`` int64/int32;
+``weights`` ``[N, 4]`` fp32; ``C`` <= 16384. Allocates nothing, never syncs; one binary per ``(C, dtype)``.
 """
 
 from __future__ import annotations
@@ -27,10 +21,7 @@ NUM_TAPS = 4
 def add_position_embedding_(
     x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """``x += (table[taps] * weights[..., None]).sum(1).to(x.dtype)``; returns ``x``.
-
-    The caller checks ``supports``; nothing is checked here.
-    """
+    """``x += (table[taps] * weights[..., None]).sum(1).to(x.dtype)``; returns ``x``; unchecked (``supports``)."""
     rows, hidden = x.shape
     if rows:
         block = next_power_of_2(hidden)

@@ -1,13 +1,9 @@
 """NEOX (rotate-half) vision RoPE as one Triton kernel for q and k, in place, CUDA/HIP-graph safe.
 
-Shapes (``triton_rotary_supports``; anything else goes to ``rope_torch``): q ``[N, H, D]`` and k
-``[N, KH, D]`` with heads packed and any token stride (views of one fused qkv are rotated in place),
-fp16/bf16/fp32 each; cos and sin ``[N, D]`` contiguous, all D columns read; D even, at most 256.
-Invariants: fp32 math with separately rounded products and sums, then a round-to-nearest-even cast
-to each tensor's own dtype, so the result equals ``rope_torch.rotary_native_`` bit for bit on a GPU
-(the Triton interpreter truncates casts: bf16 may differ by one ulp there). The wrapper allocates
-nothing, never synchronises and reads nothing back, so the launch is capturable once compiled.
-Figures: docs/benchmarks.md, "`rocm-vit bench-rope`".
+Shapes (``triton_rotary_supports``, else ``rope_torch``): q ``[N, H, D]``, k ``[N, KH, D]``, heads packed,
+any token stride, fp16/bf16/fp32; cos/sin ``[N, D]`` contiguous; D even, <= 256. Invariants: equals
+``rope_torch.rotary_native_`` bit for bit on a GPU (the interpreter may differ by one bf16 ulp); no
+allocation, sync or read-back. Figures: docs/benchmarks.md, "`rocm-vit bench-rope`".
 """
 
 from __future__ import annotations
@@ -20,21 +16,15 @@ from .launch_math import cdiv, next_power_of_2
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_HEAD_DIM = 256
-# Padded elements (q and k, both halves) one program may hold: beyond this a token's heads would
-# spill registers, so such shapes go to the native helper.
+# Padded elements one program may hold; beyond, registers spill, so such shapes go native.
 _MAX_ELEMENTS_PER_PROGRAM = 8192
-# Elements a program aims for: one token per program with 8 warps was the fastest of a graph-timed
-# sweep (``bench-rope --sweep``) on an H200 (docs/benchmarks.md, History, first round).
+# One token per program, 8 warps: fastest of ``bench-rope --sweep`` (docs/benchmarks.md, "History").
 _TARGET_ELEMENTS_PER_PROGRAM = 2048
 _NUM_WARPS = 8
 
 
 def triton_rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Rotate q ``[N, H, D]`` and k ``[N, KH, D]`` in place with cos/sin ``[N, D]``; one launch.
-
-    The caller guarantees ``triton_rotary_supports(q, k, cos, sin)``; this function does not check,
-    to keep the launch path free of host work.
-    """
+    """Rotate q and k in place; one launch. Unchecked: the caller guarantees ``triton_rotary_supports``."""
     block_tokens, num_warps = _launch_config(q.shape[1], k.shape[1], q.shape[2])
     _launch(q, k, cos, sin, block_tokens, num_warps)
 
@@ -67,11 +57,7 @@ def _heads_packed(x: torch.Tensor) -> bool:
 
 
 def _launch_config(q_heads: int, k_heads: int, head_dim: int) -> tuple[int, int]:
-    """Tokens per program and warps: whole tokens up to ``_TARGET_ELEMENTS_PER_PROGRAM``, at least one.
-
-    At 16 + 16 heads that is one token per program for D 64 to 128: one program per token, enough
-    to fill every SM/CU many times over at a few thousand tokens.
-    """
+    """Tokens per program and warps: whole tokens up to ``_TARGET_ELEMENTS_PER_PROGRAM``, at least one."""
     tokens_that_fit = max(1, _TARGET_ELEMENTS_PER_PROGRAM // _elements_per_token(q_heads, k_heads, head_dim))
     # tl.arange needs a power of two; round down so the register budget holds.
     return 1 << (tokens_that_fit.bit_length() - 1), _NUM_WARPS
@@ -114,9 +100,7 @@ def _launch(
     )
 
 
-# num_tokens is not specialised (Triton would otherwise compile separate variants for N == 1 and
-# N % 16 == 0): one binary per head layout and dtypes, so a new image size never triggers a JIT
-# compile (a stall while serving, a failure inside a capture).
+# num_tokens unspecialised: a new image size never JIT-compiles (a stall, or a failure inside a capture).
 @triton.jit(do_not_specialize=["num_tokens"])
 def _rotary_kernel(
     q_ptr,
@@ -136,8 +120,7 @@ def _rotary_kernel(
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     first_token = tl.program_id(0).to(tl.int64) * BLOCK_TOKENS
-    # 64-bit program bases, 32-bit offsets inside the block: large N cannot overflow, and the
-    # in-block arithmetic stays cheap.
+    # 64-bit program bases (large N cannot overflow), 32-bit offsets inside the block.
     q_ptr += first_token * q_token_stride
     k_ptr += first_token * k_token_stride
     cos_ptr += first_token * HEAD_DIM
@@ -162,8 +145,7 @@ def _rotary_kernel(
     k_offsets = tokens * k_token_stride + k_heads * HEAD_DIM + dims
     k_mask = token_mask & (k_heads < K_HEADS) & dim_mask
 
-    # All loads before any store: the compiler cannot move k's loads above q's stores (they might
-    # alias), and having both tensors' bytes in flight at once is what saturates memory bandwidth.
+    # All loads before any store: q and k might alias, and both in flight saturate bandwidth.
     q_first = tl.load(q_ptr + q_offsets, mask=q_mask)
     q_second = tl.load(q_ptr + q_offsets + HALF, mask=q_mask)
     k_first = tl.load(k_ptr + k_offsets, mask=k_mask)
@@ -179,8 +161,7 @@ def _rotate_store(
 ):
     first = x_first.to(tl.float32)
     second = x_second.to(tl.float32)
-    # rotate_half(x) = [-second, first]; first*cos - second*sin equals transformers'
-    # first*cos + (-second)*sin exactly (negation is exact and a + (-b) == a - b in IEEE arithmetic).
+    # first*cos - second*sin == transformers' first*cos + (-second)*sin exactly in IEEE arithmetic.
     rotated_first = first * cos_first - second * sin_first
     rotated_second = second * cos_second + first * sin_second
     out_dtype = x_ptr.dtype.element_ty

@@ -1,13 +1,8 @@
 """Gated SiLU, ``silu(gate) * up``, from one stacked gate+up projection: one Triton launch, graph safe.
 
-``gate_up`` ``[N, 2W]`` is Qwen2.5-VL's stacked projection (gate in columns ``[0, W)``, up in
-``[W, 2W)``); the output ``silu(gate) * up`` ``[N, W]`` takes one launch instead of eager torch's two.
-The roundings are eager torch's (the SiLU rounded to the dtype, then the product); only the
-exponential is Triton's, so fp32 differs in its last bits and fp16/bf16 a rare element by an ulp or two.
-
-Shapes: ``gate_up`` ``[N, 2W]`` contiguous, fp16, bf16 or fp32; ``W`` up to 65536. The wrapper
-allocates the output and nothing else, never synchronises and compiles one binary per dtype and
-block size: neither ``N`` nor ``W`` is specialised beyond Triton's divisibility hints.
+Shapes: ``gate_up`` ``[N, 2W]`` contiguous (gate first), fp16/bf16/fp32, ``W`` <= 65536. Invariants: eager
+torch's roundings, only the exponential is Triton's (docs/numerics.md); allocates the output only, never
+syncs; one binary per dtype and block size.
 """
 
 from __future__ import annotations
@@ -26,10 +21,7 @@ _NUM_WARPS = 4
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate_up[:, :W]) * gate_up[:, W:]`` ``[N, W]`` in ``gate_up.dtype``.
-
-    The caller checks ``supports``; nothing is checked here, to keep the launch path free of host work.
-    """
+    """``silu(gate_up[:, :W]) * gate_up[:, W:]`` ``[N, W]``; unchecked: the caller checks ``supports``."""
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((rows, width), dtype=gate_up.dtype, device=gate_up.device)
     if rows:

@@ -1,11 +1,7 @@
 """What each attention backend needs to run, declared once per backend, and the one check of it.
 
-A ``Requirements`` names the platforms a backend runs on, the modules it imports (found with
-``importlib.util.find_spec``, never imported), whether a CPU needs the Triton interpreter, the CUDA
-capabilities and the head dims its kernel takes. ``unavailable_reason`` checks one against the
-machine's ``Facts`` and says what is missing; the policy chooses only among backends it accepts, and
-``rocm-vit doctor`` prints it for every backend. Adding a backend is one class in
-``rocm_vit.attention`` and one entry in ``REQUIREMENTS``.
+Invariant: the policy chooses only among backends ``unavailable_reason`` accepts; modules are found,
+never imported. Adding a backend: one class in ``rocm_vit.attention``, one entry in ``REQUIREMENTS``.
 """
 
 from __future__ import annotations
@@ -28,13 +24,7 @@ ANY_PLATFORM: frozenset[PlatformName] = frozenset({"cuda", "rocm", "cpu"})
 
 @dataclass(frozen=True)
 class Requirements:
-    """What backend ``name`` needs; each refusal message names what is missing.
-
-    ``platform_needs`` completes "``name`` needs ..." when the platform is not one of ``platforms``;
-    ``modules`` maps each module to the sentence said when it is missing; ``capability_needs`` is
-    said, with the GPU's ``sm_XY``, on CUDA outside ``min_capability`` .. ``max_capability``.
-    ``head_dims`` (``None``: any) are the head dims the kernel takes.
-    """
+    """What backend ``name`` needs; each refusal message names what is missing (``head_dims`` None: any)."""
 
     name: str
     platforms: frozenset[PlatformName] = ANY_PLATFORM
@@ -47,10 +37,7 @@ class Requirements:
     head_dims: tuple[int, ...] | None = None
 
     def unavailable_reason(self, facts: Facts, head_dim: int | None = None) -> str | None:
-        """Why this backend cannot run with ``facts`` (at ``head_dim``, when given), or ``None``.
-
-        Checked in order: platform, modules, the interpreter on a CPU, CUDA capability, head dim.
-        """
+        """Why this backend cannot run with ``facts`` (at ``head_dim``, when given), or ``None``."""
         if facts.platform not in self.platforms:
             return f"{self.name} needs {self.platform_needs}; this machine is {facts.platform}"
         missing = next((why for module, why in self.modules.items() if module not in facts.modules), None)
@@ -127,8 +114,5 @@ REQUIREMENTS: dict[str, Requirements] = {
 
 
 def backend_unavailable_reason(name: str, facts: Facts, head_dim: int | None = None) -> str | None:
-    """Why attention backend ``name`` cannot run with ``facts`` (what is missing), or ``None``.
-
-    Raises ``KeyError`` for a name nothing declares.
-    """
+    """Why backend ``name`` cannot run with ``facts``, or ``None``; ``KeyError`` for an undeclared name."""
     return REQUIREMENTS[name].unavailable_reason(facts, head_dim)

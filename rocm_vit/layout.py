@@ -1,9 +1,7 @@
 """VisionLayout: everything about one batch of images and videos that is known on the host.
 
-Invariants: built from ``grid_thw`` as host data, a layout never reads the device. Per segmentation
-(``"full"``; ``"window"`` for a windowed tower) it holds ``cu_seqlens`` as a host tuple and as an int32
-device tensor copied once, with an event any reading stream waits for. ``AttentionLayout`` is the part
-the runner and the backends read. Contract: docs/design.md, "Layout".
+Invariants: built from host ``grid_thw``, a layout never reads the device; each segmentation's int32
+``cu_seqlens`` is copied to a device once, with an event readers wait for. Contract: docs/design.md, "Layout".
 """
 
 from __future__ import annotations
@@ -22,11 +20,7 @@ GridTHW = tuple[int, int, int]
 
 @dataclass(frozen=True)
 class Segmentation:
-    """One cut of the packed tokens into attention segments: host lengths and offsets.
-
-    Attention backends read ``seq_lens`` and ``max_seqlen`` from it (a ``VisionLayout`` stands for
-    its full segmentation, with the same three fields).
-    """
+    """One cut of the packed tokens into attention segments: host lengths and offsets."""
 
     seq_lens: tuple[int, ...]
     cu_seqlens: tuple[int, ...]
@@ -41,12 +35,7 @@ class Segmentation:
 
     @classmethod
     def from_offsets(cls, cu_seqlens: Sequence[int]) -> Segmentation:
-        """The segmentation with these host offsets, as given (empty segments are kept).
-
-        For callers that hold offsets rather than ``grid_thw`` (SGLang's models hand its runner
-        ``cu_seqlens``). Raises ``ValueError`` unless there are at least two offsets, starting at 0
-        and never decreasing.
-        """
+        """These host offsets as given (empty segments kept); ``ValueError`` unless >= 2, from 0, non-decreasing."""
         offsets = tuple(operator.index(offset) for offset in cu_seqlens)
         if len(offsets) < 2 or offsets[0] != 0:
             raise ValueError(f"cu_seqlens = {offsets} must start at 0 and end after at least one segment")
@@ -58,11 +47,9 @@ class Segmentation:
 
 
 class DeviceCopies:
-    """Host tensors copied to a device once per device, readable from any stream.
+    """Host tensors copied to a device once per device; ``get`` makes the current stream wait on the copy.
 
-    Each copy records an event on the stream that made it; ``get`` makes the current stream wait for
-    it (no host sync). Inside a graph capture nothing waits: a capture may not depend on work outside
-    it, and the runner hands captures its own static buffers instead.
+    No host sync. Inside a graph capture nothing waits (the runner hands captures its static buffers).
     """
 
     def __init__(self) -> None:
@@ -87,11 +74,7 @@ class DeviceCopies:
 
 
 class AttentionLayout:
-    """The attention segmentations of one packed batch, by name; host data only, never read back.
-
-    ``"full"`` always; ``"window"`` too for a windowed tower. This is all the graph runner needs:
-    the graph key, the token count and each segmentation's offsets (``cu_seqlens_tensor``).
-    """
+    """The attention segmentations of one packed batch by name (``"full"``, maybe ``"window"``); host data."""
 
     def __init__(self, segmentations: Mapping[str, Segmentation]) -> None:
         if "full" not in segmentations:
@@ -116,11 +99,7 @@ class AttentionLayout:
 
     @functools.cached_property
     def graph_key(self) -> tuple:
-        """Identifies the attention layout exactly: every segmentation's boundaries are in it.
-
-        Equal token counts with other image or window boundaries get other keys; layouts whose
-        segmentations all agree share one (a graph takes positions and window order as per-call inputs).
-        """
+        """Every segmentation's boundaries: layouts share a key exactly when their segmentations agree."""
         return tuple(
             part
             for name, segmentation in self.segmentations.items()
@@ -149,15 +128,10 @@ class AttentionLayout:
 class VisionLayout:
     """Host-side description of a packed batch: one attention segment per frame, windows optionally.
 
-    ``grid_thw`` holds ``(t, h, w)`` in patches per item; a video of ``t`` frames contributes ``t``
-    segments of ``h * w`` tokens (Qwen3-VL attends within a frame). Tokens are ordered in
-    spatial-merge blocks, as the patch merger consumes them.
-
-    With ``window_merge_blocks`` set, each frame is also cut into windows of that many merge blocks
-    per side (the last row and column of windows may be partial): ``window_seq_lens``,
-    ``cu_window_seqlens`` and ``max_window_seqlen`` describe them in window order, and
-    ``window_index`` / ``window_inverse`` (host int64, one entry per merge block) permute the tokens
-    into that order and back, exactly as transformers' ``get_vision_window_index`` does.
+    ``grid_thw``: ``(t, h, w)`` patches per item, ``t`` segments of ``h * w`` tokens in spatial-merge
+    block order. With ``window_merge_blocks``, frames are also cut into windows of that many merge
+    blocks per side; ``window_index`` / ``window_inverse`` (host int64, per merge block) permute into
+    window order and back, as transformers' ``get_vision_window_index``.
     """
 
     grid_thw: tuple[GridTHW, ...]
@@ -169,7 +143,6 @@ class VisionLayout:
     window_seq_lens: tuple[int, ...] | None = None
     cu_window_seqlens: tuple[int, ...] | None = None
     max_window_seqlen: int | None = None
-    # Derived from grid_thw and window_merge_blocks, which the comparison already covers.
     window_index: torch.Tensor | None = field(default=None, repr=False, compare=False, hash=False)
     window_inverse: torch.Tensor | None = field(default=None, repr=False, compare=False, hash=False)
     _copies: DeviceCopies = field(default_factory=DeviceCopies, init=False, repr=False, compare=False, hash=False)
@@ -183,13 +156,10 @@ class VisionLayout:
         num_patches: int | None = None,
         window_merge_blocks: int | None = None,
     ) -> VisionLayout:
-        """Validate ``grid_thw`` (a list of ``(t, h, w)`` or a CPU integer tensor) and build the layout.
+        """Validate ``grid_thw`` (list of ``(t, h, w)`` or CPU int tensor) and build the layout.
 
-        ``num_patches``, when given, is the number of pixel rows the caller holds; it must equal the
-        sum of ``t * h * w``. ``window_merge_blocks``, when given, adds the window segmentation:
-        the window side in merge blocks (transformers' ``window_size // spatial_merge_size //
-        patch_size``, 4 for Qwen2.5-VL). Raises ``ValueError`` naming the field and the value on bad
-        input, and on a device tensor (reading it would force a device-to-host sync).
+        ``num_patches`` must equal the sum of ``t * h * w``; ``window_merge_blocks`` is 4 for Qwen2.5-VL.
+        Raises ``ValueError`` naming field and value on bad input and on a device tensor.
         """
         if not isinstance(spatial_merge_size, int) or spatial_merge_size < 1:
             raise ValueError(f"spatial_merge_size = {spatial_merge_size!r} must be a positive int")
@@ -238,11 +208,7 @@ class VisionLayout:
 
     @functools.cached_property
     def segmentations(self) -> dict[str, Segmentation]:
-        """The attention segmentations by name: ``"full"``, then ``"window"`` for a windowed layout.
-
-        A tower's blocks each attend within one of them; the graph runner keeps one static
-        ``cu_seqlens`` buffer per segmentation.
-        """
+        """The attention segmentations by name: ``"full"``, then ``"window"`` for a windowed layout."""
         full = {"full": Segmentation(self.seq_lens, self.cu_seqlens, self.max_seqlen)}
         if self.window_merge_blocks is None:
             return full
@@ -250,28 +216,20 @@ class VisionLayout:
 
     @functools.cached_property
     def attention(self) -> AttentionLayout:
-        """The attention segmentations alone: what the graph runner and the backends read."""
         return AttentionLayout(self.segmentations)
 
     @property
     def graph_key(self) -> tuple:
-        """``attention.graph_key``: every segmentation's boundaries (see ``AttentionLayout``)."""
         return self.attention.graph_key
 
     def cu_seqlens_tensor(self, device: torch.device | str, segmentation: str = "full") -> torch.Tensor:
-        """The int32 ``cu_seqlens`` of ``segmentation`` on ``device``, made once per device, non-blocking."""
         return self.attention.cu_seqlens_tensor(device, segmentation)
 
     def cu_seqlens_tensors(self, device: torch.device | str) -> dict[str, torch.Tensor]:
-        """``cu_seqlens_tensor`` of every segmentation, by name."""
         return self.attention.cu_seqlens_tensors(device)
 
     def to_window_order(self, rows: torch.Tensor) -> torch.Tensor:
-        """Permute ``rows`` ``[N, ...]`` from merge-block order into window order, on ``rows.device``.
-
-        Whole merge blocks move, so the merger still finds each block's tokens side by side. The
-        index reaches the device once per layout and device, non-blocking; nothing is read back.
-        """
+        """Permute ``rows`` ``[N, ...]`` from merge-block into window order, whole merge blocks; no sync."""
         index = self.window_tensor("window_index", rows.device)
         return permute_merge_blocks(rows, index, self.spatial_merge_size**2)
 
@@ -295,7 +253,6 @@ def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _pinned(host: torch.Tensor) -> torch.Tensor:
-    """``host`` in pinned memory where a GPU is visible: copies from it to the device do not block."""
     return host.pin_memory() if torch.cuda.is_available() else host
 
 
@@ -309,11 +266,9 @@ def _fields(segmentation: Segmentation) -> tuple:
 
 
 def _window_partition(items: Sequence[GridTHW], merge: int, window: int) -> tuple[list[int], torch.Tensor]:
-    """Window lengths in tokens, and the merge-block permutation that makes each window contiguous.
+    """Window lengths in tokens and the merge-block permutation making each window contiguous.
 
-    Per frame, windows run row-major over a ``window x window`` grid of merge blocks; the last row
-    and column may be partial. Matches transformers' ``get_vision_window_index`` (whose padding
-    windows are empty and dropped there by ``unique_consecutive``).
+    Row-major per frame; last row and column may be partial; as transformers' ``get_vision_window_index``.
     """
     unit = merge * merge
     lengths: list[int] = []
@@ -334,10 +289,7 @@ def _window_partition(items: Sequence[GridTHW], merge: int, window: int) -> tupl
 
 
 def host_grid_thw(grid_thw: Sequence[Sequence[int]] | torch.Tensor) -> tuple[GridTHW, ...]:
-    """``grid_thw`` as a tuple of int triples, from a list or a CPU tensor; a device tensor is refused.
-
-    Checks the form only (triples of integers); ``VisionLayout.from_grid_thw`` checks the values.
-    """
+    """``grid_thw`` as int triples from a list or CPU tensor (form only); a device tensor is refused."""
     if isinstance(grid_thw, torch.Tensor):
         if grid_thw.device.type != "cpu":
             raise ValueError(

@@ -1,9 +1,7 @@
 """Which accelerator this process runs on: ROCm, CUDA or CPU, decided from torch alone.
 
-``ROCM_VIT_EMULATE=rocm`` (or ``rocm:gfx942`` / ``rocm:gfx950``) on an NVIDIA GPU makes this process
-take every decision a ROCm machine takes (the compiled rotary, ROCm's fused-op choices, the HIP
-attention tiles of that arch, ``aiter_attn`` through a stand-in with aiter's signature), while the
-kernels run on the NVIDIA GPU: the ROCm paths run before anyone has an MI355X (docs/rocm.md).
+``ROCM_VIT_EMULATE=rocm[:gfxNNN]`` on an NVIDIA GPU takes every decision a ROCm machine takes while the
+kernels run on the NVIDIA GPU (docs/rocm.md).
 """
 
 from __future__ import annotations
@@ -28,10 +26,7 @@ EMULATED_ARCHS = ("gfx942", "gfx950")
 
 @dataclass(frozen=True)
 class PlatformInfo:
-    """What `rocm-vit doctor` reports about the device: name, architecture and count.
-
-    ``emulated_on`` is the real NVIDIA arch (``"sm_90"``) when ROCm is emulated, else ``""``.
-    """
+    """The device's name, arch and count; ``emulated_on``: the real NVIDIA arch under emulation, else ``""``."""
 
     name: PlatformName
     device_name: str
@@ -47,10 +42,7 @@ def current_platform() -> PlatformName:
 
 @functools.lru_cache(maxsize=1)
 def platform_info() -> PlatformInfo:
-    """Platform facts, computed once; never imports aiter or touches the GPU beyond device queries.
-
-    Raises ``ValueError`` naming ``ROCM_VIT_EMULATE`` and its value when the value is not understood.
-    """
+    """Platform facts, computed once; never imports aiter. ``ValueError`` for a bad ``ROCM_VIT_EMULATE``."""
     emulated_arch = emulated_rocm_arch(os.environ.get(EMULATE_ENV, ""))
     if not torch.cuda.is_available():
         if emulated_arch:
@@ -78,10 +70,7 @@ def platform_info() -> PlatformInfo:
 
 
 def emulated_rocm_arch(value: str) -> str | None:
-    """The AMD arch ``ROCM_VIT_EMULATE=value`` asks for, or ``None`` when emulation is off.
-
-    ``""``/``0``/``off`` -> off; ``rocm`` -> ``DEFAULT_EMULATED_ARCH``; ``rocm:gfx942`` -> that arch.
-    """
+    """The AMD arch ``ROCM_VIT_EMULATE=value`` asks for, or ``None`` when emulation is off."""
     text = value.strip().lower()
     if text in ("", "0", "off", "false", "none"):
         return None

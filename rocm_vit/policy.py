@@ -1,11 +1,8 @@
 """One resolved Policy: which attention kernel, rotary, fused ops, side stream and graph ceiling, and why.
 
-``resolve_policy`` is a pure function of platform facts, settings and an optional tuned profile;
-attention is chosen among the backends whose declared needs this machine meets
-(``rocm_vit.backend_requirements``). Without a profile the rules below hold: measured on an H200,
-guesses elsewhere, which is why ``rocm-vit tune`` exists. Invariant: the policy is fixed for the life
-of a process, so replay equals eager (``use_policy`` swaps it for ``tune`` and tests only).
-``rocm-vit doctor`` prints it with every reason. Contract: docs/design.md, "Policy".
+``resolve_policy`` is pure over platform facts, settings and an optional tuned profile. Invariant: the
+policy is fixed for the life of a process, so replay equals eager (``use_policy``: tune and tests only).
+Defaults measured on an H200, guesses elsewhere. Contract: docs/design.md, "Policy".
 """
 
 from __future__ import annotations
@@ -42,26 +39,19 @@ from rocm_vit.settings import ENV_NAMES, Settings, load_settings
 
 logger = logging.getLogger(__name__)
 
-# Modules whose presence changes a choice: those the backends declare, and Triton, which the rotary and
-# the fused ops need too. Found with importlib.util.find_spec, never imported (a dotted name imports its
-# parent packages: flash_attn, triton.experimental).
+# Modules whose presence changes a choice; found with find_spec, never imported.
 PROBED_MODULES = tuple(dict.fromkeys(["triton", *(name for needs in REQUIREMENTS.values() for name in needs.modules)]))
 
-# The CUDA rule (``pick_cuda_backend``): cuDNN's SDPA leads on few long segments of whole
-# ALIGNMENT_TOKENS-token tiles; triton_attn below 1024 tokens, on many or ragged segments and on partial
-# last tiles. Measured: docs/long-sequences.md, "The rule at photo sizes without a long-sequence kernel".
+# The CUDA rule (``pick_cuda_backend``); measured: docs/long-sequences.md,
+# "The rule at photo sizes without a long-sequence kernel".
 CUDA_PARTIAL_TILE_VARLEN = "triton_attn"
 CUDA_SDPA_MAX_SEGMENTS = 4
 CUDA_SDPA_MIN_SEGMENT_TOKENS = 1024
-# The long-sequence kernel, for layouts whose longest segment has at least this many tokens:
-# FlashAttention-4 where installed on sm_90+, else rocm-vit's Gluon kernel on sm_90 (head dims
-# 64/72/80); both lose to the rule above on shorter segments (docs/benchmarks.md, "`rocm-vit bench-attn`").
+# Long-sequence kernels, from this longest segment up (docs/benchmarks.md, "`rocm-vit bench-attn`").
 CUDA_LONG_KERNELS = ("fa4", "gluon_attn")
 CUDA_LONG_MIN_TOKENS = {"fa4": 2048, "gluon_attn": 2048}
-# The varlen kernel for the other layouts, in order of preference where available.
 CUDA_VARLEN_PREFERENCE = ("triton_attn", "torch_varlen")
-# What ``auto`` may pick per layout on each platform, when available (and aiter only with
-# SGLANG_USE_AITER=1). ``aiter_attn_pad128`` pads the head dim to 128, where aiter has assembly kernels.
+# What ``auto`` may pick per layout on each platform, when available (aiter only with SGLANG_USE_AITER=1).
 AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
     "cuda": ("fa4", "gluon_attn", "sdpa", "triton_attn", "torch_varlen"),
     "rocm": ("aiter_attn", "aiter_attn_pad128", "triton_attn", "sdpa"),
@@ -71,8 +61,6 @@ AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
 TUNED_MARGIN = 0.03
 # Tile size whose multiples attention kernels handle without a ragged last tile (a nearness feature).
 ALIGNMENT_TOKENS = 128
-# Graph ceiling without a profile: the eager/graph crossover of Qwen3-VL on an H200 (8B gains 14 % at
-# 4096 patches and nothing at 6400; Qwen2.5-VL-7B's is about 2500). `rocm-vit tune` measures it.
 ROTARY_IMPLS = ("triton", "compiled", "native")
 _DEFAULT_ROTARY = {"cuda": "triton", "rocm": "compiled", "cpu": "native"}
 
@@ -150,13 +138,10 @@ class CudaRule:
 
 @dataclass(frozen=True)
 class TunedRule:
-    """The fastest available backend at the measured layout nearest to this one (``rocm-vit tune``).
+    """The fastest available backend at the nearest measured layout (``_layout_features``).
 
-    Nearness: the longest segment, the shortest and the count on a log scale, and whether the longest
-    is whole 128-token tiles (what decides the winner). The tuned pick replaces ``fallback``'s only
-    where that was measured more than ``TUNED_MARGIN`` slower: closer is noise. Only timings of the
-    caller's head dim count (all when unknown); unmeasured head dims, and layouts none of whose
-    measured backends can run now, use ``fallback``.
+    Replaces ``fallback``'s pick only where that was measured over ``TUNED_MARGIN`` slower; unmeasured
+    head dims and layouts with no runnable measured backend use ``fallback``.
     """
 
     timings: tuple[AttentionTiming, ...]
@@ -193,10 +178,7 @@ class TunedRule:
 
 @dataclass(frozen=True)
 class AttentionPolicy:
-    """``backend``: what ``get_backend()`` builds (``auto`` picks per layout with ``rule``).
-
-    ``for_aiter``: what serves a caller that names aiter (SGLang's ``aiter_attn`` slot).
-    """
+    """``backend``: what ``get_backend()`` builds; ``for_aiter``: what serves a caller naming aiter."""
 
     backend: str
     reason: str
@@ -268,10 +250,7 @@ def resolve_policy(
 def check_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings, after every check ``current_policy`` would make that needs no GPU.
 
-    Raises ``ValueError`` naming the variable for what would make ``current_policy`` raise later: an
-    unparsable value, a rotary that does not exist, a ``ROCM_VIT_PROFILE`` file that is missing or
-    not a profile. The SGLang plugin checks this when it loads, before SGLang touches the GPU, and
-    stays off on an error instead of failing requests.
+    Raises ``ValueError`` naming the variable (bad value, unknown rotary, missing or invalid profile).
     """
     environ = os.environ if environ is None else environ
     settings = load_settings(environ)
@@ -304,11 +283,7 @@ def current_facts() -> Facts:
 
 @functools.cache
 def current_policy() -> Policy:
-    """This process's policy, resolved once from the environment, the platform and the tuned profile.
-
-    Raises ``ValueError`` when a setting cannot be parsed or names nothing known, or when the
-    profile ``ROCM_VIT_PROFILE`` names cannot be read.
-    """
+    """This process's policy, resolved once; raises ``ValueError`` as ``check_settings`` does."""
     facts = current_facts()
     profile, status = load_profile(platform_info())
     policy = resolve_policy(facts, load_settings(), profile, status)
@@ -332,10 +307,7 @@ def reset_policy() -> None:
 
 @contextlib.contextmanager
 def use_policy(policy: Policy) -> Iterator[Policy]:
-    """Run the body under ``policy`` (``rocm-vit tune`` compares choices in one process).
-
-    Not for serving: a graph captured under one policy replays its code whatever the policy is later.
-    """
+    """Run the body under ``policy`` (tune, tests); not for serving: graphs replay the captured policy."""
     _active.append(policy)
     try:
         yield policy
@@ -354,14 +326,7 @@ _active: list[Policy] = []
 def pick_cuda_backend(
     seq_lens: Sequence[int], varlen_name: str = "triton_attn", long_name: str | None = None
 ) -> tuple[str, str]:
-    """The CUDA rule: ``(backend, why)`` for a layout's host-side segment lengths.
-
-    ``long_name`` (FlashAttention-4 where installed, else ``gluon_attn`` on Hopper) when the longest
-    segment has at least ``CUDA_LONG_MIN_TOKENS[long_name]`` tokens. Otherwise SDPA when every segment has at least
-    ``CUDA_SDPA_MIN_SEGMENT_TOKENS`` tokens and it runs as one batched call (all equally long) or as
-    a few calls, and, against ``CUDA_PARTIAL_TILE_VARLEN``, every segment is a whole number of
-    ``ALIGNMENT_TOKENS`` tokens; the one-launch varlen kernel otherwise.
-    """
+    """The CUDA rule: ``(backend, why)`` for a layout's host-side segment lengths."""
     lengths = [operator.index(length) for length in seq_lens]
     if long_name is not None and max(lengths) >= CUDA_LONG_MIN_TOKENS[long_name]:
         return long_name, f"longest of {len(lengths)} segments has {max(lengths)} tokens: {long_name}"
@@ -397,13 +362,7 @@ def _attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -
 
 
 def _rocm_attention(facts: Facts, settings: Settings, profile: TunedProfile | None) -> AttentionPolicy:
-    """ROCm's whole attention choice, including what serves a caller that names aiter.
-
-    ``ROCM_VIT_ATTENTION_BACKEND`` wins. Otherwise ``aiter_attn`` where aiter is installed and
-    ``SGLANG_USE_AITER=1``, else ``triton_attn``, else ``sdpa``; with a tuned profile ``auto`` over
-    those that can run (aiter's only with ``SGLANG_USE_AITER=1``). A caller that names aiter gets
-    ``auto`` where the policy picks per layout, else ``aiter_attn``.
-    """
+    """ROCm: the named backend, else aiter_attn (installed and SGLANG_USE_AITER=1), triton_attn, sdpa."""
     if settings.attention_backend:
         attention = _named_attention(settings.attention_backend)
     else:

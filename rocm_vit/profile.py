@@ -1,14 +1,8 @@
 """Tuned profiles: what ``rocm-vit tune`` measured on one GPU, stored as YAML for every later process.
 
-A profile is only valid for the hardware and software it was measured with, so it carries a key
-(device name, arch, the emulated-on arch, and the versions of torch, Triton, aiter, flash-attn-4 and
-rocm-vit). ``load_profile`` ignores a profile whose key differs from this process's, with one log
-line naming the first difference: a kernel upgrade can reorder the backends, and stale numbers
-would silently pick a slower one.
-
-Where: ``ROCM_VIT_PROFILE`` names a file, or ``off`` to use none; unset, the per-user cache
-directory holds one file per device and arch (``$XDG_CACHE_HOME/rocm-vit/profiles`` or
-``~/.cache/rocm-vit/profiles``), which ``rocm-vit tune`` writes by default.
+Invariant: a profile is used only where its key (device, arch, versions that run kernels) matches this
+process's; otherwise it is ignored with one warning. ``ROCM_VIT_PROFILE`` names a file or ``off``;
+unset, one file per device and arch in the per-user cache.
 """
 
 from __future__ import annotations
@@ -36,8 +30,7 @@ PROFILE_FORMAT = 1
 
 @dataclass(frozen=True)
 class AttentionTiming:
-    """One measured layout at one head dim: its segment lengths and the median milliseconds of each
-    backend that ran."""
+    """One measured layout at one head dim: segment lengths and each backend's median milliseconds."""
 
     name: str
     seq_lens: tuple[int, ...]
@@ -61,8 +54,7 @@ class GraphTiming:
 
 @dataclass(frozen=True)
 class ConsumerTiming:
-    """``gluon_attn`` on one image with two and with three consumer warpgroups per program; ``waves``
-    counts its three-consumer programs over the GPU's SMs."""
+    """``gluon_attn`` with two and three consumer warpgroups; ``waves``: three-consumer programs per SM."""
 
     name: str
     waves: float
@@ -74,11 +66,7 @@ class ConsumerTiming:
 class TunedProfile:
     """What ``rocm-vit tune`` measured, and the choices it derived.
 
-    ``attention`` holds timings per head dim (the tuned preset's, and any ``--head-dims`` named);
-    ``rotary`` and ``fused_ops`` the milliseconds of each implementation; ``graph_max_tokens`` the
-    largest patch count at which graph replay beat eager by the tune's margin (0: never);
-    ``three_consumer_waves`` the waves from which ``gluon_attn``'s three-consumer programs won
-    (``inf``: nowhere; ``None``: not measured), from ``gluon_consumers``.
+    ``graph_max_tokens``: 0 for never; ``three_consumer_waves``: ``inf`` for nowhere, ``None`` unmeasured.
     """
 
     key: Mapping[str, str]
@@ -95,7 +83,6 @@ class TunedProfile:
 
     @property
     def head_dims(self) -> tuple[int, ...]:
-        """The head dims whose attention was measured."""
         return tuple(sorted({timing.head_dim for timing in self.attention}))
 
     def as_yaml(self) -> str:
@@ -137,11 +124,9 @@ def profile_path(info: PlatformInfo, environ: Mapping[str, str] | None = None) -
 
 
 def load_profile(info: PlatformInfo, environ: Mapping[str, str] | None = None) -> tuple[TunedProfile | None, str]:
-    """The profile in force for this process and a sentence saying which (or why none).
+    """The profile in force and a sentence saying which (or why none).
 
-    A missing default file is normal (never tuned); a file named by ``ROCM_VIT_PROFILE`` that cannot
-    be read raises ``ValueError``; a profile measured elsewhere (another device, arch or versions) is
-    ignored with one warning.
+    Raises ``ValueError`` when the file ``ROCM_VIT_PROFILE`` names cannot be read.
     """
     if info.name == "cpu":
         return None, "none (no GPU)"

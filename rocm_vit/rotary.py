@@ -1,8 +1,6 @@
 """Vision RoPE dispatch: one implementation per process, the same in eager and graph mode.
 
-Graph replay is bit-identical to eager only if both run the same rotary code, so the choice is the
-policy's (per platform, tuned by ``rocm-vit tune``, or ``ROCM_VIT_ROTARY``), fixed for the process,
-and never depends on whether a capture is running.
+Invariant: the choice is the policy's, fixed for the process and independent of capture, so replay equals eager.
 """
 
 from __future__ import annotations
@@ -23,27 +21,15 @@ RotaryFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], No
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Apply NEOX (rotate-half) RoPE to ``q`` and ``k`` in place; ``cos`` and ``sin`` are only read.
+    """NEOX RoPE on q ``[N, H, D]`` and k ``[N, KH, D]`` in place, cos/sin ``[N, D]`` only read.
 
-    q ``[N, H, D]``, k ``[N, KH, D]`` (KH may differ from H), cos/sin ``[N, D]``, any float dtypes
-    (Qwen3-VL passes fp32 cos/sin); the math runs in fp32 and each result is rounded to its own
-    tensor's dtype, so q and k may differ in dtype. Nothing is returned and nothing else is written.
-
-    CUDA: the Triton kernel (one launch, no allocation, capturable; other shapes: the native helper,
-    which allocates fp32 temporaries). ROCm: the native math under ``torch.compile``, compiled per
-    dtype and stride pattern by the first call (the runner's eager warm-up, before any capture); a
-    failed compile is logged once and that pattern served natively for good. CPU: the native helper.
-    Triton and native round like transformers' eager helper bit for bit; the compiled one may differ
-    in the last bit. Contract: docs/design.md, "Rotary".
+    fp32 math, each result rounded to its own dtype. Contract: docs/design.md, "Rotary".
     """
     implementation(rotary_impl_name())(q, k, cos, sin)
 
 
 def rotary_impl_name() -> str:
-    """``"triton"``, ``"compiled"`` or ``"native"``: what ``apply_rotary`` uses (the policy's choice).
-
-    Raises ``ValueError`` when ``ROCM_VIT_ROTARY`` names no implementation.
-    """
+    """``"triton"``, ``"compiled"`` or ``"native"`` (the policy's); ``ValueError`` for a bad ``ROCM_VIT_ROTARY``."""
     return active_policy().rotary.value
 
 
@@ -55,8 +41,7 @@ def implementation(name: str) -> RotaryFn:
 
 
 def _triton_or_native() -> RotaryFn:
-    # Imported only once Triton is chosen: importing it on a ROCm box that uses the compiled path,
-    # or on a CPU-only install, would be wasted work.
+    # Imported only once Triton is chosen.
     from rocm_vit.backends import triton_rope
 
     supports, kernel = triton_rope.triton_rotary_supports, triton_rope.triton_rotary_
@@ -102,12 +87,10 @@ _NOT_YET = object()
 
 
 def _compile_for_one_pattern() -> Callable:
-    """``rope_torch.rotated_native`` under ``torch.compile``, with a code object of its own.
+    """``rope_torch.rotated_native`` under ``torch.compile`` (fullgraph, dynamic), a code object of its own.
 
-    fullgraph: fail at the first call, not run part of it eagerly. dynamic: one compile for every
-    token count. A code object per call pattern, because Dynamo's recompile limit (8) is per code
-    object and past it a graph and an eager run could disagree in the last bit (docs/design.md,
-    "Hazards"). Pure, because a compiled in-place one failed on fused-qkv views under inference_mode.
+    Own code object: Dynamo's recompile limit is per code object (docs/design.md, "Hazards"). Pure: a
+    compiled in-place one failed on fused-qkv views under inference_mode.
     """
     code = rotated_native.__code__.replace()
     fresh = types.FunctionType(code, rotated_native.__globals__, rotated_native.__name__, rotated_native.__defaults__)
@@ -115,11 +98,7 @@ def _compile_for_one_pattern() -> Callable:
 
 
 def _call_pattern(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
-    """What a compilation depends on besides the token count: dtypes, head layout, strides, grad mode.
-
-    Each pattern has its own compiled function; a failed one falls back for good, so graph captures
-    and eager runs of a pattern always agree.
-    """
+    """What a compilation depends on besides the token count; a failed pattern stays native for good."""
     tensors = (q, k, cos, sin)
     return (
         tuple(t.dtype for t in tensors),

@@ -1,11 +1,8 @@
 """The rocm-vit version and the commit it was built from, named by every report (bench, doctor).
 
-``build_commit()`` answers, in order: the stamp ``rocm_vit/_build.py`` that ``build_stamp.py`` writes
-into every built package (wheel, sdist, ``pip install .``; never an editable install); else git, only
-when the package's own tree is the root of a rocm-vit checkout (a copy inside another repository would
-report that repository's HEAD); else ``"unknown (not stamped)"``. A commit is ``git rev-parse HEAD``
-with ``-dirty`` when tracked files differ. Standard library only: the build step loads this module by
-path, before anything is installed.
+``build_commit()``: the stamp ``rocm_vit/_build.py`` written into built packages; else git, only at the
+root of a rocm-vit checkout (``-dirty`` when tracked files differ); else ``"unknown (not stamped)"``.
+Standard library only: the build step loads this module by path.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ __version__ = "0.1.0"
 
 NOT_STAMPED = "unknown (not stamped)"
 
-# import name -> distributions that provide it, in order of preference: the libraries whose versions
-# key a tuned profile (rocm_vit.profile); doctor reports these and more. Read from installed metadata.
+# import name -> distributions providing it, preferred first: the versions that key a tuned profile.
 KEYED_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
     "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
@@ -50,8 +46,7 @@ def build_commit() -> str:
 
 
 def checkout_commit(root: Path) -> str | None:
-    """``git rev-parse HEAD`` of ``root`` (plus ``-dirty``), or None unless ``root`` is the root of a
-    git repository and holds rocm-vit's ``pyproject.toml``; None too where git is missing or fails."""
+    """``git rev-parse HEAD`` (plus ``-dirty``) of ``root`` if it is a rocm-vit checkout's root, else None."""
     root = root.resolve()
     if not _names_rocm_vit(root / "pyproject.toml"):
         return None

@@ -1,7 +1,6 @@
 """``rocm-vit bench-memory``: the graph runner's defaults (and ``--budget-mib``) under serving streams.
 
-The defaults should replay the repeats, leave the one-offs eager and hold graph memory within the
-budget whatever comes. Scenarios (``SCENARIOS``), each with its targets:
+Scenarios (``SCENARIOS``), each with its targets:
 
 - ``mixed``: 80 % of the calls to 20 hot small layouts, through graphs then all-eager: hit rate, bytes held;
 - ``random``: random layouts, half revisited: bytes held, reserved-memory growth after the warm-up share;
@@ -9,8 +8,7 @@ budget whatever comes. Scenarios (``SCENARIOS``), each with its targets:
 - ``churn``: #27's stream, every layout captured at first sight: refusals, outputs equal to eager;
 - ``capture-stall``: another thread's stream while layouts are captured: its p99 against its p50.
 
-Ends with one table (``--json``: one object); exit status 1 when a target is missed, 2 without a GPU.
-Targets and figures: docs/benchmarks.md, "`rocm-vit bench-memory`".
+Exit status 1 when a target is missed, 2 without a GPU. Figures: docs/benchmarks.md, "`rocm-vit bench-memory`".
 """
 
 from __future__ import annotations
@@ -60,19 +58,15 @@ SCENARIOS = ("mixed", "random", "streams", "churn", "capture-stall")
 # Who holds reserved memory (``_reserved_by_holder``).
 HOLDERS = ("graph pools", "runner's stream (staging)", "default stream (eager calls)", "other streams (side)")
 HIT_RATE_TARGET = 0.75
-# Reserved memory is compared against what it was after this share of the random calls, and may
-# grow past it by at most this much (the pool growing to its steady size, the runner's stream).
+# random: reserved memory may grow past its level after this share of the calls by at most this much.
 WARM_UP_SHARE = 0.1
 RESERVED_GROWTH_TARGET_BYTES = 256 << 20
-# churn: #27's stream through a tower of the preset's widths and CHURN_DEPTH blocks, capturing every
-# layout at its first call up to CHURN_MAX_TOKENS, CHURN_CAPACITY graphs.
+# churn: #27's stream through a CHURN_DEPTH-block tower, every layout captured at its first call.
 CHURN_DEPTH = 4
 CHURN_CAPACITY = 16
 CHURN_MAX_TOKENS = 65536
 CHURN_AMPLE_BUDGET_BYTES = 64 << 30
-# capture-stall: captures of CAPTURE_STALL_LAYOUTS new layouts while another thread keeps a stream
-# busy with LOOP_MATMULS matmuls of LOOP_SIDE squared per iteration; its p99 should stay within
-# STALL_P99_TARGET times its p50.
+# capture-stall: another thread's matmul loop; its p99 within STALL_P99_TARGET times its p50.
 CAPTURE_STALL_LAYOUTS = 24
 LOOP_MATMULS = 4
 LOOP_SIDE = 4096

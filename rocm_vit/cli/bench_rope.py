@@ -1,13 +1,7 @@
 """``rocm-vit bench-rope``: the vision RoPE against a device copy and the upstream implementations.
 
-Bandwidth is counted as in issue 5: q and k read and written once plus cos/sin read once, against a
-device-to-device copy counted as bytes read plus bytes written, measured in the same run.
-
-Times are device times: each implementation is captured in a CUDA graph that applies it to several
-input sets (together at least twice the L2 cache, so no input stays cache-resident), and the median
-replay time is divided by the number of sets. Timing single eager launches instead would measure
-Python launch overhead (about 20 us for a Triton launch), not the kernel, and inside rocm-vit the
-rotary always runs inside a graph.
+Bandwidth as in issue 5 (q, k read and written, cos/sin read), against a device copy in the same run.
+Device times: median graph replay over input sets totalling twice the L2, divided by the sets.
 """
 
 from __future__ import annotations
@@ -143,11 +137,7 @@ def _copy_bytes_per_s(size_mib: int) -> float:
 
 
 def _input_sets(num_tokens: int, heads: int, kv_heads: int, head_dim: int) -> list[tuple]:
-    """Enough independent input sets to cover twice the L2 cache (at most 64).
-
-    Random bf16 q/k and real cos/sin: a true rotation keeps norms, so thousands of in-place
-    repetitions neither overflow nor drift into denormals.
-    """
+    """Input sets covering twice the L2 (at most 64); real cos/sin keep norms over repeated in-place use."""
     generator = torch.Generator(device="cuda").manual_seed(0)
     per_set_bytes = num_tokens * head_dim * (2 * (heads + kv_heads) + 8)
     l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
@@ -161,10 +151,7 @@ def _input_sets(num_tokens: int, heads: int, kv_heads: int, head_dim: int) -> li
 
 
 def _median_seconds(name: str, fn: RotaryFn, input_sets: list[tuple], replays: int = 30) -> float | None:
-    """Median device seconds of one ``fn`` call, from graph replays over all input sets.
-
-    An implementation that fails (or cannot be captured) is reported as failed, not a crash.
-    """
+    """Median device seconds of one ``fn`` call from graph replays; ``None`` where it fails."""
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -215,9 +202,7 @@ def _baselines(no_compiled: bool) -> tuple[dict[str, Callable[[], RotaryFn]], di
 
 
 def _compiled_per_shape(fn: RotaryFn) -> RotaryFn:
-    # A fresh, static compile per shape: 16 shapes would exceed dynamo's recompile limit and
-    # silently fall back to eager, and a dynamic-shape kernel would not be the best torch.compile
-    # can do for that shape.
+    # A fresh static compile per shape: 16 shapes would pass dynamo's recompile limit.
     torch.compiler.reset()
     return torch.compile(fn, dynamic=False)
 

@@ -1,15 +1,10 @@
 """``rocm-vit bench-traffic``: what graph admission realizes of what graphs could save, per stream.
 
-Each stream of ``traffic.standard_streams`` goes through the real ``ViTGraphRunner`` twice, with the
-admission before the cost model (a layout's second call, up to 4096 patches, least recently used out)
-and with today's defaults; a stand-in mechanism replays instantly. Every call is charged what the
-``CostModel`` of a host launching in ``--launch-ms`` predicts for what the runner did: eager, replay,
-or warm-up + capture + replay when the call captured. Against all-eager and an oracle that replays
-every call from a free graph where that is faster, it prints replay %, mean/p50/p90 and the share of
-the possible saving realized, with the issue's targets (#30). A deferred capture is charged to no
-request: the simulation lets it finish between requests and models no contention for the GPU or
-the host. The times are the model's, not measured; what the runner decides is what it decides on a
-GPU with that launch time.
+Each stream runs through the real ``ViTGraphRunner`` (a stand-in mechanism replays instantly) under each
+of ``POLICIES``; every call is charged what the ``CostModel`` predicts for what the runner did, against
+all-eager and a free-graph oracle, with #30's targets. Times are the model's, not measured; deferred
+captures are charged to no request (no contention modelled).
+Results: docs/benchmarks.md, "`rocm-vit bench-traffic` · simulated · 2026-12-01".
 """
 
 from __future__ import annotations
@@ -59,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row["met"] for row in target_rows(report)) else 1
 
 
-# What each runner is built with: the admission before #30, today's with captures on the requests'
-# path, and today's defaults (captures on the runner's thread, between requests).
+# Admission before #30, today's with captures on the requests' path, and today's defaults.
 _BENEFIT = {"capacity": 32, "min_sightings": 2, "max_tokens": 8192, "cost_model": CostModel().for_blocks(BLOCKS)}
 POLICIES: dict[str, dict[str, Any]] = {
     "count": {"capacity": 32, "min_sightings": 2, "max_tokens": 4096, "cost_model": None},
@@ -93,7 +87,7 @@ def _call(runner: ViTGraphRunner, grid: Sequence[tuple[int, int, int]]) -> str:
     before = runner.stats()
     x = torch.ones(layout.num_patches, 1)
     runner.run(x, layout, x, x)
-    runner.wait_for_captures()  # a deferred capture ends before the next request: the host is idle between them
+    runner.wait_for_captures()  # the host is idle between requests
     after = runner.stats()
     if after["eager_runs"]["capture_deferred"] > before["eager_runs"]["capture_deferred"]:
         return "eager"  # served eagerly; its capture charged to no request

@@ -1,9 +1,7 @@
 """Where a forward's device time goes, by kind of kernel: ``rocm-vit bench --breakdown``.
 
-The kernel time per class says what an optimisation can win (figures: docs/benchmarks.md,
-"``rocm-vit bench --breakdown``"). The eager forward is profiled (it runs the same kernels as the graph)
-with the torch profiler: device kernels on a GPU (CUDA, or HIP through the same profiler API), the
-operators' own CPU time on a CPU.
+The eager forward (the graph's kernels) under the torch profiler: device kernels on a GPU, operators' CPU
+time on a CPU. Figures: docs/benchmarks.md, "`rocm-vit bench --breakdown` · H200".
 """
 
 from __future__ import annotations
@@ -38,10 +36,7 @@ def kernel_class(name: str) -> str:
 
 
 def kernel_breakdown(fn: Callable[[], object], device: torch.device, calls: int = 5) -> dict[str, float]:
-    """Milliseconds per call of ``fn`` in each of ``KERNEL_CLASSES``, and their ``"total"``.
-
-    ``fn`` runs once unprofiled (warm-up), then ``calls`` times under the profiler.
-    """
+    """Milliseconds per call of ``fn`` in each of ``KERNEL_CLASSES`` and ``"total"``, after one warm-up."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = device.type == "cuda"

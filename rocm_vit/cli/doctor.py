@@ -1,12 +1,7 @@
 """``rocm-vit doctor``: what this machine would run, and why, before anyone files a bug.
 
-Reports the platform, the versions of the packages that matter, the resolved policy (attention
-backend, rotary, fused block ops, side stream, graph ceiling, each with its reason, and the tuned
-profile in force), the settings in effect, and whether SGLang would load the rocm-vit plugin, with
-the verdict on its version and the hooks that apply. Package versions come from
-installed metadata, never from importing the package: importing aiter runs rocminfo. Every section
-is computed on its own, so one failure (a bad environment variable, a missing module) is reported
-in place and the rest still prints; the exit status is 1 when anything failed.
+Invariants: versions come from metadata, never imports (importing aiter runs rocminfo); each section
+is computed on its own, so a failure is reported in place; exit status 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ from rocm_vit.version import KEYED_DISTRIBUTIONS, installed_distribution
 
 NOT_INSTALLED = "not installed"
 
-# import name -> distribution names that provide it, in order of preference
-# (flash_attn_4 is imported as flash_attn.cute: that key is never looked up on the path.)
+# import name -> distributions providing it, preferred first (flash_attn_4 is never looked up on the path).
 _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     **KEYED_DISTRIBUTIONS,
     "sglang": ("sglang",),
@@ -139,8 +133,7 @@ def _installed_version(import_name: str) -> str:
     if found is not None:
         distribution, version = found
         return version if distribution == import_name else f"{version} ({distribution})"
-    # Found on the path without metadata (a source checkout on PYTHONPATH): locating a top-level
-    # module does not import it.
+    # Found on the path without metadata (a source checkout); locating does not import it.
     if importlib.util.find_spec(import_name) is not None:
         return "installed (version unknown)"
     return NOT_INSTALLED

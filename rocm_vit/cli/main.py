@@ -1,10 +1,7 @@
 """The ``rocm-vit`` command: one argparse parser, one module per subcommand.
 
-Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int`` and is listed in
-``SUBCOMMANDS``. A module that does not exist yet is left out (logged at debug level); one that
-exists but fails to import still gets its subcommand, which reports the import error when run, so a
-broken ``bench`` never takes ``doctor`` down with it. Subcommand modules should import heavy
-dependencies inside ``run``: every module is imported to build the parser.
+Each module in ``SUBCOMMANDS`` exposes ``add_arguments(parser)`` and ``run(args) -> int`` and imports heavy
+dependencies inside ``run``. Invariant: one that fails to import reports it when run; the others work.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``rocm-vit report``: one command whose folder a user attaches to a bug report.
 
-Writes ``report.md`` and ``report.json`` (and plots, where matplotlib is installed) into ``--out``, a
-new folder in the current directory by default: versions and build commit, ``doctor``, the hazard
-self-checks (``rocm_vit.report.hazards``), ``verify`` under inference_mode and no_grad, ``tune``
-(not with ``--quick``) and the profile it wrote, ``bench`` and ``bench-attn`` with the policy's pick
-marked, graph memory. Each part runs in a process of its own with a time limit; one that fails is
-reported and the rest still run. Needs no network; writes nothing outside the folder except the
-profile ``tune`` writes (and the compilers' caches). Exit status 1 when a part failed or the graph
-check found a mismatch.
+Writes ``report.md`` and ``report.json`` into ``--out`` (parts: ``rocm_vit.report.parts``). Invariants: no
+network; nothing written outside the folder but ``tune``'s profile and compiler caches; exit status 1
+when a part failed or the graph check found a mismatch.
 """
 
 from __future__ import annotations

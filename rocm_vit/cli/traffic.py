@@ -1,9 +1,7 @@
 """Serving traffic for ``rocm-vit bench-traffic``: request streams built from public facts.
 
-Images go through Qwen3-VL's ``smart_resize`` (sides to multiples of 32 px, the area scaled into
-``[min_pixels, max_pixels]``: 65,536 .. 16,777,216 in the checkpoints' preprocessor config, or an
-operator's cap). SGLang's ROCm path encodes each request's images in one ViT call. The image-size mix
-(``CHAT_MIX``) and why each weight: docs/benchmarks.md, "`rocm-vit bench-traffic`".
+Images go through Qwen3-VL's ``smart_resize``; one ViT call per request, as SGLang's ROCm path. The mix
+and its weights: docs/benchmarks.md, "`rocm-vit bench-traffic` · simulated · 2026-12-01".
 """
 
 from __future__ import annotations

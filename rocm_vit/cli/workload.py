@@ -26,8 +26,7 @@ NAMED_SWEEPS: dict[str, str] = {
     "small": "1x224,1x336,1x512,2x512,4x224",
     "large": "1x1024,1x1536,1x2048x1600,1x2048,2x1600x1200",
     "tiny": "1x64,1x128,2x96,1x64+1x128,1x64f4",
-    # Real photos, where attention is most of the tower (docs/long-sequences.md): a 1080p screenshot
-    # (8,160 patches), two in one call, 1440p (14,400), 2048x1600 (12,800), a 12 MP photo (47,376).
+    # Real photos, where attention is most of the tower (docs/long-sequences.md).
     "photos": "1x1080x1920,2x1080x1920,1x1440x2560,1x2048x1600,1x3024x4032",
 }
 
@@ -45,12 +44,7 @@ class Workload:
 
 
 def parse_layouts(text: str, config: TowerConfig) -> list[Workload]:
-    """Parse a named sweep or comma-separated specs.
-
-    A spec is items joined by ``+``; an item is ``COUNTxSIZE`` (square images), ``COUNTxHxW``
-    (pixels) or either with ``fFRAMES`` appended for a video: ``4x512``, ``1x768x1024``,
-    ``1x224+2x512``, ``1x448f8``. Sizes round to the tower's patch x merge grid, as Qwen's resize does.
-    """
+    """Parse a named sweep or comma-separated specs: ``4x512``, ``1x768x1024``, ``1x224+2x512``, ``1x448f8``."""
     text = NAMED_SWEEPS.get(text, text)
     workloads = []
     for spec in (part.strip() for part in text.split(",")):
@@ -85,10 +79,7 @@ def _parse_item(item: str, spec: str, config: TowerConfig) -> tuple[int, GridTHW
 
 
 def pixels_to_grid(height: int, width: int, frames: int, config: TowerConfig) -> GridTHW:
-    """Patch grid of an image or video, rounded to whole merge blocks (at least one).
-
-    A merge block is ``patch_size x spatial_merge_size`` pixels: 32 for Qwen3-VL, 28 for Qwen2.5-VL.
-    """
+    """Patch grid of an image or video, rounded to whole merge blocks (at least one)."""
     unit = config.patch_size * config.spatial_merge_size
     blocks_h = max(1, round(height / unit))
     blocks_w = max(1, round(width / unit))
@@ -112,10 +103,7 @@ def random_workloads(count: int, seed: int, config: TowerConfig, max_side_px: in
     return workloads
 
 
-# Sides of the hot layouts of ``mixed_stream``: thumbnails to small photos, one or two per request,
-# so every hot layout stays under the runner's default ``max_tokens`` and can be captured.
-HOT_SIDES_PX = (224, 640)
-# One-offs stop at 1344 px so that a run takes minutes; ``--max-side 4032`` brings in 12 MP photos.
+HOT_SIDES_PX = (224, 640)  # hot layouts stay under the runner's default max_tokens
 DEFAULT_ONE_OFF_MAX_SIDE_PX = 1344
 _THUMBNAIL_SIDE_PX = 64
 
@@ -128,12 +116,9 @@ def mixed_stream(
     hot_share: float = 0.8,
     max_side_px: int = DEFAULT_ONE_OFF_MAX_SIDE_PX,
 ) -> list[Workload]:
-    """A serving stream: ``hot_share`` of the calls go to ``hot`` repeated layouts, the rest are one-offs.
+    """A serving stream: ``round(calls * hot_share)`` calls to ``hot`` repeated layouts, the rest one-offs.
 
-    Hot layouts: one or two images of 224..640 px a side, under ``DEFAULT_MAX_TOKENS`` patches. One-offs:
-    one or two images from 64 px to ``max_side_px``, no two with the same per-image patch counts as each
-    other or a hot layout (what a Qwen3-VL graph key holds). Exactly ``round(calls * hot_share)`` calls
-    are hot, in a seeded order. Specs are pixel sizes ``parse_layouts`` reads back.
+    One-offs never share a graph key with each other or a hot layout.
     """
     if calls < 0 or hot < 1 or not 0.0 <= hot_share <= 1.0:
         raise ValueError(
@@ -157,12 +142,7 @@ def mixed_stream(
 def revisiting_workloads(
     calls: int, seed: int, config: TowerConfig, max_side_px: int = 2048, revisit_share: float = 0.5
 ) -> list[Workload]:
-    """``random_workloads``, except that each call repeats an earlier call's layout with probability
-    ``revisit_share`` (drawn uniformly from the calls so far).
-
-    Purely random layouts are almost never equal, so a graph runner would capture nothing; servers do
-    see sizes again, and the repeats are what make the runner capture, evict and fill its budget.
-    """
+    """``random_workloads``, each call repeating an earlier layout with probability ``revisit_share``."""
     if not 0.0 <= revisit_share <= 1.0:
         raise ValueError(f"revisit_share = {revisit_share} must lie in [0, 1]")
     rng = random.Random(f"{seed}:revisits")
@@ -176,8 +156,7 @@ def revisiting_workloads(
 def churn_stream(
     calls: int, seed: int, config: TowerConfig, hot: int = 20, hot_share: float = 0.35, max_images: int = 6
 ) -> list[Workload]:
-    """Graph-cache churn: 1..``max_images`` images of 4..80 patches a side (whole merge blocks) per call;
-    ``hot_share`` of the calls repeat one of ``hot`` layouts, the others are drawn afresh (most once)."""
+    """Graph-cache churn: 1..``max_images`` small images per call; ``hot_share`` repeat one of ``hot`` layouts."""
     rng = random.Random(f"{seed}:churn")
     merge = config.spatial_merge_size
 
@@ -200,8 +179,7 @@ def _distinct_layouts(
     taken: set[tuple[int, ...]],
     max_patches: int | None = None,
 ) -> list[Workload]:
-    """``count`` requests of ``rng.choice(image_counts)`` images, sides uniform in ``low_px..high_px``,
-    no two with the same ``_segment_lengths`` and none in ``taken``; ``max_patches`` caps a request."""
+    """``count`` requests, no two with the same ``_segment_lengths`` and none in ``taken``."""
     chosen: list[Workload] = []
     seen = set(taken)
     attempts = 0
@@ -238,9 +216,7 @@ def build_tower(
     seed: int,
     depth: int | None = None,
 ) -> VisionTower:
-    """A preset tower (its ``model_type`` picks the class) with random weights (seeded), in eval mode on
-    ``device``; ``depth`` keeps the preset's widths with that many blocks, its block indexes (deepstack
-    taps, full-attention blocks) scaled to the new depth."""
+    """A preset tower with seeded random weights, in eval mode; ``depth`` scales its block indexes."""
     torch.manual_seed(seed)
     config = preset(preset_name)
     if depth is not None:
@@ -297,10 +273,7 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warm
 
 
 def table_lines(header: Sequence[str], cells: Sequence[Sequence[str]], left: bool = False) -> list[str]:
-    """A header line and one line per row, columns as wide as their widest cell, two spaces apart.
-
-    Right-aligned (numbers) by default; ``left`` aligns left and drops trailing spaces.
-    """
+    """A header line and one line per row, columns two spaces apart, right-aligned unless ``left``."""
     widths = [max(len(title), *(len(line[i]) for line in cells)) for i, title in enumerate(header)]
     if left:
         return ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *cells]]
@@ -316,12 +289,7 @@ def int_list(text: str) -> list[int]:
 
 
 def device_ms(fn: Callable[[], object], rep_ms: int = 20, graph: bool = True) -> float:
-    """Median milliseconds of one call of ``fn`` on the GPU, the host's launch cost left out.
-
-    ``graph``: calls filling ``rep_ms`` captured in one graph and replayed (``do_bench_cudagraph``), as a
-    replayed tower runs its kernels; launch by launch, small kernels measure the host. Where capture
-    fails, or with ``graph=False``: ``do_bench``, events around each call, L2 flushed between.
-    """
+    """Median milliseconds of one call of ``fn`` on the GPU: replayed from a graph, else ``do_bench``."""
     import triton.testing
 
     if graph:
@@ -333,8 +301,7 @@ def device_ms(fn: Callable[[], object], rep_ms: int = 20, graph: bool = True) ->
 
 
 class KernelTimer:
-    """Median milliseconds of one call of a kernel: ``device_ms`` on a GPU (replayed from a graph, or
-    with ``graph=False`` launch by launch), wall time of a few calls on a CPU (tests run tune there)."""
+    """Median milliseconds of one kernel call: ``device_ms`` on a GPU, wall time on a CPU (tests)."""
 
     def __init__(self, device: torch.device, rep_ms: int, graph: bool = True) -> None:
         self._device = device

@@ -1,13 +1,8 @@
 """Which compiled aiter module a ``flash_attn_varlen_func`` forward loads, and which ones aiter's build ships.
 
-aiter compiles each kernel variant into a module of its own; a call whose module is not built runs
-hipcc inside the call (minutes) while every tensor-parallel rank waits on aiter's build lock. Read from
-``aiter/ops/mha.py`` (``_flash_attn_varlen_forward``: the assembly v3 module for bf16 at head dims
-(128, 128) or (192, 128) on gfx942/gfx950, else a CK module named after dtype, soft cap, bias, mask, LSE,
-dropout, ``min_seqlen_q`` skip and q scale, not the head dim) and ``setup.py`` (``PREBUILD_KERNELS=1``:
-the v3 modules and five bf16 CK variants, ``PREBUILT_VARLEN``; not the non-causal one without LSE, and no
-fp16 one) at ``SGLANG_IMAGE_AITER_COMMIT``, the aiter SGLang's ROCm image builds, and at main
-e4048607a535: identical on this path (docs/rocm.md, "Hazards").
+A call whose module is not built runs hipcc inside the request. Read from aiter's ``ops/mha.py``
+(``_flash_attn_varlen_forward``) and ``setup.py`` (``PREBUILD_KERNELS=1``) at ``SGLANG_IMAGE_AITER_COMMIT``
+and at main e4048607a535, identical on this path (docs/rocm.md, "Hazards").
 """
 
 from __future__ import annotations
@@ -49,8 +44,7 @@ def varlen_forward_module(
     return_lse: bool,
     arch: str,
 ) -> str:
-    """The module a ``flash_attn_varlen_func`` forward without dropout, bias, alibi, window, soft cap
-    or ``min_seqlen_q`` loads; head dims as aiter sees them (padded to a multiple of 8)."""
+    """The module a plain ``flash_attn_varlen_func`` forward loads (head dims padded to a multiple of 8)."""
     v3 = (
         arch in V3_ARCHS
         and dtype == torch.bfloat16

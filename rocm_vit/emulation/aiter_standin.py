@@ -1,14 +1,9 @@
 """A stand-in for aiter's ``flash_attn_varlen_func``: aiter's signature and argument checks, torch's math.
 
-The emulation tier (``ROCM_VIT_EMULATE=rocm``) and CPU tests run ``aiter_attn`` through it, so a call
-aiter would refuse fails there too. ``install()`` puts it into ``sys.modules["aiter"]`` only where no
-real aiter can be imported. Invariants: the signature is aiter ``TARGET_RELEASE``'s
-(``aiter_signature.py``); it raises what that aiter raises on rocm-vit's path, and is stricter on
-purpose where aiter would sync or leave rows unwritten (a tensor ``max_seqlen``; a segment longer than
-``max_seqlen_q``); what it does not emulate raises ``NotImplementedError``. Each call records the
-compiled module aiter would load (``aiter_modules``) in ``builds``, as compiled in the call if the
-image does not prebuild it. Rows outside the segments are left unwritten, as aiter leaves them. Every
-check, with its source in aiter: docs/design.md, "The aiter stand-in".
+Invariants: installed only where no real aiter imports; raises what aiter ``TARGET_RELEASE`` raises on
+rocm-vit's path (stricter where aiter would sync or leave rows unwritten), ``NotImplementedError`` for what
+it does not emulate; rows outside the segments stay unwritten; each call records its module in ``builds``.
+Every check, with its source in aiter: docs/design.md, "The aiter stand-in".
 """
 
 from __future__ import annotations
@@ -93,12 +88,10 @@ def flash_attn_varlen_func(
     cu_seqlens_k_padded: torch.Tensor | None = None,
     sink_ptr: torch.Tensor | None = None,
 ):
-    """Attention within each segment of packed ``q`` ``[total_q, H, D]``, ``k`` ``[total_k, KH, D]``,
-    ``v`` ``[total_k, KH, Dv]``, segments given by int32 ``cu_seqlens_q/k`` ``[B + 1]`` on q's device.
+    """Attention per segment of packed q ``[total_q, H, D]``, k/v ``[total_k, KH, D/Dv]``, int32 ``cu_seqlens``.
 
-    Returns ``[total_q, H, Dv]`` in ``q.dtype`` (a view of ``out`` when given), then the lse
-    ``[H, total_q]`` fp32 if ``return_lse``, then an empty tensor if ``return_attn_probs``, as aiter.
-    ``deterministic`` and ``how_v3_bf16_cvt`` change nothing in a forward and are ignored.
+    Returns ``[total_q, H, Dv]`` (a view of ``out`` when given), then the fp32 lse ``[H, total_q]`` if
+    ``return_lse``, then an empty tensor if ``return_attn_probs``, as aiter.
     """
     _refuse_unemulated(
         {"min_seqlen_q": min_seqlen_q, "dropout_p": dropout_p, "logits_soft_cap": logits_soft_cap},
@@ -148,15 +141,13 @@ def flash_attn_varlen_func(
     if return_lse:
         outputs.append(lse)
     if return_attn_probs:
-        # aiter asks the kernel for probabilities only with dropout (``return_softmax and dropout_p > 0``)
-        # and otherwise returns the empty ``p`` tensor mha_varlen_fwd allocates with q's options.
+        # Without dropout aiter returns the empty ``p`` tensor mha_varlen_fwd allocates.
         outputs.append(q.new_empty((0,)))
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 def install() -> str:
-    """Put the stand-in into ``sys.modules["aiter"]`` (with a ``__spec__``, so ``find_spec`` finds it, and
-    ``ROCM_VIT_STANDIN = True``) unless a real aiter can be imported; returns a line saying which."""
+    """Put the stand-in into ``sys.modules["aiter"]`` unless a real aiter imports; returns a line saying which."""
     if installed():
         return f"already installed: the aiter stand-in ({TARGET_RELEASE} signature)"
     real_origin = _real_aiter_origin()
@@ -292,8 +283,7 @@ def _padded(head_dim: int) -> int:
 
 
 def _pad_head_dim(tensor: torch.Tensor) -> torch.Tensor:
-    # FlashAttnVarlenFunc.forward pads head dims to a multiple of 8; _flash_attn_varlen_forward then
-    # makes any tensor with a strided last dimension contiguous.
+    # As aiter: head dims padded to a multiple of 8, strided last dims made contiguous.
     pad = _padded(tensor.shape[-1]) - tensor.shape[-1]
     tensor = F.pad(tensor, [0, pad]) if pad else tensor
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
@@ -315,8 +305,7 @@ def _attend_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 
 def _attend_per_segment(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, scale, causal, result, with_lse):
-    """Writes each segment's rows of ``result``; returns the lse ``[H, total_q]`` (rows outside the
-    segments unwritten) or None. Reads the offsets to the host."""
+    """Writes each segment's rows of ``result``; returns the lse ``[H, total_q]`` or None. Reads offsets to host."""
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) if with_lse else None
     groups = q.shape[1] // k.shape[1]
     bounds_q, bounds_k = itertools.pairwise(cu_seqlens_q.tolist()), itertools.pairwise(cu_seqlens_k.tolist())

@@ -1,9 +1,8 @@
 """The graph mechanism the runner drives: real CUDA/HIP graphs behind a small seam (a stand-in on CPU).
 
-Invariants: captures use ``capture_begin``/``capture_end`` on the runner's stream, never
-``torch.cuda.graph`` (it syncs the device and empties the cache, stalling the server); a warm-up
-allocates in the pool its capture uses; pools are released by emptying the allocator's cache, never by
-freeing one ``MemPool`` (that aborted under torch 2.11). Evidence: docs/design.md, "Hazards".
+Invariants: captures use ``capture_begin``/``capture_end`` on the runner's stream, never ``torch.cuda.graph``;
+a warm-up allocates in its capture's pool; pools are released by emptying the cache, never by freeing a
+``MemPool``. Evidence: docs/design.md, "Hazards".
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# Retired graphs kept before they are destroyed together: on ROCm each destruction synchronizes the
-# device (torch's ~CUDAGraph), so a batch costs one stall instead of one per eviction.
+# Retired graphs destroyed together: on ROCm each destruction syncs the device (docs/rocm.md, "Hazards").
 _RETIRED_GRAPHS_KEPT = 256
 
 
@@ -38,8 +36,7 @@ class GraphMechanism(Protocol):
         """The runner's capture stream: warm-up and capture run on it (replays run on the caller's)."""
 
     def on_stream(self, stream: Any) -> contextlib.AbstractContextManager:
-        """Run the block's device work on ``stream``, after the caller's pending work, and make the
-        caller's later work wait for it: callers on any stream see the runner's work in order."""
+        """Run the block on ``stream`` after the caller's pending work; the caller's later work waits for it."""
 
     def current_stream(self, device: torch.device) -> Any:
         """The caller's current stream on ``device``: where a replay and its staging copies run."""
@@ -51,8 +48,7 @@ class GraphMechanism(Protocol):
         """Make work enqueued later on ``stream`` wait until ``marker`` is reached on the device."""
 
     def warm_up(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> torch.Tensor:
-        """Run ``fn`` eagerly on ``stream`` (the runner's), allocating in ``pool``, so kernels compile
-        before a capture into ``pool``; return its output, which the graph's first replay must equal."""
+        """Run ``fn`` eagerly on ``stream`` allocating in ``pool`` (kernels compile); the first replay must equal it."""
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         """Capture ``fn`` into a new graph on ``stream`` in ``pool``; return graph and static output."""
@@ -73,15 +69,13 @@ class GraphMechanism(Protocol):
 class CudaGraphs:
     """``torch.cuda`` graphs (CUDA and HIP): thread-local capture into one shared pool, without a device sync.
 
-    ``capture_error_mode`` is torch's: "thread_local" (the default, and what serving needs: other
-    threads may launch, allocate and read values back meanwhile) or "global", for tests that show why.
+    ``capture_error_mode``: "thread_local" (serving: other threads keep working) or "global" (tests).
     """
 
     def __init__(self, capture_error_mode: str = "thread_local") -> None:
         self.capture_error_mode = capture_error_mode
         self._retired: list[Any] = []
-        # Pools a warm-up registered with the allocator: each keeps one use until it is released,
-        # so that between graphs it is never freeable (the allocator asserts on reusing one that is).
+        # Pools a warm-up registered: each keeps one use until released (the allocator asserts on reuse).
         self._held_pools: set[tuple[int, int]] = set()
 
     def available(self, device: torch.device) -> bool:
@@ -135,8 +129,7 @@ class CudaGraphs:
                 self._held_pools.add(pool_id)
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
-        # torch.cuda.graph's body minus its torch.cuda.synchronize() and empty_cache(): the runner
-        # has ordered this stream after the caller's work, and other streams need not wait.
+        # torch.cuda.graph's body minus its synchronize() and empty_cache(): on_stream already orders it.
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream):
             graph.capture_begin(pool=pool, capture_error_mode=self.capture_error_mode)
@@ -179,11 +172,7 @@ class CudaGraphs:
 
 
 def _prime_blas(device: torch.device) -> None:
-    """Create the BLAS handles' workspaces of the current stream now, in the ordinary cache.
-
-    cuBLAS/hipBLAS(Lt) allocate a workspace per stream on its first matmul and keep it for the
-    process; made during a warm-up it would sit in a graph pool and keep the pool from being freed.
-    """
+    """Create this stream's BLAS workspaces in the ordinary cache, not in a graph pool (kept for the process)."""
     for dtype in (torch.float32, torch.bfloat16):
         a = torch.ones(8, 8, dtype=dtype, device=device)
         torch.nn.functional.linear(a, a, a[0])
@@ -191,12 +180,9 @@ def _prime_blas(device: torch.device) -> None:
 
 
 def _end_pool_recording(pool_id: tuple[int, int], device: torch.device) -> None:
-    """Stop routing the capture stream's allocations to the pool after a capture that did not end.
+    """Stop routing allocations to the pool after an invalidated capture (``capture_end`` raised first).
 
-    When a capture is invalidated (a sync or an illegal call inside it), ``capture_end`` raises
-    before the allocator stops routing to the pool. Seen on torch 2.11 (H200): every later capture
-    into that pool then failed with "beginAllocateToPool: already recording to mempool_id". The
-    runner also moves on to a fresh pool after a failure.
+    Else every later capture into it fails "already recording to mempool_id" (torch 2.11).
     """
     try:
         torch._C._cuda_endAllocateToPool(device.index, pool_id)

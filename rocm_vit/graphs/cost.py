@@ -1,13 +1,8 @@
 """What a graph saves on one call, predicted from the call's layout.
 
-An eager forward costs the longer of the host's time to launch its kernels and the device's time to
-run them; a replay costs the device time and a little host work. A graph therefore saves only where
-the call is launch-bound, which the patch count alone does not tell: six 640x360 images (5,280
-patches) save 14 % on an H200, one 1.3 MP image (4,920) nothing.
-
-Device time is linear in the tokens (the GEMMs) and in the sum of squared segment lengths
-(attention). The defaults are a least-squares fit of Qwen3-VL-8B replays on an H200, per block
-(docs/benchmarks.md, "Graph ceiling"); the launch time is the serving host's, which the runner measures.
+Eager costs max(host launch time, device time); a replay, device time plus a little host work. Device
+time is linear in tokens and in the sum of squared segment lengths. Defaults: a fit of Qwen3-VL-8B
+replays on an H200 (docs/benchmarks.md, "Graph ceiling"); launch time is measured by the runner.
 """
 
 from __future__ import annotations
@@ -19,8 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-# Qwen3-VL-8B on an H200 (27 blocks): replay ms = 1.02 + 1.66e-3 tokens + 3.89e-7 sum(len^2),
-# within 14 % of twenty measured layouts from 196 to 8,192 patches, one to eight images.
+# Qwen3-VL-8B on an H200, 27 blocks (docs/benchmarks.md, "Graph ceiling").
 _H200_8B_BLOCKS = 27
 
 
@@ -28,9 +22,8 @@ _H200_8B_BLOCKS = 27
 class CostModel:
     """Eager and replay milliseconds of one call through ``blocks`` blocks, from its segment lengths.
 
-    ``launch_ms``: host time to launch one eager forward (9-15 ms for 27 blocks on the hosts seen);
-    ``device_*``: the device's time, per block; ``replay_host_ms``: a replay's own host work and the
-    clone of its output; ``capture_ms``: a capture and its verification beside the warm-up.
+    ``device_*`` are per block; ``replay_host_ms`` includes the output clone; ``capture_ms`` a capture
+    and its verification beside the warm-up.
     """
 
     blocks: int = _H200_8B_BLOCKS
@@ -66,9 +59,7 @@ class CostModel:
 
 
 def fit_cost_model(timings: Sequence[tuple[int, float, float]], blocks: int) -> CostModel | None:
-    """The model of a tower of ``blocks`` blocks from ``(patches, eager_ms, graph_ms)`` of one-image
-    calls (``rocm-vit tune``'s graph timings): device terms by non-negative least squares on the
-    replays, the launch time from the smallest call's eager run. ``None`` with fewer than three."""
+    """The model fitted to one-image ``(patches, eager_ms, graph_ms)`` timings; ``None`` with fewer than three."""
     if len(timings) < 3:
         return None
     columns = torch.tensor([[1.0, patches, patches**2] for patches, _, _ in timings], dtype=torch.float64)
@@ -85,8 +76,7 @@ def fit_cost_model(timings: Sequence[tuple[int, float, float]], blocks: int) -> 
 
 
 def _non_negative_least_squares(columns: torch.Tensor, target: torch.Tensor) -> list[float]:
-    """Least squares with every coefficient >= 0: the best fit over the subsets of columns whose
-    own least-squares coefficients are all non-negative (exact for a handful of columns)."""
+    """Least squares with coefficients >= 0, by trying column subsets (exact for a handful of columns)."""
     best: tuple[float, list[float]] = (math.inf, [0.0] * columns.shape[1])
     for size in range(1, columns.shape[1] + 1):
         for subset in itertools.combinations(range(columns.shape[1]), size):

@@ -1,13 +1,8 @@
 """What a capture needs from the shared graph pool, bounded from what captures took.
 
-Graphs share one pool and hold nothing in it between calls: a warm-up and a capture allocate their
-intermediates there and free them when they end (outputs go to staging). The pool's reserved bytes
-grow only when a capture needs more than the pool holds, and shrink only when the pool is released.
-
-Every capture gives an upper bound on its need: the pool after it (it cannot have used more). A
-capture into an empty pool gives the exact figure, allocator rounding included. The need grows with
-the tokens, so a bound at T' >= T covers T; past the largest T seen, the lowest bound per token is
-scaled up. A bound is never divided by a smaller capture's tokens and carried to a larger one.
+Graphs hold nothing in the shared pool between calls. Each capture bounds its need by the pool after it;
+a bound at T' >= T covers T; past the largest T seen the lowest bound per token is scaled up. Invariant:
+a smaller capture's bound is never carried to a larger one (docs/design.md, "Hazards").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Decisions every rank of a tensor-parallel group takes alike.
 
-Under tensor parallelism a capture is a collective step: SGLang's custom all-reduce registers each
-graph's buffers across ranks when a capture ends, so a rank that captures while another runs eagerly
-hangs the group. The runner decides from the call sequence, which every rank sees alike, and from
-what each rank measures (pool bytes, a failed or unverified capture), which it agrees on first.
+Under TP a capture is collective (SGLang's custom all-reduce registers buffers): a rank capturing alone
+hangs the group. What ranks measure differently is agreed on first (docs/design.md, "Hazards").
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from rocm_vit.graphs.runner import AgreeMax
 def group_max(group: Any = None) -> AgreeMax:
     """``agree_max`` over a ``torch.distributed`` group: one all-reduce of a few host ints.
 
-    ``group`` should be a CPU (gloo) group, as SGLang's ``tp_group.cpu_group``: the values live on
-    the host and the reduction must not queue behind the device's work. ``None``: the default group.
+    ``group``: a CPU (gloo) group such as ``tp_group.cpu_group``, not queued behind device work.
     """
 
     def agree(values: Sequence[int]) -> list[int]:

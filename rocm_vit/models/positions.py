@@ -24,13 +24,10 @@ def rotary_position_ids(layout: VisionLayout) -> torch.Tensor:
 
 
 def position_embedding_taps(layout: VisionLayout, num_grid_per_side: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bilinear taps that resample the square learned position table to each item's grid.
+    """Bilinear taps resampling the learned table: ``indices`` ``[N, 4]`` int64, ``weights`` ``[N, 4]`` fp32.
 
-    Returns ``indices`` ``[N, 4]`` int64 into the flattened ``side x side`` table and ``weights``
-    ``[N, 4]`` float32, in spatial-merge-block order, repeated over frames. This is Qwen3-VL's
-    own interpolation (``torch.linspace`` over ``align_corners=True`` source positions), the one
-    SGLang serves; transformers 5.x computes the same positions in closed form, which differs in
-    the last float32 bit for some weights (docs/numerics.md).
+    Spatial-merge-block order, repeated over frames; Qwen3-VL's own linspace interpolation, as SGLang
+    serves it (transformers 5.x differs in the last bit: docs/numerics.md).
     """
     side = num_grid_per_side
     merge = layout.spatial_merge_size

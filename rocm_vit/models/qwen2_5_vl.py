@@ -1,9 +1,8 @@
 """Qwen2.5-VL vision tower: windowed attention in most blocks, full attention in ``fullatt_block_indexes``.
 
-``state_dict`` names and shapes equal transformers' ``Qwen2_5_VisionTransformerPretrainedModel``. As
-there, ``embed`` permutes merge blocks into window order and ``_restore_token_order`` puts the merged
-tokens back, both by host-computed indices; the first permutation is a per-call input of ``encode``,
-the second runs after it, so a graph depends only on the two segmentations.
+``state_dict`` equals transformers' ``Qwen2_5_VisionTransformerPretrainedModel``. Invariant: the window
+permutations (host indices) are per-call inputs and outputs of ``encode``, so a graph depends only on the
+two segmentations.
 """
 
 from __future__ import annotations
@@ -57,10 +56,7 @@ class Qwen25VLVisionTower(VisionTower):
     def forward_blocks(
         self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
-        """All blocks, each attending within its windows or its whole frame, then the merger.
-
-        Tokens arrive and leave in window order; ``attn_args`` has ``"full"`` and ``"window"``.
-        """
+        """All blocks, then the merger; tokens in window order; ``attn_args``: ``"full"`` and ``"window"``."""
         block_attn_args = [attn_args[segmentation] for segmentation in self._block_segmentations]
         normed, _ = run_blocks(self.blocks, x, block_attn_args, cos, sin, self.merger.ln_q)
         return self.merger.project(normed)
@@ -78,11 +74,8 @@ class Qwen25VLVisionTower(VisionTower):
 class GatedMLP(nn.Module):
     """``down_proj(act(gate_proj(x)) * up_proj(x))``, with biases (transformers' ``Qwen2_5_VLMLP``).
 
-    Held as one stacked ``gate_up_proj`` GEMM and a ``down_proj``, zero-padded to a multiple of 8
-    (3424): at 3420 a bf16 row is not 16-byte aligned and cuBLAS runs ``align2`` kernels
-    (docs/benchmarks.md, History, sixth round). Padded columns compute ``act(0) * 0 = 0`` into zero
-    columns of ``down_proj``: the same function. ``state_dict`` and ``load_state_dict`` speak
-    transformers' names and shapes; the padding never leaves the module.
+    Held stacked and zero-padded to a multiple of 8 (aligned rows; docs/benchmarks.md, "History"): the
+    same function. ``state_dict`` speaks transformers' names and shapes; the padding never leaves.
     """
 
     def __init__(self, config: Qwen25VLVisionConfig) -> None:
@@ -142,10 +135,7 @@ def _to_transformers(module: GatedMLP, state: dict, prefix: str, local_metadata:
 
 
 def _from_transformers(module: GatedMLP, state: dict, prefix: str, *args: object) -> None:
-    """``load_state_dict`` pre-hook: transformers' gate, up and down weights into the stacked, padded ones.
-
-    Keys already in rocm-vit's own layout, or missing, are left for ``load_state_dict`` to judge.
-    """
+    """``load_state_dict`` pre-hook: transformers' gate, up and down weights into the stacked, padded ones."""
     names = [prefix + name for name in _TRANSFORMERS_NAMES]
     if not all(name in state for name in names):
         return

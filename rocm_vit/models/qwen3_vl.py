@@ -98,10 +98,7 @@ class VisionMLP(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    """LayerNorm, then merge² neighbouring tokens into one and project to ``out_hidden_size``.
-
-    The deepstack mergers normalise after the shuffle (over the merged width); the final one before.
-    """
+    """LayerNorm, merge² tokens into one, project; deepstack mergers normalise after the shuffle."""
 
     def __init__(self, config: Qwen3VLVisionConfig, postshuffle_norm: bool) -> None:
         super().__init__()

@@ -1,11 +1,8 @@
 """Work off the block stack's critical path, run on a second stream so it overlaps the blocks.
 
-Qwen3-VL's deepstack mergers read the residual stream after a few blocks and nothing reads their
-output until the final concatenation; at small images the blocks leave most SMs idle, so the mergers
-run in that slack (docs/benchmarks.md, History, second round). Eager runs and captures take the same
-path: fork and join become graph edges, and ``record_stream`` keeps the allocator from reusing a
-tensor the other stream still reads. Results do not depend on the stream. The policy decides: NVIDIA
-CUDA, where it was measured; ROCm and CPU run the work inline.
+Invariants: eager and capture take the same path (fork and join become graph edges); results do not
+depend on the stream; ``record_stream`` guards cross-stream reads. The policy decides (CUDA only:
+docs/benchmarks.md, "History").
 """
 
 from __future__ import annotations
@@ -20,9 +17,7 @@ from rocm_vit.policy import active_policy
 class SideStream:
     """Launches independent work on an extra stream and joins it back; one side stream per main stream.
 
-    Holds only the streams. Each main stream gets its own side stream: callers on other streams (the
-    graph runner capturing on its stream while a serving thread runs eagerly on another) must never
-    share one, or a thread's eager launch would land in another thread's capture.
+    Never shared across main streams: a thread's eager launch would land in another thread's capture.
     """
 
     def __init__(self) -> None:

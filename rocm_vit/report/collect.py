@@ -1,10 +1,7 @@
 """Run the report's parts and gather what they found into one document: the content of report.json.
 
-The document's keys are stable: ``sections`` always holds every key of ``SECTIONS`` (a part not run
-says why, with status ``skipped``), ``hazards`` every check of ``rocm_vit.report.hazards.HAZARDS``
-with a verdict, and ``problems`` one line per failed part or hazard found. Versions and the platform
-are read in this process without touching the GPU beyond device queries and without importing aiter;
-everything else runs in processes of its own (``rocm_vit.report.parts``).
+Invariants: keys are stable (every ``SECTIONS`` key, every hazard with a verdict, ``problems``); this
+process only reads versions and the platform; everything else runs in processes of its own.
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ Progress = Callable[[list[Part]], Iterable[Part]]
 
 
 def collect(preset_name: str | None, quick: bool, folder: Path, progress: Progress = iter) -> dict[str, Any]:
-    """Run every part of the report into ``folder`` (which must exist); ``progress`` wraps the list of
-    parts as they run (a progress bar). ``preset_name`` None: qwen3-vl-8b on a GPU, tiny on a CPU."""
+    """Run every part into ``folder`` (which must exist); ``preset_name`` None: qwen3-vl-8b on a GPU, tiny on CPU."""
     from rocm_vit.models import preset
     from rocm_vit.profile import default_profile_path, profile_path
 

@@ -1,12 +1,8 @@
 """Hazard self-checks: one small, deliberate test per known upstream problem, on the user's own stack.
 
-Each ``check_*`` function returns a ``Verdict``: ``ok`` (looked, not found), ``hazard_found``,
-``skipped`` (could not look here, and why) or ``not_applicable``. The device work a check needs is
-passed in (``rocm_vit.report.probes`` holds the real probes), so tests feed misbehaving stand-ins and
-see every check report a failure. ``python -m rocm_vit.report.hazards NAME`` runs one check with the
-real probes and prints its verdict as JSON: ``rocm-vit report`` runs each in a process of its own,
-since the hazards include memory faults and errors that leave a GPU context unusable.
-The upstream evidence and what rocm-vit does about each hazard: docs/rocm.md, "Hazards".
+Each ``check_*`` takes its device work as arguments (real ones: ``rocm_vit.report.probes``; tests pass
+misbehaving stand-ins) and returns a ``Verdict``. ``rocm-vit report`` runs each check in a process of its
+own (a hazard may leave the GPU context unusable). Evidence: docs/rocm.md, "Hazards".
 """
 
 from __future__ import annotations
@@ -25,22 +21,20 @@ HAZARD_FOUND = "hazard_found"
 SKIPPED = "skipped"
 NOT_APPLICABLE = "not_applicable"
 
-# check name -> one line saying what it tests (the report's table, and this module's command line).
+
 HAZARDS: dict[str, str] = {
     "aiter_kernels": "the aiter module each rocm-vit call loads is already built in this install (no JIT compile)",
     "host_copy_offsets": "a host-to-device copy into what a graph reads, right before its replay (ROCm/hip#3902)",
     "capture_errors": "a capture-unsafe op inside a graph capture is reported, not swallowed (pytorch#155684)",
     "graph_equals_eager": "the preset tower's graph replays equal its eager output, bit for bit",
 }
-# A hazard rocm-vit cannot work around: found, it fails the report (the others are upstream
-# problems rocm-vit avoids; the report says whether this stack has them).
+# Found, these fail the report: rocm-vit cannot work around them (it avoids the others).
 FAILING_HAZARDS = frozenset({"graph_equals_eager"})
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What one check found: ``status`` (``OK``, ``HAZARD_FOUND``, ``SKIPPED``, ``NOT_APPLICABLE``),
-    a one-line ``summary`` and the ``details`` behind it (plain JSON data)."""
+    """What one check found: a status, a one-line ``summary`` and JSON ``details``."""
 
     status: str
     summary: str
@@ -66,9 +60,7 @@ class AiterCall:
 def check_aiter_kernels(
     calls: Sequence[AiterCall], where_built: Callable[[str], str | None] | None, install: str
 ) -> Verdict:
-    """Whether each call's module is built in this install. ``where_built(module)`` says where it is
-    (loaded, a ``.so`` path, the stand-in's table) or ``None``; ``where_built=None`` means aiter does
-    not apply here, and ``install`` says why (or, otherwise, which install was looked at)."""
+    """Whether each call's module is built; ``where_built=None``: aiter does not apply (``install`` says why)."""
     if where_built is None:
         return Verdict(NOT_APPLICABLE, install)
     rows = [{**asdict(call), "built": where_built(call.module)} for call in calls]
@@ -90,8 +82,7 @@ def check_aiter_kernels(
 
 
 class Reading(NamedTuple):
-    """One copy-replay-read round: whether the graph read the offsets just copied in, and whether
-    the attention output it produced equals an eager call on those offsets."""
+    """One copy-replay-read round: fresh offsets read, and output equal to eager."""
 
     offsets_current: bool
     output_current: bool
@@ -100,8 +91,7 @@ class Reading(NamedTuple):
 def check_host_copy_offsets(
     copy_replay_read: Callable[[int], Reading] | None, rounds: int, why_not: str = ""
 ) -> Verdict:
-    """Run ``copy_replay_read(i)`` for ``rounds`` rounds (each copies new offsets from the host into a
-    buffer a captured graph reads, replays, and reads back) and count the stale reads."""
+    """Run ``copy_replay_read(i)`` for ``rounds`` rounds and count the stale reads."""
     if copy_replay_read is None:
         return Verdict(SKIPPED, why_not)
     readings = [copy_replay_read(index) for index in range(rounds)]
@@ -125,8 +115,7 @@ def check_host_copy_offsets(
 def check_capture_errors(
     capture_unsafe: Callable[[], BaseException | None] | None, op: str, why_not: str = ""
 ) -> Verdict:
-    """``capture_unsafe()`` captures a graph around ``op`` (an operation not allowed in a capture) and
-    returns what the capture raised, or ``None`` when it ended as if nothing had happened."""
+    """``capture_unsafe()`` returns what capturing ``op`` raised; ``None`` is the hazard."""
     if capture_unsafe is None:
         return Verdict(SKIPPED, why_not)
     error = capture_unsafe()
@@ -150,10 +139,10 @@ def check_graph_equals_eager(
     runner_stats: Callable[[], dict[str, Any]] | None,
     why_not: str = "",
 ) -> Verdict:
-    """``encode(i, use_graphs)`` runs layout ``i`` through graphs or eagerly; each layout is visited
-    twice (a capture, then a replay after the others), and both outputs must be equal bit for bit.
-    ``runner_stats()`` is the graph runner's: a capture whose first replay differed from its warm-up
-    (served eagerly by the runner) or that failed where eager worked is a finding too."""
+    """Each layout captured, then replayed after the others: both bitwise equal to eager.
+
+    A first replay that differed from its warm-up, or a failed capture, in ``runner_stats()`` is a finding too.
+    """
     if encode is None or runner_stats is None:
         return Verdict(SKIPPED, why_not)
     mismatches = []
@@ -219,7 +208,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     main()
-    # Without the interpreter's teardown: a probe leaves a broken capture behind on purpose, and a
-    # destructor that aborts over it at exit (seen on ROCm: ~CUDAGraph) must not turn the verdict
-    # just printed into a crash of the check.
+    # Skip teardown: a destructor aborting over the probe's broken capture (ROCm) would crash the check.
     os._exit(0)

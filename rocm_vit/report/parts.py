@@ -1,11 +1,7 @@
 """The parts of ``rocm-vit report``: which commands run, with which options, and how each one runs.
 
-Each part is one rocm-vit command run with this interpreter in a process of its own, inside the
-report's folder, with a time limit: a crash, a hang or a GPU error that poisons its process ends that
-part only, and the report says how (exit status, signal, the end of its stderr). Its stdout and
-stderr are kept in ``logs/``. A part that needs a GPU is skipped, with the reason, where none is
-visible. The sizes keep a full report under 10 minutes on an H200 and a ``--quick`` one under 2
-(the limits below are ceilings for a hang, not estimates).
+Invariant: each part runs in a process of its own with a time limit, so a crash or hang ends that part
+only; logs in ``logs/``. Limits below are hang ceilings, not estimates.
 """
 
 from __future__ import annotations
@@ -37,10 +33,7 @@ _STDERR_TAIL_LINES = 15
 
 @dataclass(frozen=True)
 class Part:
-    """One command of the report. ``argv`` follows ``python``; ``output`` says where its result is:
-    ``json`` (stdout is one JSON document, or its last line is), ``text`` (stdout as is), or
-    ``json_file`` (the command writes ``<key>.json`` in the report's folder). ``ok_exit_codes``: the
-    exit statuses that still mean the part ran (a missed target that its own table shows)."""
+    """One command of the report; ``output``: ``json`` (stdout or its last line), ``text`` or ``json_file``."""
 
     key: str
     title: str
@@ -53,8 +46,7 @@ class Part:
 
 @dataclass
 class PartResult:
-    """How a part ended: ``status`` (``ok``, ``failed``, ``timed_out``, ``skipped``), what it returned
-    (``data``: parsed JSON, text or None), why it failed or was skipped (``detail``), its logs."""
+    """How a part ended (``ok``, ``failed``, ``timed_out``, ``skipped``), its data, ``detail`` and logs."""
 
     status: str
     seconds: float = 0.0
@@ -73,10 +65,7 @@ def plan(
     profile_out: Path | None,
     plots: bool,
 ) -> list[Part]:
-    """The parts of a report for ``preset_name``, in the order they run: ``tune`` first (later parts
-    run under the policy it tunes), then what proves graphs and kernels correct, then the timings.
-    ``profile_out`` is the profile file this machine loads (None: ``ROCM_VIT_PROFILE=off``, and tune
-    writes the default file)."""
+    """The parts in run order: ``tune`` first (the rest run under its policy), correctness, then timings."""
     preset_args = ("--preset", preset_name)
     parts: list[Part] = []
     if not quick:
@@ -111,8 +100,7 @@ def plan(
 
 
 def run_part(part: Part, folder: Path, on_gpu: bool) -> PartResult:
-    """Run ``part`` in ``folder`` (its working directory), logs in ``folder/logs``; never raises for
-    anything the part does."""
+    """Run ``part`` in ``folder``, logs in ``folder/logs``; never raises for anything the part does."""
     if part.needs_gpu and not on_gpu:
         return PartResult(SKIPPED, detail="no GPU: torch.cuda.is_available() is False")
     logs_dir = folder / "logs"
@@ -163,8 +151,7 @@ def _parse(part: Part, stdout: str, folder: Path) -> Any:
 
 
 def _child_environment() -> dict[str, str]:
-    """This environment, with this rocm-vit first on the path (the part runs in the report's folder,
-    not where the report was started) and progress bars off (the report shows its own)."""
+    """This environment with this rocm-vit first on the path and progress bars off."""
     env = dict(os.environ)
     source_root = str(Path(rocm_vit.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH", "")) if p)

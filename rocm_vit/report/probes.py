@@ -1,9 +1,7 @@
 """The real device work behind each hazard check of ``rocm_vit.report.hazards``, on this machine.
 
-``run_check(name, preset, quick)`` builds what one check needs from the preset (its head dim and
-heads, its tower) and returns the check's verdict; where a check cannot look (no GPU, no aiter) the
-verdict says why. The report's own process never imports this module: every check runs in a
-process of its own (``python -m rocm_vit.report.hazards``), under ``torch.inference_mode``.
+Invariant: the report's own process never imports this module; each check runs in a process of its own
+(``python -m rocm_vit.report.hazards``), under ``torch.inference_mode``.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ GRAPH_MAX_SIDE_PX = 1024
 QUICK_GRAPH_LAYOUTS = 10
 QUICK_GRAPH_MAX_SIDE_PX = 768
 CAPTURE_UNSAFE_OP = "a device-to-host read (tensor.item())"
-# What rocm-vit's aiter calls look like (backends/aiter_attn.py): bf16 as served, non-causal, with the
-# LSE asked for (and dropped), q heads equal to k heads.
+# rocm-vit's aiter calls as backends/aiter_attn.py makes them.
 SERVING_DTYPES = (torch.bfloat16,)
 _AITER_BACKENDS = (("aiter_attn", None), ("aiter_attn_pad128", 128))
 NO_GPU = "no GPU: torch.cuda.is_available() is False"
@@ -95,8 +92,7 @@ def aiter_calls(config: TowerConfig, arch: str) -> list[AiterCall]:
 
 
 def aiter_install(info: PlatformInfo) -> tuple[Callable[[str], str | None] | None, str]:
-    """``(where_built, description)`` for the aiter this process would use; ``where_built`` is None
-    where aiter does not apply, and the description says why. aiter is never imported."""
+    """``(where_built, description)`` for this process's aiter (None: not applicable); never imports it."""
     if info.name != "rocm":
         return None, f"aiter runs on ROCm only; this platform is {info.name}"
     from rocm_vit.emulation import aiter_standin
@@ -127,8 +123,7 @@ def aiter_install(info: PlatformInfo) -> tuple[Callable[[str], str | None] | Non
 
 
 def aiter_jit_dirs(package_dir: Path) -> list[Path]:
-    """Where aiter keeps its built modules (``aiter/jit/core.py``, ``get_user_jit_dir``): ``AITER_JIT_DIR``
-    when set; else the package's ``jit`` folder, or ``~/.aiter/jit`` where that folder is read-only."""
+    """Where aiter keeps its built modules, as ``aiter/jit/core.py``'s ``get_user_jit_dir``."""
     if os.environ.get("AITER_JIT_DIR"):
         return [Path(os.environ["AITER_JIT_DIR"])]
     return [package_dir / "jit", Path.home() / ".aiter" / "jit"]
@@ -138,13 +133,9 @@ def aiter_jit_dirs(package_dir: Path) -> list[Path]:
 
 
 class OffsetsProbe:
-    """ROCm/hip#3902's pattern: a graph whose attention reads segment offsets from a device buffer
-    (and copies the buffer out); each round copies new offsets into that buffer from pinned host
-    memory, non-blocking, replays at once, and compares with what was copied and with an eager call.
+    """ROCm/hip#3902's pattern: new offsets copied non-blocking from pinned memory, replay at once, compare.
 
-    The attention backend is the one the policy picks for the layout, or ``triton_attn`` where that
-    one takes host lengths (``sdpa`` reads no device offsets). ``max_seqlen`` stays the token count,
-    so one graph serves every segmentation and the eager call runs the same kernel grid.
+    ``max_seqlen`` stays the token count, so one graph serves every segmentation.
     """
 
     def __init__(self, config: TowerConfig, device: torch.device) -> None:
@@ -199,8 +190,7 @@ class OffsetsProbe:
 
 
 def capture_unsafe(device: torch.device | None = None) -> BaseException | None:
-    """Capture (thread-local mode, on a side stream, as the graph runner does) ``x.sum().item()``,
-    which waits for the device inside the capture; return what was raised, else None."""
+    """Capture ``x.sum().item()`` as the graph runner captures; return what was raised, else None."""
     device = device or torch.device("cuda")
     x = torch.ones(16, device=device)
     x.sum().item()
@@ -227,9 +217,7 @@ def capture_unsafe(device: torch.device | None = None) -> BaseException | None:
 def tower_encoder(
     preset_name: str, count: int, max_side_px: int, seed: int = 0
 ) -> tuple[Callable[[int, bool], torch.Tensor], list[str], Callable[[], dict[str, Any]]]:
-    """``(encode, layouts, runner_stats)`` over ``count`` random layouts, sides up to ``max_side_px``,
-    of the preset tower (bf16, random weights), every layout captured at its first call, capacity
-    half the layouts so captures, evictions and replays interleave as in ``rocm-vit verify``."""
+    """``(encode, layouts, runner_stats)``: ``count`` random layouts, capacity half of them (as ``verify``)."""
     from rocm_vit.cli.workload import bench_graph_options, build_tower, random_pixels, random_workloads
 
     device = torch.device("cuda")

@@ -1,11 +1,8 @@
 """rocm-vit's SGLang plugin: the one place that knows SGLang.
 
-SGLang discovers it through the entry point ``rocm_vit`` in the group ``sglang.srt.plugins``
-(pyproject.toml) and calls ``load()`` from ``sglang.srt.plugins.load_plugins()`` in each of its
-processes. ``load`` registers the hooks of ``hooks.HOOKS``; each is installed when SGLang imports
-the module it patches (``imports.when_imported``), after the version gate has checked it. Nothing
-here raises into SGLang: a hook that cannot be applied is logged and left out, and SGLang keeps its
-own code for it. ``ROCM_VIT_DISABLE=1`` turns the plugin off. docs/sglang.md lists every target.
+``load()`` (entry point ``sglang.srt.plugins``) registers ``hooks.HOOKS``, each installed when SGLang
+imports its module, after the version gate. Invariant: nothing here raises into SGLang; a hook that
+cannot apply is logged and left out. ``ROCM_VIT_DISABLE=1`` turns it off. Targets: docs/sglang.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What the plugin changes in SGLang, and the version gate that decides whether each change is safe.
 
-Each ``Hook`` names the module it patches, its dotted targets, the signatures rocm-vit was written
-against, and how to install it. On an untested SGLang release a hook whose targets are missing or
-take other parameters is left out with one warning; the others still apply. docs/sglang.md lists them.
+Invariant: on an untested SGLang release a hook whose targets are missing or differ is left out with one
+warning; the others still apply. docs/sglang.md lists them.
 """
 
 from __future__ import annotations
@@ -28,11 +27,7 @@ _ENCODER_RUNTIME = "sglang.srt.disaggregation.encoder.runtime"
 
 @dataclass(frozen=True)
 class Hook:
-    """One change to one SGLang module.
-
-    ``signatures`` maps an attribute path inside ``module`` to the parameter names rocm-vit
-    expects (``None``: it only has to exist). ``install(module)`` makes the change.
-    """
+    """One change to one SGLang module; ``signatures``: attribute path -> expected parameters (None: exists)."""
 
     name: str
     module: str
@@ -75,17 +70,14 @@ def is_tested(version: str | None) -> bool:
 def _install_aiter_attention(vision: ModuleType) -> None:
     from rocm_vit.integrations.sglang.attention import AiterVisionAttention
 
-    # VisionAttention instantiates backends through QKV_BACKEND_IMPL, a table of class references
-    # filled at import: replace_attribute rebinds its "aiter_attn" entry too.
+    # replace_attribute rebinds QKV_BACKEND_IMPL's "aiter_attn" entry too.
     replace_attribute(vision, "VisionAiterAttention", AiterVisionAttention)
 
 
 def _install_rotary(vision: ModuleType) -> None:
     from rocm_vit.integrations.sglang.attention import rotary_pos_emb
 
-    # VisionAttention.forward picks one of these two per call (the eager native one whenever
-    # SGLANG_VIT_ENABLE_CUDA_GRAPH is set): both become rocm-vit's, so eager and graph mode agree.
-    # In vision.py only: the same functions serve the language models' rotary elsewhere in SGLang.
+    # Both become rocm-vit's so eager and graph mode agree; in vision.py only (the LM rotary keeps SGLang's).
     replace_attribute(vision, "apply_rotary_pos_emb", rotary_pos_emb, rebind=False)
     replace_attribute(vision, "apply_rotary_pos_emb_native_eager", rotary_pos_emb, rebind=False)
 

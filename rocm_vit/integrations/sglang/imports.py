@@ -1,10 +1,7 @@
 """Patch a module when it is imported, and replace its attributes where SGLang bound them.
 
-SGLang calls ``load_plugins()`` early in every process, most of which never run a vision encoder
-(the detokenizer, the HTTP front end). Importing the encoder's modules there to patch them would
-cost seconds and memory per process, so a hook waits for its module: it is applied at once when
-the module is already imported, otherwise right after the import that brings it in, before any
-``from module import name`` that follows can copy the old binding.
+Invariant: a hook never imports its module (most SGLang processes run no encoder); it applies at once
+or right after the import, before a later ``from module import name`` can copy the old binding.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-# Only SGLang's own modules are rebound: rocm-vit's modules keep SGLang's originals on purpose
-# (the graph runner adapter delegates window layouts to SGLang's runner).
+# Only SGLang's modules are rebound: the graph runner adapter delegates to SGLang's originals.
 _REBIND_PREFIX = "sglang."
 
 _lock = threading.Lock()
@@ -43,10 +39,8 @@ def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> N
 def replace_attribute(owner: ModuleType | type, name: str, replacement: Any, *, rebind: bool = True) -> None:
     """Set ``owner.name = replacement``, remembering the original for ``original``.
 
-    With ``rebind`` (and ``owner`` a module), every SGLang module-level reference to the original
-    follows: names imported with ``from owner import name``, and entries of module-level tables
-    (``QKV_BACKEND_IMPL``, ``qwen3_vl.graph_runners_dict``), which hold their own references that
-    patching the owner alone would leave behind.
+    With ``rebind``, SGLang's module-level references follow too (``from`` imports, tables such as
+    ``QKV_BACKEND_IMPL``).
     """
     current = getattr(owner, name)
     _originals.setdefault(_key(owner, name), current)

@@ -1,13 +1,7 @@
 """Qwen2.5-VL's ViT graph path on ROCm, where rocm-vit's runner serves it.
 
-In SGLang 0.5.23 ``Qwen2_5_VisionTransformer.__init__`` sets ``enable_cg = _is_cuda and
-SGLANG_VIT_ENABLE_CUDA_GRAPH``: SGLang's own runner captures with ``torch.cuda.CUDAGraph`` and knows
-only CUDA's attention layouts, so on ROCm the tower always ran eagerly. Once the ``graph_runner``
-hook has put ``ViTGraphRunnerAdapter`` in the model module and the adapter built rocm-vit's runner
-for the tower (its attention backend has a graph-safe argument list, ``aiter_attn`` or
-``triton_attn``, and the settings are valid), the windowed calls are served on HIP as well, and the
-gate is lifted for that tower only. Anywhere else SGLang's decision stands: CUDA already has it, and
-CPU, NPU or XPU keep their eager path.
+SGLang 0.5.23 enables ViT graphs only on CUDA (``enable_cg = _is_cuda and ...``). The gate is lifted for a
+tower only where rocm-vit's runner serves it on ROCm; elsewhere SGLang's decision stands.
 """
 
 from __future__ import annotations
@@ -47,7 +41,6 @@ def lift_graph_gate(original_init: Callable[..., None]) -> Callable[..., None]:
         self.cuda_graph_runner = runner
         self.enable_cg = True
 
-    # __wrapped__ (inspect.signature follows it) but rocm-vit's own name, so logs and the doctor
-    # can tell the two apart.
+    # __wrapped__ for inspect.signature, but rocm-vit's own name for logs and the doctor.
     functools.update_wrapper(__init__, original_init, assigned=("__doc__",))
     return __init__

@@ -1,12 +1,6 @@
 """Qwen3-VL's graph path interpolates position embeddings the way its eager path does.
 
-In SGLang 0.5.23 ``Qwen3VLMoeVisionModel.forward`` interpolates the learned position table with
-``fast_pos_embed_interpolate_from_list`` (or its vectorized twin past a few images): linspace
-source positions, as transformers does. ``forward_with_cuda_graph`` goes through
-``fast_pos_embed_interpolate`` instead, a NumPy version that uses half-pixel source positions unless
-``--enable-precise-embedding-interpolation`` is set, so graph output differed from eager output for
-every image whose grid is not the table's size. With this method the graph path takes the eager
-function.
+Why (SGLang 0.5.23's graph path used half-pixel positions): docs/sglang.md, hook ``qwen3_vl_graph_interpolation``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Entry functions of the encode server's spawned workers that load SGLang's plugins first.
 
-SGLang 0.5.23 calls ``load_plugins()`` in its server, engine, scheduler, DP-controller and
-detokenizer processes, but not in the disaggregated encode server's workers: tensor-parallel ranks
->= 1 (``encoder/server.py: launch_encoder``) and data-parallel workers (``encoder/runtime.py:
-launch_dp_worker``), started with the ``spawn`` method. These run a vision encoder, so without the
-plugin they would serve other numbers than rank 0. The plugin puts these module-level functions in
-place of SGLang's: ``spawn`` pickles a process target by its module and name, so the child imports
-rocm-vit, loads the plugins (rocm-vit's hooks among them), then runs SGLang's own entry function.
+SGLang 0.5.23 loads no plugins in the encode server's spawned TP ranks >= 1 and DP workers; ``spawn``
+pickles these module-level functions by name, so the child imports rocm-vit and loads plugins first.
+Why: docs/sglang.md, hooks ``encoder_tp_worker`` and ``encoder_dp_worker``.
 """
 
 from __future__ import annotations
