@@ -196,29 +196,14 @@ class _Attempt:
 class ViTGraphRunner:
     """Runs ``forward_blocks(x, attn_args, cos, sin, *inputs)`` under graphs keyed by the exact layout.
 
-    ``attn_args`` is ``layout_args(layout, cu_seqlens)``: one layer's attention arguments per
-    segmentation, by name, built on the graph's own offsets in a graph and on the layout's tensors
-    in an eager run, so they must reference the ``cu_seqlens`` tensors given and hold nothing read
-    back from the device. A tower passes its backend's ``layout_args``; ``forward_blocks`` hands each
-    block the arguments of the segmentation it attends within.
-
-    ``run`` returns a tensor owned by the caller, ready on the caller's current stream. Calls are
-    serialised on the host by a lock, and the runner's device work on the device by a marker event
-    (replays run on the caller's stream, captures on the runner's own); capture is thread-local, so
-    other threads may use the GPU meanwhile. Nothing escapes ``run`` that the eager
-    ``forward_blocks`` would not raise too.
-
-    Options (defaults in this module): ``capacity`` graphs at most; ``min_sightings`` calls of a
-    layout before it is captured; ``max_tokens`` per captured layout (also the staging size);
-    ``cost_model``: capture only layouts it predicts a replay saves time on (the launch time measured
-    from this runner's eager runs), and at capacity only those called more often than the least used
-    graph (``None``: every layout is worth a graph); ``clock``: the host clock eager runs are timed with;
-    ``defer_captures``: the call that makes a layout eligible is served eagerly and the capture runs
-    on the runner's own thread, so no request waits for a warm-up and a capture (calls arriving
-    meanwhile run eagerly); ignored with ``agree_max``, whose ranks must capture in step;
-    ``budget_bytes`` for staging, offsets and pool (``None``: 1/64 of the device's memory, 256 MiB ..
-    4 GiB); ``agree_max``: the element-wise maximum over the ranks of a tensor-parallel group, for
-    runners whose captures must happen on every rank alike (``None``: this process decides alone).
+    ``attn_args = layout_args(layout, cu_seqlens)``: per segmentation, arguments that reference the
+    given ``cu_seqlens`` (the graph's own offsets, or the layout's in an eager run) and hold nothing
+    read back from the device. ``run`` returns a tensor owned by the caller, ready on its current
+    stream, and raises only what the eager ``forward_blocks`` would. Options (docs/usage.md,
+    "Graphs"): ``capacity``, ``min_sightings``, ``max_tokens`` (also the staging size),
+    ``budget_bytes`` (``None``: ``default_budget_bytes``), ``cost_model`` (``None``: every layout is
+    worth a graph), ``clock`` (times eager runs), ``defer_captures`` (captures on the runner's thread;
+    ignored with ``agree_max``, the element-wise maximum over ranks that must decide alike).
     """
 
     def __init__(
