@@ -2,7 +2,7 @@
 
 Eager costs max(host launch time, device time); a replay, device time plus a little host work. Device
 time is linear in tokens and in the sum of squared segment lengths. Defaults: a fit of Qwen3-VL-8B
-replays on an H200 (docs/benchmarks.md, "Graph ceiling"); launch time is measured by the runner.
+replays on an H200 (docs/benchmarks.md, "Eager against replay by patch count"); launch time is measured by the runner.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-# Qwen3-VL-8B on an H200, 27 blocks (docs/benchmarks.md, "Graph ceiling").
+# Qwen3-VL-8B on an H200, 27 blocks (docs/benchmarks.md, "Eager against replay by patch count").
 _H200_8B_BLOCKS = 27
 
 
