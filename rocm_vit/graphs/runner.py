@@ -80,6 +80,7 @@ _CAPTURE_THREAD_POLL_S = 0.5
 # The launch time is the median host time of this many recent eager runs, once there are enough.
 _LAUNCH_SAMPLES = 64
 _MIN_LAUNCH_SAMPLES = 8
+_LAUNCH_REFRESH = 16
 
 
 def default_budget_bytes(total_memory_bytes: int) -> int:
@@ -241,6 +242,9 @@ class ViTGraphRunner:
         self._cost_model = cost_model
         self._clock = clock
         self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
+        self._launch_samples_seen = 0
+        # The launch time agreed across ranks, and how many samples had been seen then.
+        self._launch_agreed: tuple[float, int] | None = None
         self._calls = 0
         self._lock = threading.Lock()
         self._defer = defer_captures and agree_max is None
@@ -344,6 +348,7 @@ class ViTGraphRunner:
         output = self._eager(tensors, layout)
         if timed:
             self._launch_samples.append((self._clock() - started) * 1e3)
+            self._launch_samples_seen += 1
         return output
 
     def stats(self) -> dict[str, Any]:
@@ -373,7 +378,9 @@ class ViTGraphRunner:
                 "capacity": self.capacity,
                 "min_sightings": self.min_sightings,
                 "max_tokens": self.max_tokens,
-                "launch_ms": self._launch_ms(),
+                "launch_ms": self._launch_agreed[0]
+                if self._launch_agreed
+                else getattr(self._cost_model, "launch_ms", None),
             }
 
     # Admission and room ---------------------------------------------------------------------------
@@ -421,14 +428,16 @@ class ViTGraphRunner:
         seq_lens = layout.segmentations["full"].seq_lens
         return model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
 
-    def _launch_ms(self) -> float | None:
-        """The host's launch time of an eager run: the median of recent ones, agreed across ranks."""
-        if self._cost_model is None:
-            return None
-        if len(self._launch_samples) < _MIN_LAUNCH_SAMPLES:
-            return self._cost_model.launch_ms
-        microseconds = round(statistics.median(self._launch_samples) * 1e3)
-        return self._agree([microseconds])[0] / 1e3
+    def _launch_ms(self) -> float:
+        """The host's launch time of an eager run: the median of recent ones, agreed across ranks
+        once enough were seen and again every ``_LAUNCH_REFRESH`` more (a collective per admission
+        would cost every eager call; ranks see the same calls, so they agree at the same one)."""
+        seen = self._launch_samples_seen
+        due = self._launch_agreed is None or seen - self._launch_agreed[1] >= _LAUNCH_REFRESH
+        if seen >= _MIN_LAUNCH_SAMPLES and due:
+            microseconds = round(statistics.median(self._launch_samples) * 1e3)
+            self._launch_agreed = (self._agree([microseconds])[0] / 1e3, seen)
+        return self._cost_model.launch_ms if self._launch_agreed is None else self._launch_agreed[0]
 
     def _least_used(self) -> tuple:
         """The held graph called least often (the least recently used among equals)."""
