@@ -48,7 +48,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 # The graph runner's defaults (rocm_vit.graphs takes them from here): at most this many graphs, and a
 # layout captured on its second call, so one-off layouts (most of a real image mix) never are.
 DEFAULT_CAPACITY = 32
-DEFAULT_MIN_SIGHTINGS = 2
+DEFAULT_MIN_HITS = 2
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Settings:
     use_aiter: bool = False
     vit_cuda_graph: bool = False
     graph_cache_capacity: int = DEFAULT_CAPACITY
-    graph_min_hits: int = DEFAULT_MIN_SIGHTINGS
+    graph_min_hits: int = DEFAULT_MIN_HITS
     graph_max_tokens: int | None = None  # None: the policy's (8192)
     graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
 

@@ -168,7 +168,7 @@ def _launches_taking(milliseconds: float) -> Any:
 
 def _runner(**kwargs: Any) -> tuple[ViTGraphRunner, StandInGraphs]:
     mechanism = kwargs.pop("mechanism", None) or StandInGraphs()
-    kwargs.setdefault("min_sightings", 1)
+    kwargs.setdefault("min_hits", 1)
     runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa").layout_args, mechanism=mechanism, **kwargs)
     return runner, mechanism
 
@@ -314,7 +314,7 @@ def test_replays_read_their_own_offsets_which_nothing_writes_after_capture(gener
     copy lands in them between the capture and any replay (on MI355X a host-to-device copy right
     before a replay was read stale: docs/rocm.md, "Hazards")."""
     layout_args = _RecordingOffsets()
-    runner = ViTGraphRunner(_offsets_forward, layout_args, min_sightings=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(_offsets_forward, layout_args, min_hits=1, mechanism=StandInGraphs())
     layouts = [_layout((1, 4, 4), (1, 2, 2)), _layout((1, 2, 2), (1, 4, 4)), _layout((1, 2, 10))]
     for layout in layouts * 3 + layouts[:1] * 2:
         x, cos, sin = _inputs(layout, generator)
@@ -371,19 +371,19 @@ def test_capacity_zero_never_captures(generator: torch.Generator) -> None:
     assert runner.stats()["eager_runs"]["over_capacity"] == 1
 
 
-def test_min_sightings_keeps_one_off_layouts_out(generator: torch.Generator) -> None:
-    runner, _ = _runner(min_sightings=2)
+def test_min_hits_keeps_one_off_layouts_out(generator: torch.Generator) -> None:
+    runner, _ = _runner(min_hits=2)
     hot = _layout((1, 2, 4))
     for index in range(10):
         _run_checked(runner, _layout((1, 2, 6 + 2 * index)), generator)  # each seen once
         _run_checked(runner, hot, generator)
     stats = runner.stats()
     assert (stats["graphs"], stats["captures"], stats["replays"]) == (1, 1, 9)
-    assert stats["eager_runs"]["below_min_sightings"] == 11
+    assert stats["eager_runs"]["below_min_hits"] == 11
 
 
 def test_cache_filled_by_one_off_layouts_recovers_when_traffic_changes(generator: torch.Generator) -> None:
-    runner, _ = _runner(capacity=4, min_sightings=1)
+    runner, _ = _runner(capacity=4, min_hits=1)
     for index in range(4):
         _run_checked(runner, _layout((1, 2, 2 + 2 * index)), generator)
     hot = [_layout((1, 2, 10 + 2 * index)) for index in range(3)]  # token counts none of the one-offs has
@@ -606,9 +606,7 @@ def _failing_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: t
 
 
 def test_input_that_fails_eagerly_too_raises_and_marks_nothing(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(
-        _failing_forward, get_backend("sdpa").layout_args, min_sightings=1, mechanism=StandInGraphs()
-    )
+    runner = ViTGraphRunner(_failing_forward, get_backend("sdpa").layout_args, min_hits=1, mechanism=StandInGraphs())
     layout = _layout((1, 2, 4))
     x, cos, sin = _inputs(layout, generator)
     with pytest.raises(RuntimeError, match="rejects this input"):
@@ -640,7 +638,7 @@ def test_bad_input_raises_before_anything_runs(generator: torch.Generator, chang
     before = runner.stats()
     with pytest.raises(ValueError, match=message):
         runner.run(x, layout, cos, sin, *extra)
-    assert runner.stats() == before and mechanism.events == [] and not runner._sightings
+    assert runner.stats() == before and mechanism.events == [] and not runner._hits
 
 
 def test_rotary_staging_keeps_the_dtype_the_model_passed(generator: torch.Generator) -> None:
@@ -659,7 +657,7 @@ def test_rotary_staging_keeps_the_dtype_the_model_passed(generator: torch.Genera
     ("kwargs", "message"),
     [
         ({"capacity": -1}, "capacity = -1"),
-        ({"min_sightings": 0}, "min_sightings = 0"),
+        ({"min_hits": 0}, "min_hits = 0"),
         ({"max_tokens": 0}, "max_tokens = 0"),
         ({"max_tokens": None}, "max_tokens = None"),
         ({"budget_bytes": -1}, "budget_bytes = -1"),
@@ -724,7 +722,7 @@ def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Gene
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     pixels = [torch.randn(sum(t * h * w for t, h, w in g), width, generator=generator) for g in grids]
     eager = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
-    runner = tower.enable_graphs(capacity=8, min_sightings=1, mechanism=StandInGraphs(), by_benefit=False)
+    runner = tower.enable_graphs(capacity=8, min_hits=1, mechanism=StandInGraphs(), by_benefit=False)
     graphed = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
     tower.disable_graphs()
     assert all(torch.equal(a, b) for a, b in zip(eager, graphed, strict=True))
@@ -790,9 +788,7 @@ def _toy_with_offsets(x, attn_args: dict, cos, sin, offsets: torch.Tensor) -> to
 
 
 def test_further_inputs_get_staging_buffers_copied_before_every_replay(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(
-        _toy_with_offsets, get_backend("sdpa").layout_args, min_sightings=1, mechanism=StandInGraphs()
-    )
+    runner = ViTGraphRunner(_toy_with_offsets, get_backend("sdpa").layout_args, min_hits=1, mechanism=StandInGraphs())
     layout = _layout((1, 2, 4), (1, 2, 2))
     for _ in range(3):
         x, cos, sin = _inputs(layout, generator)
@@ -841,7 +837,7 @@ def _windowed(*grid: tuple[int, int, int]) -> AttentionLayout:
 
 def _windowed_runner(layout_args: LayoutArgs | None = None) -> ViTGraphRunner:
     layout_args = layout_args or get_backend("sdpa").layout_args
-    return ViTGraphRunner(_windowed_toy_forward_blocks, layout_args, min_sightings=1, mechanism=StandInGraphs())
+    return ViTGraphRunner(_windowed_toy_forward_blocks, layout_args, min_hits=1, mechanism=StandInGraphs())
 
 
 def test_windowed_graph_owns_offsets_per_segmentation(generator: torch.Generator) -> None:
@@ -904,10 +900,10 @@ def test_moving_or_casting_a_tower_drops_its_graphs_and_prepared_layouts(generat
 def test_tower_refuses_bad_pixels_before_anything_runs(pixels: torch.Tensor, message: str) -> None:
     config = preset("tiny")
     tower = tower_class(config)(config, attention_backend="sdpa").eval()
-    runner = tower.enable_graphs(min_sightings=1, mechanism=StandInGraphs())
+    runner = tower.enable_graphs(min_hits=1, mechanism=StandInGraphs())
     with pytest.raises(ValueError, match=message):
         tower(pixels, [(1, 4, 6)])
-    assert not tower._layouts and runner.stats()["captures"] == 0 and not runner._sightings
+    assert not tower._layouts and runner.stats()["captures"] == 0 and not runner._hits
 
 
 def _per_token_model() -> CostModel:
@@ -916,7 +912,7 @@ def _per_token_model() -> CostModel:
 
 
 def test_a_layout_is_captured_only_where_a_replay_is_predicted_to_save_time(generator: torch.Generator) -> None:
-    runner, _ = _runner(min_sightings=2, cost_model=_per_token_model(), clock=_launches_taking(10.0))
+    runner, _ = _runner(min_hits=2, cost_model=_per_token_model(), clock=_launches_taking(10.0))
     small, large = _layout((1, 2, 2)), _layout((1, 4, 4))  # 4 and 16 ms on the device against 10 to launch
     for _ in range(3):
         _run_checked(runner, small, generator)
@@ -928,7 +924,7 @@ def test_a_layout_is_captured_only_where_a_replay_is_predicted_to_save_time(gene
 
 def test_the_launch_time_is_learned_from_this_hosts_eager_runs(generator: torch.Generator) -> None:
     """Hosts launch the same tower in 9 to 15 ms: the saving is the serving host's, not the model's."""
-    runner, _ = _runner(min_sightings=1, cost_model=_per_token_model(), clock=_launches_taking(20.0))
+    runner, _ = _runner(min_hits=1, cost_model=_per_token_model(), clock=_launches_taking(20.0))
     large = _layout((1, 4, 4))
     for index in range(8):  # a layout of 12 tokens saves nothing at 10 ms: eager, timed at 20 ms
         _run_checked(runner, _layout((1, 2, 6), (1, 2, 2 * index + 2)), generator)
@@ -939,7 +935,7 @@ def test_the_launch_time_is_learned_from_this_hosts_eager_runs(generator: torch.
 def test_a_deferred_capture_serves_its_call_eagerly_and_the_graph_replays_later(generator: torch.Generator) -> None:
     runner, mechanism = _runner(defer_captures=True)
     layout = _layout((1, 2, 4), (1, 2, 2))
-    _run_checked(runner, layout, generator)  # eligible at once (min sightings 1): served eagerly
+    _run_checked(runner, layout, generator)  # eligible at once (min hits 1): served eagerly
     assert runner.wait_for_captures(timeout=30)
     stats = runner.stats()
     assert (stats["eager_runs"]["capture_deferred"], stats["captures"], stats["replays"]) == (1, 1, 0)
@@ -992,7 +988,7 @@ def test_a_deferred_capture_runs_in_the_callers_grad_mode(mode: str, generator: 
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     grid = [(1, 4, 6), (1, 2, 4)]
     pixels = torch.randn(32, width, generator=generator)
-    runner = tower.enable_graphs(min_sightings=1, mechanism=StandInGraphs())  # the serving defaults
+    runner = tower.enable_graphs(min_hits=1, mechanism=StandInGraphs())  # the serving defaults
     with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
         expected = tower(pixels, grid, use_graphs=False)
         assert torch.equal(tower(pixels, grid), expected)  # served eagerly, captured off its path
@@ -1036,9 +1032,7 @@ def test_the_launch_time_is_agreed_across_ranks_now_and_then_not_on_every_call(g
         calls.append(list(values))
         return list(values)
 
-    runner, _ = _runner(
-        min_sightings=1, cost_model=_per_token_model(), clock=_launches_taking(20.0), agree_max=agree_max
-    )
+    runner, _ = _runner(min_hits=1, cost_model=_per_token_model(), clock=_launches_taking(20.0), agree_max=agree_max)
     for index in range(40):  # 12 + tokens: saves nothing at 10 ms, eager, timed at 20 ms
         _run_checked(runner, _layout((1, 2, 6), (1, 2, 2 * index + 2)), generator)
     launch_agreements = [values for values in calls if values == [20_000]]

@@ -44,7 +44,7 @@ def _rank(rank: int, store_path: str, report_dir: str, agree: bool) -> None:
             support._toy_forward_blocks,
             get_backend("sdpa").layout_args,
             mechanism=mechanism,
-            min_sightings=1,
+            min_hits=1,
             capacity=8,
             max_tokens=2048,
             budget_bytes=320 << 10,

@@ -239,7 +239,7 @@ def test_a_backend_sglang_cannot_capture_runs_sglangs_eager_blocks_through_the_g
 @needs_sglang
 def test_adapter_takes_admission_and_budget_from_sglang_variables(report: dict[str, Any]) -> None:
     graphs = report["graph_vs_eager"]
-    assert (graphs["capacity"], graphs["min_sightings"], graphs["max_tokens"]) == (16, 1, STAGING_TOKENS)
+    assert (graphs["capacity"], graphs["min_hits"], graphs["max_tokens"]) == (16, 1, STAGING_TOKENS)
     assert graphs["budget_bytes"] == BUDGET_MB << 20
 
 

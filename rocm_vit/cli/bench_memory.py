@@ -43,7 +43,7 @@ from rocm_vit.cli.workload import (
 from rocm_vit.graphs import (
     DEFAULT_CAPACITY,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_MIN_SIGHTINGS,
+    DEFAULT_MIN_HITS,
     CudaGraphs,
     default_budget_bytes,
 )
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         "budget_bytes": budget_bytes,
         "graph_defaults": {
             "capacity": DEFAULT_CAPACITY,
-            "min_sightings": DEFAULT_MIN_SIGHTINGS,
+            "min_hits": DEFAULT_MIN_HITS,
             "max_tokens": DEFAULT_MAX_TOKENS,
         },
         "max_side_px": args.max_side,
@@ -357,7 +357,7 @@ def _churn(preset_name: str, default_budget: int, calls: int, seed: int) -> dict
     runs = {}
     for name, budget in (("ample", CHURN_AMPLE_BUDGET_BYTES), ("default", default_budget)):
         runner = tower.enable_graphs(
-            capacity=CHURN_CAPACITY, min_sightings=1, max_tokens=CHURN_MAX_TOKENS, budget_bytes=budget, by_benefit=False
+            capacity=CHURN_CAPACITY, min_hits=1, max_tokens=CHURN_MAX_TOKENS, budget_bytes=budget, by_benefit=False
         )
         mismatches, max_held, refused = 0, 0, []
         for index, workload in enumerate(progress(stream, f"churn, {name} budget", "call")):
@@ -463,9 +463,7 @@ def _capture_stall(tower: VisionTower, seed: int) -> dict:
             results["alone"] = loop.percentiles(time.perf_counter() - 0.8, time.perf_counter())
             mechanisms: list[tuple[str, GraphMechanism]] = [("before", _SyncingGraphs()), ("now", CudaGraphs())]
             for name, mechanism in mechanisms:
-                runner = tower.enable_graphs(
-                    capacity=len(layouts), min_sightings=1, mechanism=mechanism, by_benefit=False
-                )
+                runner = tower.enable_graphs(capacity=len(layouts), min_hits=1, mechanism=mechanism, by_benefit=False)
                 started = time.perf_counter()
                 for index, workload in enumerate(layouts):
                     _call(tower, pixels, index, workload, use_graphs=True)
@@ -811,7 +809,7 @@ def format_table(report: dict) -> str:
         f"commit {report['commit']}  torch {report['torch']}",
         f"preset {report['preset']}  {report['dtype']}  attention {report['attention_backend']}  "
         f"budget {_mib(report['budget_bytes'])}  graph defaults: capacity {defaults['capacity']}, "
-        f"min sightings {defaults['min_sightings']}, max tokens {defaults['max_tokens']}  "
+        f"min hits {defaults['min_hits']}, max tokens {defaults['max_tokens']}  "
         f"sides up to {report['max_side_px']} px  seed {report['seed']}",
         *table_lines(ROW_FIELDS, cells, left=True),
     ]

@@ -55,9 +55,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 # Admission before #30, today's with captures on the requests' path, and today's defaults.
-_BENEFIT = {"capacity": 32, "min_sightings": 2, "max_tokens": 8192, "cost_model": CostModel().for_blocks(BLOCKS)}
+_BENEFIT = {"capacity": 32, "min_hits": 2, "max_tokens": 8192, "cost_model": CostModel().for_blocks(BLOCKS)}
 POLICIES: dict[str, dict[str, Any]] = {
-    "count": {"capacity": 32, "min_sightings": 2, "max_tokens": 4096, "cost_model": None},
+    "count": {"capacity": 32, "min_hits": 2, "max_tokens": 4096, "cost_model": None},
     "benefit, inline": {**_BENEFIT, "defer_captures": False},
     "benefit": {**_BENEFIT, "defer_captures": True},
 }

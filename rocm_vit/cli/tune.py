@@ -293,7 +293,7 @@ def _eager_and_graph(
     workloads = parse_layouts(layouts, tower.config)
     tower.enable_graphs(
         capacity=len(workloads),
-        min_sightings=1,
+        min_hits=1,
         max_tokens=max(w.patches for w in workloads),
         budget_bytes=torch.cuda.get_device_properties(device).total_memory // 4,
         by_benefit=False,

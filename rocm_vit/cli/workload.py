@@ -235,7 +235,7 @@ def bench_graph_options(capacity: int, workloads: list[Workload], device: torch.
     budget = torch.cuda.get_device_properties(device).total_memory // 4 if device.type == "cuda" else None
     return {
         "capacity": capacity,
-        "min_sightings": 1,
+        "min_hits": 1,
         "max_tokens": max(workload.patches for workload in workloads),
         "budget_bytes": budget,
         "by_benefit": False,

@@ -4,7 +4,7 @@ from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
 from rocm_vit.graphs.runner import (
     DEFAULT_CAPACITY,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_MIN_SIGHTINGS,
+    DEFAULT_MIN_HITS,
     EAGER_REASONS,
     ViTGraphRunner,
     default_budget_bytes,
@@ -13,7 +13,7 @@ from rocm_vit.graphs.runner import (
 __all__ = [
     "DEFAULT_CAPACITY",
     "DEFAULT_MAX_TOKENS",
-    "DEFAULT_MIN_SIGHTINGS",
+    "DEFAULT_MIN_HITS",
     "EAGER_REASONS",
     "CudaGraphs",
     "GraphMechanism",

@@ -31,7 +31,7 @@ from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.layout import AttentionLayout
-from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MIN_SIGHTINGS
+from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MIN_HITS
 
 if TYPE_CHECKING:  # the policy imports this package: no import back at run time
     from rocm_vit.attention import AttnArgs
@@ -55,7 +55,7 @@ EAGER_REASONS = (
     "no_saving",
     "capture_deferred",
     "capturing",
-    "below_min_sightings",
+    "below_min_hits",
     "over_budget",
     "capture_failed",
     "capture_unverified",
@@ -201,7 +201,7 @@ class ViTGraphRunner:
     given ``cu_seqlens`` (the graph's own offsets, or the layout's in an eager run) and hold nothing
     read back from the device. ``run`` returns a tensor owned by the caller, ready on its current
     stream, and raises only what the eager ``forward_blocks`` would. Options (docs/usage.md,
-    "Graphs"): ``capacity``, ``min_sightings``, ``max_tokens`` (also the staging size),
+    "Graphs"): ``capacity``, ``min_hits``, ``max_tokens`` (also the staging size),
     ``budget_bytes`` (``None``: ``default_budget_bytes``), ``cost_model`` (``None``: every layout is
     worth a graph), ``clock`` (times eager runs), ``defer_captures`` (captures on the runner's thread;
     ignored with ``agree_max``, the element-wise maximum over ranks that must decide alike).
@@ -213,7 +213,7 @@ class ViTGraphRunner:
         layout_args: LayoutArgs,
         *,
         capacity: int = DEFAULT_CAPACITY,
-        min_sightings: int = DEFAULT_MIN_SIGHTINGS,
+        min_hits: int = DEFAULT_MIN_HITS,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         budget_bytes: int | None = None,
         capture_context: Callable[[], contextlib.AbstractContextManager] | None = None,
@@ -223,7 +223,7 @@ class ViTGraphRunner:
         clock: Callable[[], float] = time.perf_counter,
         defer_captures: bool = False,
     ) -> None:
-        for name, value, least in (("capacity", capacity, 0), ("min_sightings", min_sightings, 1)):
+        for name, value, least in (("capacity", capacity, 0), ("min_hits", min_hits, 1)):
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} = {value!r} must be an int >= {least}")
         if not isinstance(max_tokens, int) or max_tokens < 1:
@@ -233,7 +233,7 @@ class ViTGraphRunner:
         self.forward_blocks = forward_blocks
         self.layout_args = layout_args
         self.capacity = capacity
-        self.min_sightings = min_sightings
+        self.min_hits = min_hits
         self.max_tokens = max_tokens
         self._budget_bytes = budget_bytes
         self._capture_context = capture_context or contextlib.nullcontext
@@ -253,7 +253,7 @@ class ViTGraphRunner:
         self._counts_lock = threading.Lock()  # eager runs counted without the runner's lock
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently used first
         self._staging: dict[Signature, _Staging] = {}
-        self._sightings: OrderedDict[tuple, int] = OrderedDict()  # calls of layouts without a graph
+        self._hits: OrderedDict[tuple, int] = OrderedDict()  # calls of layouts without a graph
         self._uses: dict[tuple, int] = {}  # calls of layouts with a graph, from before their capture
         self._failed: OrderedDict[tuple, str] = OrderedDict()  # key -> capture_failed / capture_unverified
         # Token count from which a capture was measured, alone in an empty pool, over the budget.
@@ -376,7 +376,7 @@ class ViTGraphRunner:
                 "over_budget_from_tokens": self._over_budget_tokens,
                 "pool_growth_prediction": self._prediction_errors.summary(),
                 "capacity": self.capacity,
-                "min_sightings": self.min_sightings,
+                "min_hits": self.min_hits,
                 "max_tokens": self.max_tokens,
                 "launch_ms": self._launch_agreed[0]
                 if self._launch_agreed
@@ -401,16 +401,16 @@ class ViTGraphRunner:
             return "over_max_tokens"
         if self._cost_model is not None and not self._saves_time(layout):
             return "no_saving"
-        sightings = self._sightings.pop(key, 0) + 1
-        self._sightings[key] = sightings
-        if len(self._sightings) > _MAX_TRACKED_LAYOUTS:
-            self._sightings.popitem(last=False)
-        if sightings < self.min_sightings:
-            return "below_min_sightings"
+        hits = self._hits.pop(key, 0) + 1
+        self._hits[key] = hits
+        if len(self._hits) > _MAX_TRACKED_LAYOUTS:
+            self._hits.popitem(last=False)
+        if hits < self.min_hits:
+            return "below_min_hits"
         if (
             self._cost_model is not None
             and len(self._graphs) >= self.capacity
-            and sightings <= self._uses[self._least_used()]
+            and hits <= self._uses[self._least_used()]
         ):
             return "over_capacity"  # every graph held is called at least as often
         if self._device is None:
@@ -448,7 +448,7 @@ class ViTGraphRunner:
         self._calls += 1
         if self._calls % (_AGING_CALLS_PER_GRAPH * max(1, self.capacity)):
             return
-        for counts in (self._uses, self._sightings):
+        for counts in (self._uses, self._hits):
             for key in counts:
                 counts[key] //= 2
 
@@ -554,7 +554,7 @@ class ViTGraphRunner:
             return output
         entry = attempt.entry
         self._graphs[key] = entry
-        self._uses[key] = self._sightings.pop(key, 1)
+        self._uses[key] = self._hits.pop(key, 1)
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
         self._account(entry, need, pool_before)
@@ -736,7 +736,7 @@ class ViTGraphRunner:
     def _remember_failure(
         self, key: tuple, layout: AttentionLayout, reason: str, why: object, served: bool = True
     ) -> None:
-        self._sightings.pop(key, None)
+        self._hits.pop(key, None)
         self._failed[key] = reason
         if len(self._failed) > _MAX_TRACKED_LAYOUTS:
             self._failed.popitem(last=False)

@@ -28,7 +28,7 @@ from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs, LayerArgs, get_backend
 from rocm_vit.fusion import add_norm
-from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MIN_SIGHTINGS, ViTGraphRunner
+from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MIN_HITS, ViTGraphRunner
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.models.config import TowerConfig
 from rocm_vit.policy import active_policy
@@ -164,7 +164,7 @@ class VisionTower(nn.Module, ABC):
     def enable_graphs(
         self,
         capacity: int = DEFAULT_CAPACITY,
-        min_sightings: int = DEFAULT_MIN_SIGHTINGS,
+        min_hits: int = DEFAULT_MIN_HITS,
         max_tokens: int | None = None,
         budget_bytes: int | None = None,
         by_benefit: bool = True,
@@ -184,7 +184,7 @@ class VisionTower(nn.Module, ABC):
             self.encode,
             self.attention.layout_args,
             capacity=capacity,
-            min_sightings=min_sightings,
+            min_hits=min_hits,
             max_tokens=active_policy().graph_max_tokens.value if max_tokens is None else max_tokens,
             budget_bytes=budget_bytes,
             cost_model=active_policy().graph_cost.value.for_blocks(self.config.depth) if by_benefit else None,

@@ -46,7 +46,7 @@ def _capture_at_once(tower: VisionTower, **options) -> ViTGraphRunner:
     check is the graph path (the budget has its own test)."""
     options.setdefault("max_tokens", 1 << 15)
     options.setdefault("budget_bytes", 64 << 30)
-    return tower.enable_graphs(min_sightings=1, by_benefit=False, **options)
+    return tower.enable_graphs(min_hits=1, by_benefit=False, **options)
 
 
 @torch.inference_mode()
@@ -211,7 +211,7 @@ def test_four_threads_on_their_own_streams_get_eager_outputs_bitwise() -> None:
 def test_graph_memory_stays_within_a_small_budget_over_random_layouts() -> None:
     tower = _tower("qwen3-vl-8b", depth=2, deepstack_visual_indexes=[0])
     budget = 96 << 20
-    runner = tower.enable_graphs(min_sightings=1, budget_bytes=budget, max_tokens=2048, by_benefit=False)
+    runner = tower.enable_graphs(min_hits=1, budget_bytes=budget, max_tokens=2048, by_benefit=False)
     workloads = _workloads(tower, 60, seed=11, max_side=640)
     for index, workload in enumerate(workloads + workloads[::-1]):
         grid = list(workload.grid_thw)

@@ -48,7 +48,7 @@ def test_tune_measures_every_choice_and_the_policy_loads_it(tmp_path, monkeypatc
     config = preset("qwen3-vl-2b", depth=2, deepstack_visual_indexes=[0])
     torch.manual_seed(0)
     tower = tower_class(config)(config).to(device="cuda", dtype=torch.bfloat16).eval()
-    tower.enable_graphs(min_sightings=1, max_tokens=65536, by_benefit=False)
+    tower.enable_graphs(min_hits=1, max_tokens=65536, by_benefit=False)
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     for grid in ([(1, 16, 16)], [(1, 64, 64)], [(1, 16, 16), (1, 32, 48), (1, 8, 8)]):
         patches = sum(t * h * w for t, h, w in grid)

@@ -428,7 +428,7 @@ def _graph_vs_eager(
         "eager_runs": stats["eager_runs"],
         "graphs": stats["graphs"],
         "staging_bytes": stats["staging_bytes"],
-        **{name: stats[name] for name in ("capacity", "min_sightings", "max_tokens", "budget_bytes")},
+        **{name: stats[name] for name in ("capacity", "min_hits", "max_tokens", "budget_bytes")},
     }
 
 

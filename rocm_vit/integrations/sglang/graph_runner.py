@@ -131,7 +131,7 @@ class ViTGraphRunnerAdapter:
                 "the device default budget"
                 if settings.graph_memory_budget_mb is None
                 else f"{settings.graph_memory_budget_mb} MiB",
-                self._runner.min_sightings,
+                self._runner.min_hits,
                 self._runner.max_tokens,
             )
 
@@ -157,7 +157,7 @@ class ViTGraphRunnerAdapter:
                 functools.partial(self._forward_blocks, spec),
                 _segment_args,
                 capacity=settings.graph_cache_capacity,
-                min_sightings=settings.graph_min_hits,
+                min_hits=settings.graph_min_hits,
                 max_tokens=_graph_max_tokens(settings),
                 cost_model=_cost_model(len(vit.blocks)),
                 defer_captures=defer_captures,  # ignored where the TP ranks must capture in step
