@@ -1,4 +1,4 @@
-"""One resolved Policy: which attention kernel, rotary, fused ops, side stream and graph ceiling, and why.
+"""One resolved Policy: which attention kernel, rotary, fused ops, side stream, graph max tokens and graph cost model, and why.
 
 ``resolve_policy`` is pure over platform facts, settings and an optional tuned profile. Invariant: the
 policy is fixed for the life of a process, so replay equals eager (``use_policy``: tune and tests only).
@@ -288,7 +288,7 @@ def current_policy() -> Policy:
     profile, status = load_profile(platform_info())
     policy = resolve_policy(facts, load_settings(), profile, status)
     logger.info(
-        "policy: attention %s, rotary %s, fused ops %s, graph ceiling %d patches; profile: %s",
+        "policy: attention %s, rotary %s, fused ops %s, graphs up to %d patches; profile: %s",
         policy.attention.backend,
         policy.rotary.value,
         "on" if policy.fused_ops.value else "off",

@@ -172,7 +172,7 @@ class VisionTower(nn.Module, ABC):
     ) -> ViTGraphRunner:
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
-        ``max_tokens=None``: the policy's ceiling; ``budget_bytes=None``: the runner's default.
+        ``max_tokens=None``: the policy's (8192 unless set); ``budget_bytes=None``: the runner's default.
         ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, at
         capacity only layouts called more often than the least used graph, and off the requests'
         path, on the runner's capture thread (``False``: every layout within the limits at its call,

@@ -470,13 +470,13 @@ def _cost_model(blocks: int) -> CostModel:
 
 
 def _graph_max_tokens(settings: Settings) -> int:
-    """``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS``, else the policy's ceiling (the default unless set)."""
+    """``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS``, else the policy's max tokens (8192 unless set)."""
     if settings.graph_max_tokens is not None:
         return settings.graph_max_tokens
     try:
         return active_policy().graph_max_tokens.value
     except ValueError as error:
-        logger.error("rocm-vit graph runner: %s; using the default graph ceiling", error)
+        logger.error("rocm-vit graph runner: %s; using the default max tokens", error)
         return DEFAULT_MAX_TOKENS
 
 
