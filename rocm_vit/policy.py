@@ -1,4 +1,4 @@
-"""One resolved Policy: which attention kernel, rotary, fused ops, side stream, graph max tokens and graph cost model, and why.
+"""One resolved Policy: attention kernel, rotary, fused ops, side stream, graph limits and cost model, and why.
 
 ``resolve_policy`` is pure over platform facts, settings and an optional tuned profile. Invariant: the
 policy is fixed for the life of a process, so replay equals eager (``use_policy``: tune and tests only).
