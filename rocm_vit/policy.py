@@ -8,6 +8,7 @@ Defaults measured on an H200, guesses elsewhere. Contract: docs/design.md, "Poli
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import logging
@@ -499,11 +500,11 @@ def _graph_cost(profile: TunedProfile | None) -> Choice:
 
 
 def _cost_report(model: CostModel) -> dict[str, float]:
+    """The model's terms (``CostModel(**terms)`` rebuilds it) and two replays to read at a glance."""
     return {
-        "launch_ms": round(model.launch_ms, 2),
+        **dataclasses.asdict(model),
         "replay_ms_1x1024": round(model.replay_ms([1024]), 2),
         "replay_ms_6x880": round(model.replay_ms([880] * 6), 2),
-        "blocks": model.blocks,
     }
 
 

@@ -4,6 +4,7 @@ rest still runs, and (GPU tier) every hazard check passing on the GPU at hand.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 
 from rocm_vit.cli.main import main
 from rocm_vit.emulation import aiter_standin
+from rocm_vit.graphs.cost import CostModel
 from rocm_vit.models import preset
 from rocm_vit.platform import PlatformInfo
 from rocm_vit.report import collect as collect_module
@@ -281,7 +283,15 @@ def _canned_gpu_results() -> dict[str, PartResult]:
         "capture_seconds": 0.5, "verify_seconds": 0.01,
     }  # fmt: skip
     return {
-        "doctor": PartResult("ok", data={"policy": {"graph_max_tokens": {"tokens": 4096, "why": "default"}}}),
+        "doctor": PartResult(
+            "ok",
+            data={
+                "policy": {
+                    "graph_max_tokens": {"tokens": 8192, "why": "default"},
+                    "graph_cost": {**dataclasses.asdict(CostModel()), "why": "default"},
+                }
+            },
+        ),
         "verify_inference": PartResult("ok", data={"device": "NVIDIA H200", "rows": verify_rows, "runner": runner}),
         "verify_no_grad": PartResult(
             "failed", 30.0, "exit status 1", {"device": "NVIDIA H200", "rows": bad_rows, "runner": runner}, 1

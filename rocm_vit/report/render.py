@@ -181,21 +181,16 @@ def _bench(document: dict[str, Any]) -> list[str]:
     data = section.get("data")
     if not isinstance(data, dict) or "rows" not in data:
         return _not_there(section)
-    ceiling = _graph_ceiling(document)
     graphs = bool(data["rows"]) and "graph_ms" in data["rows"][0]
+    saves, why = _graph_pick(document, data) if graphs else (None, "")
     lines = [
         f"preset `{data['preset']}`, {data['dtype']}, attention `{data['attention_backend']}`, median of "
-        f"{data['repeats']} on {data['device']}."
-        + (
-            f" The policy replays graphs up to {ceiling} patches (a layout seen twice); its pick is in bold."
-            if graphs and ceiling
-            else ""
-        ),
+        f"{data['repeats']} on {data['device']}. {why}",
         "",
     ]
     rows = []
     for row in data["rows"]:
-        pick = "graph" if graphs and ceiling is not None and row["patches"] <= ceiling else "eager"
+        pick = "graph" if saves is not None and saves(row) else "eager"
         eager = f"{row['eager_ms']:.2f}"
         cells = [row["layout"], str(row["patches"]), eager if pick != "eager" or not graphs else f"**{eager}**"]
         if graphs:
@@ -290,12 +285,35 @@ def _logs(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _graph_ceiling(document: dict[str, Any]) -> int | None:
-    doctor = document["sections"]["doctor"].get("data")
+def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callable[[dict], bool] | None, str]:
+    """Whether the policy replays a bench row (a layout seen twice): within max tokens, where its cost
+    model predicts a saving at this host's launch time, taken as the fastest eager call measured."""
+    from rocm_vit.cli.workload import parse_layouts
+    from rocm_vit.graphs.cost import CostModel
+    from rocm_vit.graphs.runner import MIN_SAVING_SHARE
+    from rocm_vit.models import preset
+
+    doctor = document["sections"]["doctor"].get("data") or {}
     try:
-        return int(doctor["policy"]["graph_max_tokens"]["tokens"])
+        max_tokens = int(doctor["policy"]["graph_max_tokens"]["tokens"])
+        terms = {name: doctor["policy"]["graph_cost"][name] for name in CostModel.__dataclass_fields__}
+        config = preset(bench["preset"])
     except (TypeError, KeyError, ValueError):
-        return None
+        return None, ""
+    launch_ms = min(row["eager_ms"] for row in bench["rows"])
+    model = CostModel(**terms).for_blocks(config.depth).with_launch_ms(launch_ms)
+
+    def saves(row: dict) -> bool:
+        (workload,) = parse_layouts(row["layout"], config)
+        seq_lens = [h * w for t, h, w in workload.grid_thw for _ in range(t)]
+        return row["patches"] <= max_tokens and model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
+
+    why = (
+        f"The policy replays a layout seen twice, up to {max_tokens} patches, where its cost model predicts a "
+        f"saving of at least {MIN_SAVING_SHARE:.0%} at this host's launch time ({launch_ms:.1f} ms, the fastest "
+        "eager call here); its pick is in bold."
+    )
+    return saves, why
 
 
 def _not_there(section: dict[str, Any]) -> list[str]:
