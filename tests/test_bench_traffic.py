@@ -67,3 +67,16 @@ def test_a_capture_on_the_requests_path_is_charged_warm_up_capture_and_replay() 
         {"launch_ms": 12.0, "streams": [bench_traffic.simulate(chat_stream(40, seed=1), host)]}
     )
     assert any(line.strip().startswith("target") for line in table)
+
+
+def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(monkeypatch, capsys) -> None:
+    """On a CPU the runner serves everything eagerly (no_gpu); the structure is what a GPU run fills."""
+    small = [repeated_stream("6 x 640x360 per call", 2, 128, 96, 3), repeated_stream("video", 1, 64, 64, 2)]
+    monkeypatch.setattr(bench_traffic, "standard_streams", lambda calls, seed: small)
+    assert main(["bench-traffic", "--mode", "tower", "--preset", "tiny", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["mode"], report["device"]) == ("tower", "cpu")
+    assert [stream["stream"] for stream in report["streams"]] == ["6 x 640x360 per call", "video"]
+    for stream, calls in zip(report["streams"], (3, 2), strict=True):
+        assert stream["calls"] == calls and stream["eager_runs"] == {"no_gpu": calls}
+        assert stream["graphs"]["replays"] == 0 and stream["eager"]["mean_ms"] > 0

@@ -4,6 +4,8 @@ Each stream runs through the real ``ViTGraphRunner`` (a stand-in mechanism repla
 of ``POLICIES``; every call is charged what the ``CostModel`` predicts for what the runner did, against
 all-eager and a free-graph oracle, with #30's targets. Times are the model's, not measured; deferred
 captures are charged to no request (no contention modelled).
+``--mode tower`` times the preset's real tower instead, on this machine's GPU, eagerly and then under
+the serving defaults (captures on the runner's thread, contention included), per stream.
 Results: docs/benchmarks.md, "`rocm-vit bench-traffic` · simulated · 2026-12-01".
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ import torch
 
 from rocm_vit.attention import get_backend
 from rocm_vit.cli.traffic import Stream, standard_streams
-from rocm_vit.cli.workload import progress, table_lines
+from rocm_vit.cli.workload import build_tower, progress, table_lines
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.layout import VisionLayout
@@ -39,9 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch-ms", type=float, default=12.0, help="the host's launch time of one eager forward")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--mode",
+        choices=("model", "tower"),
+        default="model",
+        help="model: simulate with the cost model (default); tower: time the preset's tower on this machine",
+    )
+    parser.add_argument("--preset", default="qwen3-vl-8b", help="--mode tower: the tower (default qwen3-vl-8b)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == "tower":
+        report = measure_tower(args.preset, args.calls, args.seed)
+        print(json.dumps(report, indent=2) if args.json else "\n".join(format_tower_table(report)))
+        return 0
     host = CostModel().with_launch_ms(args.launch_ms)
     report = {
         "launch_ms": args.launch_ms,
@@ -251,3 +265,81 @@ def format_table(report: dict[str, Any]) -> list[str]:
         ),
     ]
     return lines
+
+
+# --mode tower: measured, not modelled --------------------------------------------------------------
+
+# The streams timed on a real tower: all but chat at the checkpoint's limits (12 MP photos, minutes).
+_TOWER_STREAMS = ("chat, 1.3 MP cap", "6 x 640x360 per call", "8 x 640x360 per call", "1 x 1.3 MP per call",
+                  "1 x 1080p per call", "video")  # fmt: skip
+
+
+def measure_tower(preset_name: str, calls: int, seed: int) -> dict[str, Any]:
+    """Each stream through the preset's tower, all-eager and then with the serving defaults (a fresh
+    runner per stream): per-call wall ms with the device synchronized around each call."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tower = build_tower(preset_name, device, dtype, None, seed=seed)
+    streams = [stream for stream in standard_streams(calls, seed) if stream.name in _TOWER_STREAMS]
+    results = []
+    with torch.inference_mode():
+        for stream in streams:
+            eager = _timed_calls(tower, stream, seed, use_graphs=False)
+            runner = tower.enable_graphs()
+            graphed = _timed_calls(tower, stream, seed, use_graphs=True)
+            runner.wait_for_captures()
+            stats = runner.stats()
+            tower.disable_graphs()
+            results.append(
+                {
+                    "stream": stream.name,
+                    "calls": len(stream.calls),
+                    "eager": _summary(eager),
+                    "graphs": {**_summary(graphed), **{k: stats[k] for k in ("replays", "captures", "launch_ms")}},
+                    "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
+                    "bytes_held": stats["bytes_held"],
+                }
+            )
+    return {"mode": "tower", "preset": preset_name, "device": str(device), "streams": results}
+
+
+def _timed_calls(tower: Any, stream: Stream, seed: int, use_graphs: bool) -> list[float]:
+    """Wall ms of every call of ``stream``, its pixels made (and the device idle) before the clock starts."""
+    config, device = tower.config, tower.device
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    generator = torch.Generator(device=device).manual_seed(seed)
+    times = []
+    for grid in progress(list(stream.calls), f"{stream.name}, {'graphs' if use_graphs else 'eager'}", "call"):
+        patches = sum(t * h * w for t, h, w in grid)
+        pixels = torch.randn(patches, width, generator=generator, device=device, dtype=tower.dtype)
+        _synchronize(device)
+        started = time.perf_counter()
+        tower(pixels, list(grid), use_graphs=use_graphs)
+        _synchronize(device)
+        times.append((time.perf_counter() - started) * 1e3)
+    return times
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def format_tower_table(report: dict[str, Any]) -> list[str]:
+    header = ["stream", "calls", "replays", "captures", "eager mean / p90", "graphs mean / p90", "ratio mean / p90"]
+    cells = []
+    for stream in report["streams"]:
+        eager, graphs = stream["eager"], stream["graphs"]
+        cells.append(
+            [
+                stream["stream"],
+                str(stream["calls"]),
+                str(graphs["replays"]),
+                str(graphs["captures"]),
+                f"{eager['mean_ms']:.2f} / {eager['p90_ms']:.2f}",
+                f"{graphs['mean_ms']:.2f} / {graphs['p90_ms']:.2f}",
+                f"{graphs['mean_ms'] / eager['mean_ms']:.3f}x / {graphs['p90_ms'] / eager['p90_ms']:.3f}x",
+            ]
+        )
+    title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']} (measured)"
+    return [title, "", *table_lines(header, cells)]
