@@ -24,7 +24,7 @@ import torch
 
 from rocm_vit.attention import get_backend
 from rocm_vit.cli.traffic import Stream, standard_streams
-from rocm_vit.cli.workload import build_tower, progress, table_lines
+from rocm_vit.cli.workload import build_tower, progress, segment_lengths, synchronize, table_lines
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.layout import VisionLayout
@@ -79,7 +79,7 @@ POLICIES: dict[str, dict[str, Any]] = {
 
 def simulate(stream: Stream, host: CostModel) -> dict[str, Any]:
     """``stream`` under all-eager, the oracle and each of ``POLICIES``: per-call times and counts."""
-    seq_lens = [_seq_lens(grid) for grid in stream.calls]
+    seq_lens = [segment_lengths(grid) for grid in stream.calls]
     eager = [host.eager_ms(lens) for lens in seq_lens]
     oracle = [min(host.eager_ms(lens), host.replay_ms(lens)) for lens in seq_lens]
     result: dict[str, Any] = {"stream": stream.name, "calls": len(stream.calls), "eager": _summary(eager)}
@@ -130,10 +130,6 @@ def _summary(times: list[float]) -> dict[str, float]:
         "p50_ms": ordered[len(ordered) // 2],
         "p90_ms": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
     }
-
-
-def _seq_lens(grid: Sequence[tuple[int, int, int]]) -> list[int]:
-    return [h * w for t, h, w in grid for _ in range(t)]
 
 
 def _toy_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -312,17 +308,12 @@ def _timed_calls(tower: Any, stream: Stream, seed: int, use_graphs: bool) -> lis
     for grid in progress(list(stream.calls), f"{stream.name}, {'graphs' if use_graphs else 'eager'}", "call"):
         patches = sum(t * h * w for t, h, w in grid)
         pixels = torch.randn(patches, width, generator=generator, device=device, dtype=tower.dtype)
-        _synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         tower(pixels, list(grid), use_graphs=use_graphs)
-        _synchronize(device)
+        synchronize(device)
         times.append((time.perf_counter() - started) * 1e3)
     return times
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def format_tower_table(report: dict[str, Any]) -> list[str]:

@@ -130,7 +130,7 @@ def mixed_stream(
         rng, config, hot, low_px, high_px, (1, 1, 2), set(), max_patches=DEFAULT_MAX_TOKENS - 1
     )
     hot_calls = round(calls * hot_share)
-    taken = {_segment_lengths(workload.grid_thw) for workload in hot_layouts}
+    taken = {segment_lengths(workload.grid_thw) for workload in hot_layouts}
     one_offs = iter(
         _distinct_layouts(rng, config, calls - hot_calls, _THUMBNAIL_SIDE_PX, max_side_px, (1, 1, 1, 2), taken)
     )
@@ -179,7 +179,7 @@ def _distinct_layouts(
     taken: set[tuple[int, ...]],
     max_patches: int | None = None,
 ) -> list[Workload]:
-    """``count`` requests, no two with the same ``_segment_lengths`` and none in ``taken``."""
+    """``count`` requests, no two with the same ``segment_lengths`` and none in ``taken``."""
     chosen: list[Workload] = []
     seen = set(taken)
     attempts = 0
@@ -194,7 +194,7 @@ def _distinct_layouts(
             pixels_to_grid(rng.randint(low_px, high_px), rng.randint(low_px, high_px), 1, config)
             for _ in range(rng.choice(image_counts))
         )
-        lengths = _segment_lengths(grid)
+        lengths = segment_lengths(grid)
         if lengths in seen or (max_patches is not None and sum(lengths) > max_patches):
             continue
         seen.add(lengths)
@@ -203,7 +203,7 @@ def _distinct_layouts(
     return chosen
 
 
-def _segment_lengths(grid: tuple[GridTHW, ...]) -> tuple[int, ...]:
+def segment_lengths(grid: tuple[GridTHW, ...]) -> tuple[int, ...]:
     """Patches per attention segment (one per frame): what a Qwen3-VL graph key holds besides dtypes."""
     return tuple(h * w for t, h, w in grid for _ in range(t))
 
@@ -264,10 +264,10 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warm
         fn()
     samples = []
     for _ in range(repeats):
-        _synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         fn()
-        _synchronize(device)
+        synchronize(device)
         samples.append((time.perf_counter() - started) * 1e3)
     return statistics.median(samples)
 
@@ -314,6 +314,6 @@ class KernelTimer:
         return median_ms(fn, self._device, repeats=5)
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

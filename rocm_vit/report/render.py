@@ -288,7 +288,7 @@ def _logs(document: dict[str, Any]) -> list[str]:
 def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callable[[dict], bool] | None, str]:
     """Whether the policy replays a bench row (a layout seen twice): within max tokens, where its cost
     model predicts a saving at this host's launch time, taken as the fastest eager call measured."""
-    from rocm_vit.cli.workload import parse_layouts
+    from rocm_vit.cli.workload import parse_layouts, segment_lengths
     from rocm_vit.graphs.cost import CostModel
     from rocm_vit.graphs.runner import MIN_SAVING_SHARE
     from rocm_vit.models import preset
@@ -305,7 +305,7 @@ def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callab
 
     def saves(row: dict) -> bool:
         (workload,) = parse_layouts(row["layout"], config)
-        seq_lens = [h * w for t, h, w in workload.grid_thw for _ in range(t)]
+        seq_lens = segment_lengths(workload.grid_thw)
         return row["patches"] <= max_tokens and model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
 
     why = (
