@@ -66,7 +66,8 @@ class ConsumerTiming:
 class TunedProfile:
     """What ``rocm-vit tune`` measured, and the choices it derived.
 
-    ``graph_max_tokens``: 0 for never; ``three_consumer_waves``: ``inf`` for nowhere, ``None`` unmeasured.
+    ``three_consumer_waves``: ``inf`` for nowhere, ``None`` unmeasured. A profile written before the
+    cost model also has ``graph_max_tokens``, a tuned ceiling nothing reads any more: it is ignored.
     """
 
     key: Mapping[str, str]
@@ -76,7 +77,6 @@ class TunedProfile:
     rotary_ms: Mapping[str, float] = field(default_factory=dict)
     fused_ops_ms: Mapping[str, float] = field(default_factory=dict)
     graphs: tuple[GraphTiming, ...] = ()
-    graph_max_tokens: int | None = None
     gluon_consumers: tuple[ConsumerTiming, ...] = ()
     three_consumer_waves: float | None = None
     path: str = ""
@@ -168,7 +168,6 @@ def read_profile(path: Path) -> TunedProfile:
             rotary_ms={str(k): float(v) for k, v in (document.get("rotary_ms") or {}).items()},
             fused_ops_ms={str(k): float(v) for k, v in (document.get("fused_ops_ms") or {}).items()},
             graphs=tuple(GraphTiming(**row) for row in document.get("graphs") or ()),
-            graph_max_tokens=document.get("graph_max_tokens"),
             gluon_consumers=tuple(ConsumerTiming(**row) for row in document.get("gluon_consumers") or ()),
             three_consumer_waves=_optional_float(document.get("three_consumer_waves")),
             path=str(path),
@@ -211,5 +210,5 @@ def profile_summary(profile: TunedProfile | None) -> dict[str, Any]:
         "created": profile.created,
         "attention_layouts": len(profile.attention),
         "head_dims": list(profile.head_dims),
-        "graph_max_tokens": profile.graph_max_tokens,
+        "graph_timings": len(profile.graphs),
     }

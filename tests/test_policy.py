@@ -244,7 +244,6 @@ def _profile(**overrides) -> TunedProfile:
         "rotary_ms": {"triton": 0.02, "compiled": 0.01, "native": 0.05},
         "fused_ops_ms": {"fused": 10.0, "plain": 9.0},
         "graphs": (GraphTiming(196, 10.0, 1.5), GraphTiming(2048, 12.0, 9.0), GraphTiming(4096, 15.0, 14.9)),
-        "graph_max_tokens": 2048,
         "gluon_consumers": (
             ConsumerTiming("1x2048", 1.333, 0.0577, 0.061),
             ConsumerTiming("1x2560", 1.697, 0.0923, 0.0848),
@@ -308,7 +307,7 @@ def test_tuned_aiter_needs_sglang_use_aiter():
     assert resolve_policy(ROCM, Settings(), profile).attention.pick((4096,), 72)[0] == "triton_attn"
 
 
-def test_tuned_rotary_fused_ops_and_ceiling_and_settings_still_win():
+def test_tuned_rotary_fused_ops_and_cost_model_and_settings_still_win():
     tuned = resolve_policy(CUDA, Settings(), _profile())
     assert (tuned.rotary.value, tuned.fused_ops.value, tuned.graph_max_tokens.value) == ("compiled", False, 8192)
     assert tuned.graph_cost.reason.startswith("tuned") and tuned.graph_cost.value.launch_ms == 10.0
@@ -344,6 +343,9 @@ def test_profile_round_trip(tmp_path):
         path = tmp_path / "profile.yaml"
         write_profile(profile, path)
         assert read_profile(path) == dataclasses.replace(profile, path=str(path))
+    # A profile written before the cost model carries a tuned ceiling: still read, the ceiling ignored.
+    path.write_text(path.read_text() + "graph_max_tokens: 2048\n")
+    assert read_profile(path) == dataclasses.replace(profile, path=str(path))
 
 
 def test_gluon_consumers_follow_the_tuned_crossover_else_the_kernels_rule():
@@ -458,7 +460,7 @@ def test_tune_on_a_cpu_writes_a_profile_the_policy_reads(tmp_path: Path, capsys)
     names = [(timing.head_dim, timing.name) for timing in profile.attention]
     assert names == [(64, "1x196"), (64, "4x196"), (64, "1x576"), (32, "1x196"), (32, "4x196"), (32, "1x576")]
     assert all(set(timing.ms) == {"sdpa"} and timing.ms["sdpa"] > 0 for timing in profile.attention)
-    assert set(profile.rotary_ms) == {"native"} and profile.graph_max_tokens is None
+    assert set(profile.rotary_ms) == {"native"} and profile.graphs == ()
     assert profile.gluon_consumers == () and profile.three_consumer_waves is None  # no Hopper GPU
     tuned = resolve_policy(dataclasses.replace(CUDA, modules=frozenset()), Settings(), profile)
     assert tuned.attention.pick((196,), 64)[0] == "sdpa"

@@ -78,9 +78,6 @@ CPU_ROTARY_TOKENS = (64, 256)
 FUSED_LAYOUTS = "1x224,1x512,1x1024"
 # Patch counts 196 .. 9216 for eager against graph replay.
 GRAPH_LAYOUTS = "1x224,1x448,1x640,1x768,1x896,1x1024,1x1152,1x1280,1x1536"
-# Replay must beat eager by this share for its patch count to stay under the ceiling: below it the
-# capture, staging and pool memory buy nothing measurable.
-GRAPH_MIN_GAIN = 0.03
 # Single images timed with gluon_attn's two and three consumer warpgroups: 0.7-5 waves of three-consumer
 # programs on an H200 at 16 heads, where the two cross (docs/benchmarks.md, "`rocm-vit tune`").
 CONSUMER_TOKENS = (1024, 1600, 2048, 2560, 3072, 4096, 8160)
@@ -135,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             fused_ms = _tune_fused_ops(facts, settings, draft, preset_name, dtype, device, args.repeats)
         draft = dataclasses.replace(draft, fused_ops_ms=fused_ms)
         graphs = _tune_graphs(resolve_policy(facts, settings, draft), preset_name, dtype, device, args.repeats)
-    profile = dataclasses.replace(draft, graphs=graphs, graph_max_tokens=_ceiling(graphs) if on_gpu else None)
+    profile = dataclasses.replace(draft, graphs=graphs)
     out = args.out or default_profile_path(info)
     write_profile(profile, out)
     tuned = resolve_policy(facts, settings, profile)
@@ -313,12 +310,6 @@ def _eager_and_graph(
     return tuple(rows)
 
 
-def _ceiling(graphs: tuple[GraphTiming, ...]) -> int:
-    """The largest patch count at which replay beat eager by ``GRAPH_MIN_GAIN`` (0: nowhere)."""
-    winning = [row.patches for row in graphs if row.graph_ms <= row.eager_ms * (1 - GRAPH_MIN_GAIN)]
-    return max(winning, default=0)
-
-
 def _profile(
     info: PlatformInfo,
     preset_name: str,
@@ -373,10 +364,7 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
         lines.append(f"\nfused block ops (graph replay ms, summed over {FUSED_LAYOUTS})")
         lines.extend(f"  {name:<10}{ms:.3f}" for name, ms in profile.fused_ops_ms.items())
     if profile.graphs:
-        lines.append(
-            f"\neager against graph replay (ms), fitted into the policy's cost model; single-image crossover: "
-            f"last patch count gaining >= {GRAPH_MIN_GAIN:.0%}"
-        )
+        lines.append("\neager against graph replay (ms), fitted into the policy's cost model")
         lines.append(f"  {'patches':>8}{'eager':>10}{'graph':>10}{'gain':>8}")
         for row in profile.graphs:
             lines.append(
@@ -432,8 +420,6 @@ def _plot(profile: TunedProfile, path: Path) -> None:
         patches = [row.patches for row in profile.graphs]
         right.plot(patches, [row.eager_ms for row in profile.graphs], "o-", label="eager")
         right.plot(patches, [row.graph_ms for row in profile.graphs], "s-", label="graph replay")
-        if profile.graph_max_tokens:
-            right.axvline(profile.graph_max_tokens, color="gray", linestyle="--", label="tuned ceiling")
         right.set_xlabel("patches")
         right.set_ylabel("ms (median)")
         right.set_title(f"{profile.preset}: eager against graph")
