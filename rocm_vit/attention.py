@@ -30,7 +30,7 @@ import torch
 
 from rocm_vit.backend_requirements import backend_unavailable_reason
 from rocm_vit.backends.sdpa import sdpa_varlen
-from rocm_vit.layout import Segmentation, VisionLayout
+from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
 from rocm_vit.platform import PlatformName, platform_info
 from rocm_vit.policy import active_policy, current_facts
 
@@ -101,12 +101,28 @@ class AttentionBackend(ABC):
         must hold nothing read back from the device.
         """
 
-    def layout_args(self, layout: VisionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> AttnArgs:
+    @property
+    def reads_offsets_on_device(self) -> bool:
+        """Whether ``per_call_args`` works: the kernel needs nothing of a layout but its device offsets."""
+        return False
+
+    def per_call_args(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> LayerArgs:
+        """Arguments that hold nothing of the layout but the device offsets and a bound on the longest
+        segment, so one graph serves every layout of that shape (a ``PaddedLayout``)."""
+        raise ValueError(f"{self.name} needs host segment lengths: it cannot take offsets per call")
+
+    def layout_args(self, layout: VisionLayout | AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> AttnArgs:
         """``runner_args`` of every segmentation of ``layout``, by name: what ``forward_blocks`` takes.
 
         ``cu_seqlens`` maps each segmentation's name to its int32 device tensor (the layout's own,
-        or the graph runner's static buffers). A tower hands this method to its graph runner.
+        or the graph runner's static buffers). A tower hands this method to its graph runner. A
+        layout whose offsets are a per-call input gets ``per_call_args``.
         """
+        if layout.offsets_per_call:
+            return {
+                name: self.per_call_args(cu_seqlens[name], segmentation.max_seqlen)
+                for name, segmentation in layout.segmentations.items()
+            }
         return {
             name: self.runner_args(segmentation, cu_seqlens[name])
             for name, segmentation in layout.segmentations.items()
@@ -173,6 +189,13 @@ class _VarlenAttention(AttentionBackend):
 
     def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> VarlenArgs:
         return VarlenArgs(cu_seqlens, segmentation.max_seqlen)
+
+    @property
+    def reads_offsets_on_device(self) -> bool:
+        return True
+
+    def per_call_args(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> VarlenArgs:
+        return VarlenArgs(cu_seqlens, max_seqlen)
 
     def attn_args_from_tensor(
         self,
@@ -315,6 +338,14 @@ class AutoAttention(AttentionBackend):
     def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> PickedArgs:
         backend = self._pick(segmentation.seq_lens)
         return PickedArgs(backend, backend.runner_args(segmentation, cu_seqlens))
+
+    @property
+    def reads_offsets_on_device(self) -> bool:
+        return self._without_lengths.reads_offsets_on_device
+
+    def per_call_args(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> PickedArgs:
+        # Without host lengths, as for a caller holding only a device cu_seqlens: the rule's one-launch kernel.
+        return PickedArgs(self._without_lengths, self._without_lengths.per_call_args(cu_seqlens, max_seqlen))
 
     def attn_args_from_tensor(
         self,

@@ -74,7 +74,13 @@ class DeviceCopies:
 
 
 class AttentionLayout:
-    """The attention segmentations of one packed batch by name (``"full"``, maybe ``"window"``); host data."""
+    """The attention segmentations of one packed batch by name (``"full"``, maybe ``"window"``); host data.
+
+    ``offsets_per_call``: whether layouts that share this one's graph key differ in their offsets, so a
+    graph must take them as a per-call input (``PaddedLayout``); ``False``: the key carries them.
+    """
+
+    offsets_per_call = False
 
     def __init__(self, segmentations: Mapping[str, Segmentation]) -> None:
         if "full" not in segmentations:
@@ -124,6 +130,33 @@ class AttentionLayout:
         return torch.tensor(self.segmentations[segmentation].cu_seqlens, dtype=torch.int32)
 
 
+class PaddedLayout(AttentionLayout):
+    """``real``'s one segmentation followed by a segment of padding tokens, ``tokens`` in all.
+
+    Real tokens never attend to the padding, and every padding row lies in a segment, so a kernel
+    writes it. Every layout of one token count and segment count has the same graph key, so one
+    graph serves them all: its offsets are a per-call input, and ``max_seqlen`` is ``tokens``, a
+    bound that holds for each of them (kernels sized by it run alike for all).
+    """
+
+    offsets_per_call = True
+
+    def __init__(self, real: AttentionLayout, tokens: int) -> None:
+        if set(real.segmentations) != {"full"}:
+            raise ValueError(f"only a layout with one segmentation is padded; this one has {list(real.segmentations)}")
+        if tokens <= real.num_patches:
+            raise ValueError(f"tokens = {tokens} must exceed the layout's {real.num_patches} patches")
+        full = real.segmentations["full"]
+        seq_lens = (*full.seq_lens, tokens - real.num_patches)
+        super().__init__({"full": Segmentation(seq_lens, (*full.cu_seqlens, tokens), tokens)})
+        self.real_patches = real.num_patches
+
+    @functools.cached_property
+    def graph_key(self) -> tuple:
+        """The token count and segment count: what every layout sharing this graph has in common."""
+        return ("padded", self.num_patches, len(self.segmentations["full"].seq_lens))
+
+
 @dataclass(frozen=True)
 class VisionLayout:
     """Host-side description of a packed batch: one attention segment per frame, windows optionally.
@@ -146,6 +179,7 @@ class VisionLayout:
     window_index: torch.Tensor | None = field(default=None, repr=False, compare=False, hash=False)
     window_inverse: torch.Tensor | None = field(default=None, repr=False, compare=False, hash=False)
     _copies: DeviceCopies = field(default_factory=DeviceCopies, init=False, repr=False, compare=False, hash=False)
+    offsets_per_call = False  # as AttentionLayout's: the graph key carries the offsets
 
     @classmethod
     def from_grid_thw(

@@ -33,6 +33,7 @@ ENV_NAMES: dict[str, str] = {
     "graph_min_hits": "SGLANG_VIT_CUDA_GRAPH_MIN_HITS",
     "graph_max_tokens": "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS",
     "graph_memory_budget_mb": "SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB",
+    "graph_padding": "SGLANG_VIT_CUDA_GRAPH_PADDING",
 }
 
 # SGLang's readers of its boolean variables: get_bool_env_var (sglang.srt.utils.common) and
@@ -65,6 +66,7 @@ class Settings:
     graph_min_hits: int = DEFAULT_MIN_HITS
     graph_max_tokens: int | None = None  # None: the policy's (8192)
     graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
+    graph_padding: bool = True  # small layouts padded to shared buckets (docs/design.md, "Padding")
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

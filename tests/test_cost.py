@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocm_vit.graphs.cost import CostModel, fit_cost_model
-from rocm_vit.graphs.runner import MIN_SAVING_SHARE
+from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel, fit_cost_model
 
 
 def _saves(model: CostModel, seq_lens: list[int]) -> bool:

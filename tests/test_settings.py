@@ -30,6 +30,7 @@ def test_defaults_without_environment() -> None:
         "graph_min_hits": 2,
         "graph_max_tokens": None,
         "graph_memory_budget_mb": None,
+        "graph_padding": True,
     }
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+# A graph must be predicted to save at least this share of the eager call (the model's error margin).
+MIN_SAVING_SHARE = 0.05
 # Qwen3-VL-8B on an H200, 27 blocks (docs/benchmarks.md, "Eager against replay by patch count").
 _H200_8B_BLOCKS = 27
 

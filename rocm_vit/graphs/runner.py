@@ -1,9 +1,12 @@
 """ViTGraphRunner: graphs for the small, repeated calls of a server, within a memory budget, for any caller.
 
 Invariants (docs/design.md, "Runner" and "Hazards"):
-- the key carries every segmentation's offsets and each per-call tensor's dtype and shape;
+- the key carries every segmentation's offsets and each per-call tensor's dtype and shape; a padded
+  layout's carries its token and segment counts, and its graph takes the offsets per call, copied
+  device-to-device and read by the kernels from a copy a kernel of the graph makes;
 - one staging set (inputs and output) per input signature, allocated once at the token ceiling;
-- the pool holds nothing between calls; each graph owns its offsets, written once, never again;
+- the pool holds nothing between calls; each exact graph owns its offsets, written once, never again;
+- with ``padding``, whether a call runs padded follows from its layout alone, eager or replayed;
 - a new graph is kept only if its first replay equals its eager warm-up bit for bit;
 - ``run`` returns a clone; one marker event orders the runner's device work on any stream;
 - admission (the cost model, call counts), eviction and release follow the call sequence and
@@ -28,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
-from rocm_vit.graphs.cost import CostModel
+from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
+from rocm_vit.graphs.padding import Padding, pad_rows, real_rows
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MIN_HITS
 
@@ -71,8 +75,6 @@ _MAX_DEFAULT_BUDGET = 4 << 30
 
 # Layouts remembered while not (yet) captured, or as failed; bounded so endless new sizes stay flat.
 _MAX_TRACKED_LAYOUTS = 4096
-# A graph must be predicted to save at least this share of the eager call (the model's error margin).
-MIN_SAVING_SHARE = 0.05
 # Call counts are halved every this many calls per graph of capacity: old popularity fades.
 _AGING_CALLS_PER_GRAPH = 16
 # How long the capture thread waits for work before it checks whether its runner still exists.
@@ -97,8 +99,11 @@ class _Graph:
     pool: Any  # the pool it was captured into (a failed capture moves later ones to a fresh pool)
     staging: _Staging
     inputs: tuple[torch.Tensor, ...]  # views of staging.inputs, one per per-call tensor
-    offsets: dict[str, torch.Tensor]  # this graph's own int32 offsets by segmentation, written once
+    # This graph's own int32 offsets by segmentation: written once, or before each replay of a
+    # layout whose offsets are a per-call input (``offsets_per_call``).
+    offsets: dict[str, torch.Tensor]
     tokens: int
+    offsets_per_call: bool = False
 
     @property
     def offsets_bytes(self) -> int:
@@ -204,7 +209,9 @@ class ViTGraphRunner:
     "Graphs"): ``capacity``, ``min_hits``, ``max_tokens`` (also the staging size),
     ``budget_bytes`` (``None``: ``default_budget_bytes``), ``cost_model`` (``None``: every layout is
     worth a graph), ``clock`` (times eager runs), ``defer_captures`` (captures on the runner's thread;
-    ignored with ``agree_max``, the element-wise maximum over ranks that must decide alike).
+    ignored with ``agree_max``, the element-wise maximum over ranks that must decide alike),
+    ``padding`` (runs the layouts it pads padded, eagerly too; ``layout_args`` must then take a
+    ``PaddedLayout``).
     """
 
     def __init__(
@@ -222,6 +229,7 @@ class ViTGraphRunner:
         cost_model: CostModel | None = None,
         clock: Callable[[], float] = time.perf_counter,
         defer_captures: bool = False,
+        padding: Padding | None = None,
     ) -> None:
         for name, value, least in (("capacity", capacity, 0), ("min_hits", min_hits, 1)):
             if not isinstance(value, int) or value < least:
@@ -240,6 +248,7 @@ class ViTGraphRunner:
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
         self._cost_model = cost_model
+        self._padding = padding
         self._clock = clock
         self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
         self._launch_samples_seen = 0
@@ -296,10 +305,34 @@ class ViTGraphRunner:
         again, the very tensor object, is then not copied again while staging still holds it. Returns
         ``forward_blocks``' output, freshly allocated: no later call changes it. Raises ``ValueError``
         (before anything runs) when ``x``, ``cos`` or ``sin`` do not have one row per token of
-        ``layout``, or a tensor is on another device.
+        ``layout``, or a tensor is on another device. A layout ``padding`` pads runs padded (its
+        output cut to the real tokens' rows), replayed or not.
         """
         tensors = (x, cos, sin, *inputs)
         _check_inputs(tensors, layout)
+        padded = self._padding.padded(layout) if self._padding is not None else None
+        if padded is None:
+            return self._run(tensors, layout, immutable)
+        tokens = layout.num_patches
+        tensors = tuple(pad_rows(tensor, tokens, padded.num_patches) for tensor in tensors)
+        return real_rows(self._run(tensors, padded, False), tokens, padded.num_patches)
+
+    def run_eager(
+        self, x: torch.Tensor, layout: AttentionLayout, cos: torch.Tensor, sin: torch.Tensor, *inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """What ``run`` computes, without graphs and without counting: a layout ``padding`` pads runs
+        padded here too, so this is the eager reference a replay equals bit for bit."""
+        tensors = (x, cos, sin, *inputs)
+        _check_inputs(tensors, layout)
+        padded = self._padding.padded(layout) if self._padding is not None else None
+        if padded is None:
+            return self._eager(tensors, layout)
+        tokens = layout.num_patches
+        tensors = tuple(pad_rows(tensor, tokens, padded.num_patches) for tensor in tensors)
+        return real_rows(self._eager(tensors, padded), tokens, padded.num_patches)
+
+    def _run(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout, immutable: bool) -> torch.Tensor:
+        x = tensors[0]
         # Exact shapes and dtypes: cheap to build on every call (the staging signature is derived
         # from them only when a capture is due).
         key = (layout.graph_key, tuple((t.dtype, t.shape) for t in tensors))
@@ -315,7 +348,7 @@ class ViTGraphRunner:
             if entry is not None:
                 self._graphs.move_to_end(key)
                 self._uses[key] += 1
-                return self._replay(entry, tensors, immutable)
+                return self._replay(entry, layout, tensors, immutable)
             reason = self._admission(key, layout, x.device)
             if reason is None:
                 signature = _signature(tensors, layout.num_patches)
@@ -405,7 +438,8 @@ class ViTGraphRunner:
         self._hits[key] = hits
         if len(self._hits) > _MAX_TRACKED_LAYOUTS:
             self._hits.popitem(last=False)
-        if hits < self.min_hits:
+        # A padded graph serves every layout of its bucket: worth capturing at the bucket's first call.
+        if hits < (1 if layout.offsets_per_call else self.min_hits):
             return "below_min_hits"
         if (
             self._cost_model is not None
@@ -559,7 +593,7 @@ class ViTGraphRunner:
         self._capture_seconds += time.perf_counter() - started
         self._account(entry, need, pool_before)
         try:
-            output = self._replay(entry, tensors, immutable, serves=serve)
+            output = self._replay(entry, layout, tensors, immutable, serves=serve)
         except Exception as error:
             if serve:
                 raise  # inline, as before: the caller sees it (the SGLang adapter then serves eagerly for good)
@@ -632,16 +666,14 @@ class ViTGraphRunner:
                         staging = self._staging[signature] = _Staging(signature, self.max_tokens, device)
                     views = staging.views(tensors)
                     staging.fill(views, tensors, immutable)
-                    # Written once, here, before the warm-up reads them and the capture records them.
-                    offsets = {
-                        name: torch.empty_like(host, device=device).copy_(host, non_blocking=True)
-                        for name in layout.segmentations
-                        for host in (layout.cu_seqlens_host(name),)
-                    }
-                    attn_args = self.layout_args(layout, offsets)
+                    offsets = self._graph_offsets(layout, device)
+                    attn_args = None if layout.offsets_per_call else self.layout_args(layout, offsets)
 
                     def forward() -> torch.Tensor:
                         x, cos, sin, *inputs = views
+                        if layout.offsets_per_call:  # read from a copy that a kernel of the graph writes
+                            made = {name: torch.add(given, 0) for name, given in offsets.items()}
+                            return self.forward_blocks(x, self.layout_args(layout, made), cos, sin, *inputs)
                         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
                     with self._capture_context():
@@ -662,8 +694,25 @@ class ViTGraphRunner:
                 self._retired_pools.append(self._pool)
             self._pool = None
             return _Attempt(None, None, error)
-        entry = _Graph(graph, output, self._pool, staging, views, offsets, layout.num_patches)
+        entry = _Graph(graph, output, self._pool, staging, views, offsets, layout.num_patches, layout.offsets_per_call)
         return _Attempt(entry, warm_output, None)
+
+    @staticmethod
+    def _graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
+        """A new graph's own offsets, before its warm-up reads them and its capture records them.
+
+        An exact layout's are copied from pinned host memory and never written again (ROCm/hip 3902:
+        a host-to-device copy right before a replay can be read stale). A padded layout's are copied
+        device-to-device here and before each replay, and the kernels read them from a copy that a
+        kernel of the graph makes (``_capture``'s ``forward``), never from what a copy wrote.
+        """
+        if layout.offsets_per_call:
+            return {name: layout.cu_seqlens_tensor(device, name).clone() for name in layout.segmentations}
+        return {
+            name: torch.empty_like(host, device=device).copy_(host, non_blocking=True)
+            for name in layout.segmentations
+            for host in (layout.cu_seqlens_host(name),)
+        }
 
     def _agree(self, values: list[int]) -> list[int]:
         """``values`` as every rank sees them: the element-wise maximum over the group."""
@@ -705,7 +754,12 @@ class ViTGraphRunner:
             self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
 
     def _replay(
-        self, entry: _Graph, tensors: tuple[torch.Tensor, ...], immutable: bool, serves: bool = True
+        self,
+        entry: _Graph,
+        layout: AttentionLayout,
+        tensors: tuple[torch.Tensor, ...],
+        immutable: bool,
+        serves: bool = True,
     ) -> torch.Tensor:
         # On the caller's stream: ordered after the caller's pending work (its inputs) by the stream
         # itself, after the runner's last work on other streams by the marker; the clone is the
@@ -713,11 +767,19 @@ class ViTGraphRunner:
         stream = self._mechanism.current_stream(tensors[0].device)
         self._follow_marker(stream)
         entry.staging.fill(entry.inputs, tensors, immutable)
+        if entry.offsets_per_call:
+            self._write_offsets(entry, layout)
         self._mechanism.replay(entry.graph)
         output = entry.output.clone()
         self._mark(stream)
         self._replays += serves  # a deferred capture's check serves no call
         return output
+
+    @staticmethod
+    def _write_offsets(entry: _Graph, layout: AttentionLayout) -> None:
+        """A padded graph's offsets input: this call's, device-to-device on the caller's stream."""
+        for name, offsets in entry.offsets.items():
+            offsets.copy_(layout.cu_seqlens_tensor(offsets.device, name))
 
     def _follow_marker(self, stream: Any) -> None:
         """Order ``stream`` after the runner's last device work, when that ran on another stream."""

@@ -29,6 +29,7 @@ from torch import nn
 from rocm_vit.attention import AttentionBackend, AttnArgs, LayerArgs, get_backend
 from rocm_vit.fusion import add_norm
 from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MIN_HITS, ViTGraphRunner
+from rocm_vit.graphs.padding import Padding
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.models.config import TowerConfig
 from rocm_vit.policy import active_policy
@@ -123,8 +124,9 @@ class VisionTower(nn.Module, ABC):
         """Encode packed patches ``[N, C * T * P * P]`` described by host-side ``grid_thw``.
 
         With graphs enabled ``encode`` runs through the graph runner; ``use_graphs=False`` runs this
-        call eagerly anyway (what ``rocm-vit verify`` compares against). Nothing here reads the
-        device: every index and offset was computed on the host and copied once. Raises
+        call eagerly anyway (what ``rocm-vit verify`` compares against), padded where the runner pads.
+        Nothing here reads the device: every index and offset was computed on the host and copied
+        once. Raises
         ``ValueError`` naming the field and the value, before anything runs, when ``pixel_values``
         or ``grid_thw`` do not fit this tower.
         """
@@ -132,9 +134,12 @@ class VisionTower(nn.Module, ABC):
         prepared = self._prepare(grid_thw, pixel_values.shape[0])
         prepared.wait_ready()
         layout, cos, sin, inputs = prepared.layout, prepared.cos, prepared.sin, prepared.embed_inputs
-        if use_graphs and self._graph_runner is not None:
+        runner = self._graph_runner
+        if runner is not None and use_graphs:
             # The prepared tensors are this tower's, never written after they are made.
-            out = self._graph_runner.run(pixel_values, layout.attention, cos, sin, *inputs, immutable=True)
+            out = runner.run(pixel_values, layout.attention, cos, sin, *inputs, immutable=True)
+        elif runner is not None:  # the same function, padded where the runner pads
+            out = runner.run_eager(pixel_values, layout.attention, cos, sin, *inputs)
         else:
             attn_args = self.attention.layout_args(layout, layout.cu_seqlens_tensors(pixel_values.device))
             out = self.encode(pixel_values, attn_args, cos, sin, *inputs)
@@ -168,6 +173,7 @@ class VisionTower(nn.Module, ABC):
         max_tokens: int | None = None,
         budget_bytes: int | None = None,
         by_benefit: bool = True,
+        padded: bool = True,
         **runner_options: Any,
     ) -> ViTGraphRunner:
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
@@ -176,19 +182,28 @@ class VisionTower(nn.Module, ABC):
         ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, at
         capacity only layouts called more often than the least used graph, and off the requests'
         path, on the runner's capture thread (``False``: every layout within the limits at its call,
-        as ``bench`` and ``verify`` need; the limits: docs/design.md, "Runner").
+        as ``bench`` and ``verify`` need; the limits: docs/design.md, "Runner"). ``padded`` (with
+        ``by_benefit``, where the attention backend takes device offsets alone): calls of a layout the
+        policy's cost model says pays padded run padded to a bucket of tokens, eager or replayed, so
+        layouts that never repeat share a graph (docs/design.md, "Padding").
         ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a CPU tower the
         runner serves every call eagerly and logs that once.
         """
+        max_tokens = active_policy().graph_max_tokens.value if max_tokens is None else max_tokens
+        cost_model = active_policy().graph_cost.value.for_blocks(self.config.depth) if by_benefit else None
+        padding = None
+        if cost_model is not None and padded and self.attention.reads_offsets_on_device:
+            padding = Padding(cost_model, max_tokens)
         self._graph_runner = ViTGraphRunner(
             self.encode,
             self.attention.layout_args,
             capacity=capacity,
             min_hits=min_hits,
-            max_tokens=active_policy().graph_max_tokens.value if max_tokens is None else max_tokens,
+            max_tokens=max_tokens,
             budget_bytes=budget_bytes,
-            cost_model=active_policy().graph_cost.value.for_blocks(self.config.depth) if by_benefit else None,
+            cost_model=cost_model,
             defer_captures=by_benefit,
+            padding=padding,
             **runner_options,
         )
         return self._graph_runner

@@ -289,8 +289,7 @@ def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callab
     """Whether the policy replays a bench row (a layout seen twice): within max tokens, where its cost
     model predicts a saving at this host's launch time, taken as the fastest eager call measured."""
     from rocm_vit.cli.workload import parse_layouts, segment_lengths
-    from rocm_vit.graphs.cost import CostModel
-    from rocm_vit.graphs.runner import MIN_SAVING_SHARE
+    from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
     from rocm_vit.models import preset
 
     doctor = document["sections"]["doctor"].get("data") or {}

@@ -377,3 +377,35 @@ def test_warm_ups_allocate_in_the_graph_pool_not_in_the_runner_streams_cache() -
     pool_id = tuple(runner._pool)
     pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
     assert pool_segments and all(segment["allocated_size"] == 0 for segment in pool_segments)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize(
+    ("name", "overrides"), [("tiny", {}), ("qwen3-vl-8b", {"depth": 4, "deepstack_visual_indexes": [1]})]
+)
+def test_padded_graphs_equal_their_padded_eager_calls_bitwise_and_stay_as_close_to_fp32(name: str, overrides) -> None:
+    """The serving defaults pad small layouts to shared buckets: each replay equals the padded eager
+    call bit for bit, graphs serve layouts they were not captured from, and padding moves the output
+    no further from an fp32 tower than bf16 already is."""
+    tower = _tower(name, **overrides)
+    reference = _tower(name, **overrides).float()
+    workloads = _workloads(tower, 40, seed=3, max_side=448)
+    grids = [list(workload.grid_thw) for workload in workloads]
+    pixels = [_pixels(tower, grid, index) for index, grid in enumerate(grids)]
+    unpadded = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
+    runner = tower.enable_graphs(min_hits=1)
+    assert runner._padding is not None
+    mismatched, errors, unpadded_errors = [], [], []
+    for p, g, plain in zip(pixels * 2, grids * 2, unpadded * 2, strict=True):
+        out = tower(p, g)
+        runner.wait_for_captures(timeout=120)
+        if not torch.equal(out, tower(p, g, use_graphs=False)):
+            mismatched.append(g)
+        exact = reference(p.float(), g)
+        errors.append(float((out.float() - exact).abs().mean()))
+        unpadded_errors.append(float((plain.float() - exact).abs().mean()))
+    stats = runner.stats()
+    assert mismatched == [] and stats["replays"] >= len(grids)
+    assert any(graph.offsets_per_call for graph in runner._graphs.values())
+    assert stats["captures"] < len({str(g) for g in grids})  # buckets shared
+    assert sum(errors) <= 1.2 * sum(unpadded_errors), (errors, unpadded_errors)

@@ -194,6 +194,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     report["aiter_vs_sdpa"] = _max_difference(eager, eager_before)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
     report["graph_vs_eager_deferred"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), defer=True)
+    report["graph_vs_eager_padded"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), padding=True)
     report["adapter_safety"] = _adapter_safety(model, inputs, eager)
     report["tuned"] = _tuned_aiter_slot(state, inputs, eager_before)
 
@@ -257,6 +258,7 @@ def _gpu_scenario(report: dict[str, Any], records: list[logging.LogRecord], atte
     report["backend"] = model.blocks[0].attn.qkv_backend_name
     eager = _run(model, inputs, graphs=False)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, None)
+    report["graph_vs_eager_padded"] = _graph_vs_eager(model, inputs, eager, None, padding=True)
 
 
 def _init_sglang(device: str) -> None:
@@ -399,15 +401,38 @@ def _run_2_5(model: torch.nn.Module, inputs: list, graphs: bool) -> list[torch.T
 
 
 def _graph_vs_eager(
-    model: torch.nn.Module, inputs: list, eager: list[torch.Tensor], mechanism: Any, defer: bool = False
+    model: torch.nn.Module,
+    inputs: list,
+    eager: list[torch.Tensor],
+    mechanism: Any,
+    defer: bool = False,
+    padding: bool = False,
 ) -> dict:
     """Graph path (SGLang's forward_with_cuda_graph -> the adapter) against ``eager``, bit for bit.
 
     Captured on the triggering call (counts are exact); with ``defer``, on the runner's thread, each
-    call waited for (the triggering call is then served eagerly)."""
+    call waited for (the triggering call is then served eagerly). Small layouts run padded only with
+    ``padding``: the bit-for-bit reference is then the runner's own eager calls (capacity 0, padded
+    alike), and SGLang's eager forward the accuracy reference."""
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
-    adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism, defer_captures=defer)
+    def adapter_with(**environ: str) -> ViTGraphRunnerAdapter:
+        environ = {"SGLANG_VIT_CUDA_GRAPH_PADDING": str(int(padding)), **environ}
+        before = {name: os.environ.get(name) for name in environ}
+        os.environ.update(environ)
+        try:
+            return ViTGraphRunnerAdapter(model, mechanism=mechanism, defer_captures=defer)
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
+
+    if padding:
+        model.graph_runners = adapter_with(SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="0")
+        eager_padded = _run(model, inputs, graphs=True)
+    adapter = model.graph_runners = adapter_with()
 
     def each_waited() -> list[torch.Tensor]:
         outputs = []
@@ -420,8 +445,10 @@ def _graph_vs_eager(
     kept = graphed[0].clone()
     again = each_waited()  # every layout replays now
     stats = adapter.stats()
+    reference = eager_padded + eager_padded if padding else eager + eager
     return {
-        "bitwise_equal": [torch.equal(a, b) for a, b in zip(graphed + again, eager + eager, strict=True)],
+        "bitwise_equal": [torch.equal(a, b) for a, b in zip(graphed + again, reference, strict=True)],
+        "max_difference_from_sglangs_eager": _max_difference(graphed + again, eager + eager),
         "first_output_survives_replays": torch.equal(graphed[0], kept),
         "captures": stats["captures"],
         "replays": stats["replays"],

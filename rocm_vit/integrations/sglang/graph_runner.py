@@ -29,6 +29,7 @@ from torch import nn
 from rocm_vit.attention import VarlenArgs
 from rocm_vit.graphs import DEFAULT_MAX_TOKENS, GraphMechanism, ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
+from rocm_vit.graphs.padding import Padding
 from rocm_vit.graphs.ranks import group_max
 from rocm_vit.graphs.runner import AgreeMax
 from rocm_vit.integrations.sglang.imports import original
@@ -152,14 +153,16 @@ class ViTGraphRunnerAdapter:
         # windows; its blocks take rotary as ``position_embeddings=(cos, sin)``.
         self._windowed = getattr(vit, "fullatt_block_indexes", None) is not None
         budget_mb = settings.graph_memory_budget_mb
+        max_tokens, cost_model = _graph_max_tokens(settings), _cost_model(len(vit.blocks))
         try:
             runner = ViTGraphRunner(
                 functools.partial(self._forward_blocks, spec),
                 _segment_args,
                 capacity=settings.graph_cache_capacity,
                 min_hits=settings.graph_min_hits,
-                max_tokens=_graph_max_tokens(settings),
-                cost_model=_cost_model(len(vit.blocks)),
+                max_tokens=max_tokens,
+                cost_model=cost_model,
+                padding=Padding(cost_model, max_tokens) if settings.graph_padding else None,
                 defer_captures=defer_captures,  # ignored where the TP ranks must capture in step
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
                 capture_context=self._upstream._capture_context,
@@ -344,7 +347,13 @@ class ViTGraphRunnerAdapter:
 def _segment_args(layout: AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> dict[str, VarlenArgs]:
     """The runner's ``layout_args`` for an SGLang tower: per segmentation, its offsets tensor, longest
     segment and host lengths. The kernel is SGLang's (each block's ``VisionAttention``), so nothing
-    here attends; ``_GraphArgs.build`` turns these into the list that backend reads."""
+    here attends; ``_GraphArgs.build`` turns these into the list that backend reads. A padded layout's
+    graph serves layouts of other lengths: no host lengths, and its token count as the longest."""
+    if layout.offsets_per_call:
+        return {
+            name: VarlenArgs(cu_seqlens[name], segmentation.max_seqlen)
+            for name, segmentation in layout.segmentations.items()
+        }
     return {
         name: VarlenArgs(cu_seqlens[name], segmentation.max_seqlen, segmentation.seq_lens)
         for name, segmentation in layout.segmentations.items()

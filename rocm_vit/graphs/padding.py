@@ -1,0 +1,79 @@
+"""Which layouts run padded to a bucket of tokens, so that layouts that never repeat share a graph.
+
+Invariant: the rule reads the layout and fixed parameters only (the policy's cost model with its
+launch time as resolved, never the one measured while serving, nor the cache), so whether a layout
+runs padded, eagerly or replayed, follows from the layout alone, and two identical calls always
+compute the same function. The ladder and the margins: docs/design.md, "Padding".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
+from rocm_vit.layout import AttentionLayout, PaddedLayout
+
+# Bucket sizes: from FIRST_BUCKET, each at most LADDER_RATIO times the last (or one GRANULE more), in
+# whole GRANULEs. 1.2 and 0.7 below: the best share of chat's possible saving in `bench-traffic` at
+# launch times of 10, 12 and 15 ms (docs/benchmarks.md, "`rocm-vit bench-traffic`").
+FIRST_BUCKET = 256
+LADDER_RATIO = 1.2
+GRANULE = 64
+# A layout is padded only where the padded replay keeps at least this share of what a replay of the
+# exact layout would save (a repeated layout near a bucket's top keeps its own graph instead), and
+# MIN_SAVING_SHARE of the eager call, as admission asks.
+MIN_KEPT_SAVING = 0.7
+
+
+def bucket_ladder(max_tokens: int) -> tuple[int, ...]:
+    """Token counts from ``FIRST_BUCKET`` up to ``max_tokens``, each within ``LADDER_RATIO`` of the last or
+    one ``GRANULE`` above it."""
+    buckets = []
+    size = FIRST_BUCKET
+    while size <= max_tokens:
+        buckets.append(size)
+        size = max(size + GRANULE, math.floor(size * LADDER_RATIO / GRANULE) * GRANULE)
+    return tuple(buckets)
+
+
+@dataclass(frozen=True)
+class Padding:
+    """The static rule: ``padded(layout)`` is the layout to run instead, or ``None`` to run it as it is."""
+
+    cost_model: CostModel
+    max_tokens: int
+    buckets: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buckets", bucket_ladder(self.max_tokens))
+
+    def padded(self, layout: AttentionLayout) -> PaddedLayout | None:
+        if layout.offsets_per_call or set(layout.segmentations) != {"full"}:
+            return None
+        tokens = layout.num_patches
+        bucket = next((size for size in self.buckets if size > tokens), None)
+        if bucket is None:
+            return None
+        seq_lens = layout.segmentations["full"].seq_lens
+        padded_lens = (*seq_lens, bucket - tokens)
+        model = self.cost_model
+        eager_ms = model.eager_ms(seq_lens)
+        saving = eager_ms - model.replay_ms(padded_lens)
+        if saving <= MIN_SAVING_SHARE * eager_ms or saving < MIN_KEPT_SAVING * model.saving_ms(seq_lens):
+            return None
+        return PaddedLayout(layout, bucket)
+
+
+def pad_rows(tensor: torch.Tensor, tokens: int, padded_tokens: int) -> torch.Tensor:
+    """``tensor`` (rows in proportion to ``tokens``) with zero rows appended for ``padded_tokens``."""
+    rows = tensor.shape[0] * padded_tokens // tokens
+    return F.pad(tensor, (0, 0) * (tensor.dim() - 1) + (0, rows - tensor.shape[0]))
+
+
+def real_rows(output: torch.Tensor, tokens: int, padded_tokens: int) -> torch.Tensor:
+    """The rows of a padded call's ``output`` that belong to its ``tokens`` real tokens (a view)."""
+    return output[: output.shape[0] * tokens // padded_tokens]
