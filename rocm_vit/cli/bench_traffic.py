@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rocm_vit.cli.traffic import Stream, standard_streams
-from rocm_vit.cli.workload import build_tower, progress, segment_lengths, synchronize, table_lines
+from rocm_vit.cli.workload import build_tower, progress, segment_lengths, table_lines
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.padding import Padding
@@ -288,7 +288,8 @@ _TOWER_STREAMS = ("chat, 1.3 MP cap", "6 x 640x360 per call", "8 x 640x360 per c
 
 def measure_tower(preset_name: str, calls: int, seed: int) -> dict[str, Any]:
     """Each stream through the preset's tower, all-eager and then with the serving defaults (a fresh
-    runner per stream): per-call wall ms with the device synchronized around each call."""
+    runner per stream): per-call wall ms with the caller's stream synchronized around each call, after
+    one untimed eager pass that compiles every kernel variant the stream needs."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tower = build_tower(preset_name, device, dtype, None, seed=seed)
@@ -296,6 +297,7 @@ def measure_tower(preset_name: str, calls: int, seed: int) -> dict[str, Any]:
     results = []
     with torch.inference_mode():
         for stream in streams:
+            _timed_calls(tower, stream, seed, use_graphs=False)  # kernel compiles, not timed
             eager = _timed_calls(tower, stream, seed, use_graphs=False)
             runner = tower.enable_graphs()
             graphed = _timed_calls(tower, stream, seed, use_graphs=True)
@@ -324,12 +326,19 @@ def _timed_calls(tower: Any, stream: Stream, seed: int, use_graphs: bool) -> lis
     for grid in progress(list(stream.calls), f"{stream.name}, {'graphs' if use_graphs else 'eager'}", "call"):
         patches = sum(t * h * w for t, h, w in grid)
         pixels = torch.randn(patches, width, generator=generator, device=device, dtype=tower.dtype)
-        synchronize(device)
+        # The caller's stream, as a server waits for its own work: a device-wide synchronize while the
+        # runner's thread captures would fail (and break that capture).
+        _synchronize_stream(device)
         started = time.perf_counter()
         tower(pixels, list(grid), use_graphs=use_graphs)
-        synchronize(device)
+        _synchronize_stream(device)
         times.append((time.perf_counter() - started) * 1e3)
     return times
+
+
+def _synchronize_stream(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def format_tower_table(report: dict[str, Any]) -> list[str]:
