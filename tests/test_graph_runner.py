@@ -926,8 +926,8 @@ def test_the_launch_time_is_learned_from_this_hosts_eager_runs(generator: torch.
     """Hosts launch the same tower in 9 to 15 ms: the saving is the serving host's, not the model's."""
     runner, _ = _runner(min_hits=1, cost_model=_per_token_model(), clock=_launches_taking(20.0))
     large = _layout((1, 4, 4))
-    for index in range(8):  # a layout of 12 tokens saves nothing at 10 ms: eager, timed at 20 ms
-        _run_checked(runner, _layout((1, 2, 6), (1, 2, 2 * index + 2)), generator)
+    for _ in range(8):  # a layout of 12 tokens saves nothing at 10 ms: eager, timed at 20 ms
+        _run_checked(runner, _layout((1, 2, 6)), generator)
     _run_checked(runner, large, generator)  # 16 ms on the device: saves 4 of 20
     assert (runner.stats()["captures"], runner.stats()["launch_ms"]) == (1, 20.0)
 
@@ -1032,10 +1032,27 @@ def test_the_launch_time_is_agreed_across_ranks_now_and_then_not_on_every_call(g
         calls.append(list(values))
         return list(values)
 
-    runner, _ = _runner(min_hits=1, cost_model=_per_token_model(), clock=_launches_taking(20.0), agree_max=agree_max)
-    for index in range(40):  # 12 + tokens: saves nothing at 10 ms, eager, timed at 20 ms
-        _run_checked(runner, _layout((1, 2, 6), (1, 2, 2 * index + 2)), generator)
+    model, clock = _per_token_model(), _launches_taking(20.0)
+    runner, _ = _runner(min_hits=100, cost_model=model, clock=clock, agree_max=agree_max)
+    for _ in range(40):  # 12 tokens, launch-bound at 20 ms; never captured (min hits)
+        _run_checked(runner, _layout((1, 2, 6)), generator)
     launch_agreements = [values for values in calls if values == [20_000]]
     assert len(launch_agreements) == 2  # at the admission that finds 8 samples, then 24
     before = len(calls)
     assert runner.stats()["launch_ms"] == 20.0 and len(calls) == before
+
+
+def test_device_bound_eager_runs_do_not_teach_the_launch_time(generator: torch.Generator) -> None:
+    """A device-bound call's host time is its device time (the host waits for the launch queue): 30
+    token layouts (30 ms on the device) timed at 30 ms must not raise the launch time admission uses;
+    4 token ones timed at 12 ms do teach it."""
+    runner, _ = _runner(min_hits=100, cost_model=_per_token_model(), clock=_launches_taking(30.0))
+    for index in range(16):
+        _run_checked(runner, _layout((1, 2, 14), (1, 2, 2 * index + 2)), generator)  # 32 or more tokens
+    runner._launch_ms()
+    assert runner.stats()["launch_ms"] == 10.0  # the model's: nothing launch-bound was timed
+    runner._clock = _launches_taking(12.0)
+    for _ in range(16):
+        _run_checked(runner, _layout((1, 2, 2)), generator)
+    runner._launch_ms()
+    assert runner.stats()["launch_ms"] == 12.0

@@ -83,6 +83,11 @@ _CAPTURE_THREAD_POLL_S = 0.5
 _LAUNCH_SAMPLES = 64
 _MIN_LAUNCH_SAMPLES = 8
 _LAUNCH_REFRESH = 16
+# An eager run teaches the launch time only if its predicted device time is below this share of its
+# host time. On the H200 a 1.3 MP image (19.7 ms predicted on the device) took 21.1 ms on the host and
+# taught the runner a launch time that made its graph look worth it; 6 x 640x360 (11.6 predicted,
+# 13.8 on the host) is launch-bound (docs/benchmarks.md, "`rocm-vit bench-traffic`").
+_LAUNCH_BOUND_SHARE = 0.9
 
 
 def default_budget_bytes(total_memory_bytes: int) -> int:
@@ -340,7 +345,8 @@ class ViTGraphRunner:
             if self._queue.capturing.is_set():  # a deferred capture holds the runner: do not wait for it
                 with self._counts_lock:
                     self._eager_runs["capturing"] += 1
-                return self._timed_eager(tensors, layout)
+                # Not timed: the capture thread slows this call's launches (the GIL, the device).
+                return self._timed_eager(tensors, layout, timed=False)
             self._lock.acquire()
         try:
             self._age()
@@ -380,8 +386,10 @@ class ViTGraphRunner:
         started = self._clock()
         output = self._eager(tensors, layout)
         if timed:
-            self._launch_samples.append((self._clock() - started) * 1e3)
-            self._launch_samples_seen += 1
+            host_ms = (self._clock() - started) * 1e3
+            if self._launch_bound(layout, host_ms):
+                self._launch_samples.append(host_ms)
+            self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
         return output
 
     def stats(self) -> dict[str, Any]:
@@ -462,6 +470,14 @@ class ViTGraphRunner:
         seq_lens = layout.segmentations["full"].seq_lens
         return model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
 
+    def _launch_bound(self, layout: AttentionLayout, host_ms: float) -> bool:
+        """Whether an eager run of ``layout`` that took ``host_ms`` timed the host's launches: its
+        predicted device time is well below that (a device-bound call's host time is its device time,
+        as the host waits for the launch queue). Without a cost model every run is taken."""
+        if self._cost_model is None:
+            return True
+        return self._cost_model.device_ms(layout.segmentations["full"].seq_lens) < _LAUNCH_BOUND_SHARE * host_ms
+
     def _launch_ms(self) -> float:
         """The host's launch time of an eager run: the median of recent ones, agreed across ranks
         once enough were seen and again every ``_LAUNCH_REFRESH`` more (a collective per admission
@@ -469,7 +485,8 @@ class ViTGraphRunner:
         seen = self._launch_samples_seen
         due = self._launch_agreed is None or seen - self._launch_agreed[1] >= _LAUNCH_REFRESH
         if seen >= _MIN_LAUNCH_SAMPLES and due:
-            microseconds = round(statistics.median(self._launch_samples) * 1e3)
+            samples = self._launch_samples or [self._cost_model.launch_ms]  # none launch-bound yet
+            microseconds = round(statistics.median(samples) * 1e3)
             self._launch_agreed = (self._agree([microseconds])[0] / 1e3, seen)
         return self._cost_model.launch_ms if self._launch_agreed is None else self._launch_agreed[0]
 
