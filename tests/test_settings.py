@@ -31,6 +31,7 @@ def test_defaults_without_environment() -> None:
         "graph_max_tokens": None,
         "graph_memory_budget_mb": None,
         "graph_padding": True,
+        "graph_defer_captures": True,
     }
 
 

@@ -421,3 +421,8 @@ def test_padded_graphs_through_the_adapter_equal_the_runners_padded_eager_calls(
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
     assert graphs["captures"] < report["graph_vs_eager"]["captures"] and graphs["replays"] == 12
     assert graphs["max_difference_from_sglangs_eager"] < 1e-5
+
+
+@needs_sglang
+def test_an_operator_can_keep_captures_on_the_requests_thread(report: dict[str, Any]) -> None:
+    assert report["deferral_by_setting"] == {"1": True, "0": False}

@@ -195,6 +195,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
     report["graph_vs_eager_deferred"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), defer=True)
     report["graph_vs_eager_padded"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), padding=True)
+    report["deferral_by_setting"] = _deferral_by_setting(model)
     report["adapter_safety"] = _adapter_safety(model, inputs, eager)
     report["tuned"] = _tuned_aiter_slot(state, inputs, eager_before)
 
@@ -457,6 +458,21 @@ def _graph_vs_eager(
         "staging_bytes": stats["staging_bytes"],
         **{name: stats[name] for name in ("capacity", "min_hits", "max_tokens", "budget_bytes")},
     }
+
+
+def _deferral_by_setting(model: torch.nn.Module) -> dict[str, bool]:
+    """Whether the adapter's runner defers captures, by SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES."""
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+
+    deferred = {}
+    for value in ("1", "0"):
+        os.environ["SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES"] = value
+        try:
+            adapter = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
+        finally:
+            del os.environ["SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES"]
+        deferred[value] = adapter._runner._defer
+    return deferred
 
 
 def _parameters(obj: Any, path: str) -> list[str]:

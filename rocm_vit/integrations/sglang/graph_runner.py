@@ -163,7 +163,8 @@ class ViTGraphRunnerAdapter:
                 max_tokens=max_tokens,
                 cost_model=cost_model,
                 padding=Padding(cost_model, max_tokens) if settings.graph_padding else None,
-                defer_captures=defer_captures,  # ignored where the TP ranks must capture in step
+                # Ignored where the TP ranks must capture in step.
+                defer_captures=defer_captures and settings.graph_defer_captures,
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
                 capture_context=self._upstream._capture_context,
                 mechanism=mechanism,
