@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# NVIDIA tier (`make gpu-test`): the gpu-marked tests and `rocm-vit verify` (under inference_mode and
-# under no_grad), then all of it again emulating ROCm (ROCM_VIT_EMULATE=rocm): every decision an
+# NVIDIA tier (`make gpu-test`): the gpu-marked tests and `rocm-vit verify` (under inference_mode, also
+# --padded, and under no_grad), then all of it again emulating ROCm (ROCM_VIT_EMULATE=rocm): every decision an
 # MI355X takes (compiled rotary, HIP tiles, aiter_attn through aiter's stand-in), on this GPU.
 #
 # Needs a CUDA torch that sees a GPU; uses the first python that has one (see ci/common.sh) and
@@ -12,10 +12,12 @@ choose_gpu_python cuda
 echo "== native CUDA"
 REQUIRE_EXECUTED=1 run_pytest -m "gpu and not rocm" tests
 run_verify --grad-mode inference
+run_verify --grad-mode inference --padded
 run_verify --grad-mode no_grad
 
 echo "== emulating ROCm (ROCM_VIT_EMULATE=rocm, gfx950 decisions on this GPU)"
 export ROCM_VIT_EMULATE=rocm SGLANG_USE_AITER=1
 REQUIRE_EXECUTED=1 run_pytest -m "gpu or rocm" tests
 run_verify --grad-mode inference
+run_verify --grad-mode inference --padded
 run_verify --grad-mode no_grad

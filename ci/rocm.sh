@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # AMD Instinct tier (`make rocm-test`): gpu- and rocm-marked tests with SGLANG_USE_AITER=1, then
-# `rocm-vit verify` under inference_mode (as serving runs) and under no_grad, then
+# `rocm-vit verify` under inference_mode (as serving runs; also --padded) and under no_grad, then
 # `rocm-vit report --quick` into build/rocm-vit-report-<time> (ROCM_VIT_REPORT_DIR), whose report.md
 # a first MI355X user attaches to an issue. The report runs last even when a step before it failed
 # (that is when it is needed most) and prints its path; the tier's status is the first failure's.
@@ -31,4 +31,5 @@ aiter_error=$("$PY" -c 'import aiter' 2>&1 | tail -n 1) ||
 
 REQUIRE_EXECUTED=1 run_pytest -m "gpu or rocm" tests
 run_verify --grad-mode inference
+run_verify --grad-mode inference --padded
 run_verify --grad-mode no_grad

@@ -207,6 +207,17 @@ def test_a_tower_serving_padded_graphs_equals_its_eager_calls_bitwise_and_the_un
     assert all(graph.offsets_per_call for graph in runner._graphs.values())
 
 
+def test_padding_follows_by_benefit_unless_asked_for() -> None:
+    config = preset("tiny")
+    tower = tower_class(config)(config, attention_backend="sdpa").eval()
+    tower.attention = _DeviceOffsetsSdpa()
+    options = {"mechanism": StandInGraphs()}
+    assert tower.enable_graphs(**options)._padding is not None
+    assert tower.enable_graphs(by_benefit=False, **options)._padding is None  # bench, tune: exact layouts
+    assert tower.enable_graphs(by_benefit=False, padded=True, **options)._padding is not None  # verify --padded
+    assert tower.enable_graphs(padded=False, **options)._padding is None
+
+
 def test_a_backend_that_needs_host_lengths_is_never_padded() -> None:
     config = preset("tiny")
     tower = tower_class(config)(config, attention_backend="sdpa").eval()

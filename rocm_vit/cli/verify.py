@@ -4,6 +4,7 @@ Capacity is set below the number of layouts so captures, evictions, replays and 
 interleave, as they do in a busy server; every layout may be captured, whatever its size. This is
 what a user runs on an MI355X to trust the graphs, under ``torch.inference_mode`` (what serving
 uses) and under ``torch.no_grad``; with ``ROCM_VIT_EMULATE=rocm`` an NVIDIA GPU takes ROCm's paths.
+``--padded``: small layouts run padded, and one graph replays layouts it was not captured from.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="inference",
         help="inference (torch.inference_mode, as serving runs) or no_grad (default inference)",
     )
+    parser.add_argument(
+        "--padded",
+        action="store_true",
+        help="small layouts padded to shared buckets, as serving runs them (one graph serves many layouts)",
+    )
     parser.add_argument("--json", action="store_true")
 
 
@@ -46,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     tower = build_tower(args.preset or "qwen3-vl-2b", device, torch.bfloat16, args.attention_backend, args.seed)
     capacity = args.capacity if args.capacity is not None else max(1, args.layouts // 2)
     workloads = random_workloads(args.layouts, args.seed, tower.config, args.max_side)
-    runner = tower.enable_graphs(**bench_graph_options(capacity, workloads, device))
+    runner = tower.enable_graphs(**bench_graph_options(capacity, workloads, device), padded=args.padded)
     # Each layout twice: the second visit replays what the first captured (or stays eager).
     schedule = workloads + workloads[::-1]
     rows = []

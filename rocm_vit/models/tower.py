@@ -173,7 +173,7 @@ class VisionTower(nn.Module, ABC):
         max_tokens: int | None = None,
         budget_bytes: int | None = None,
         by_benefit: bool = True,
-        padded: bool = True,
+        padded: bool | None = None,
         **runner_options: Any,
     ) -> ViTGraphRunner:
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
@@ -182,18 +182,19 @@ class VisionTower(nn.Module, ABC):
         ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, at
         capacity only layouts called more often than the least used graph, and off the requests'
         path, on the runner's capture thread (``False``: every layout within the limits at its call,
-        as ``bench`` and ``verify`` need; the limits: docs/design.md, "Runner"). ``padded`` (with
-        ``by_benefit``, where the attention backend takes device offsets alone): calls of a layout the
-        policy's cost model says pays padded run padded to a bucket of tokens, eager or replayed, so
-        layouts that never repeat share a graph (docs/design.md, "Padding").
+        as ``bench`` and ``verify`` need; the limits: docs/design.md, "Runner"). ``padded`` (``None``: as
+        ``by_benefit``; only where the attention backend takes device offsets alone): calls of a layout
+        the policy's cost model says pays padded run padded to a bucket of tokens, eager or replayed,
+        so layouts that never repeat share a graph (docs/design.md, "Padding").
         ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a CPU tower the
         runner serves every call eagerly and logs that once.
         """
         max_tokens = active_policy().graph_max_tokens.value if max_tokens is None else max_tokens
-        cost_model = active_policy().graph_cost.value.for_blocks(self.config.depth) if by_benefit else None
+        model = active_policy().graph_cost.value.for_blocks(self.config.depth)
+        cost_model = model if by_benefit else None
         padding = None
-        if cost_model is not None and padded and self.attention.reads_offsets_on_device:
-            padding = Padding(cost_model, max_tokens)
+        if (by_benefit if padded is None else padded) and self.attention.reads_offsets_on_device:
+            padding = Padding(model, max_tokens)
         self._graph_runner = ViTGraphRunner(
             self.encode,
             self.attention.layout_args,
