@@ -318,9 +318,7 @@ class ViTGraphRunner:
         padded = self._padding.padded(layout) if self._padding is not None else None
         if padded is None:
             return self._run(tensors, layout, immutable)
-        tokens = layout.num_patches
-        tensors = tuple(pad_rows(tensor, tokens, padded.num_patches) for tensor in tensors)
-        return real_rows(self._run(tensors, padded, False), tokens, padded.num_patches)
+        return self._run_padded(lambda rows: self._run(rows, padded, False), tensors, layout, padded)
 
     def run_eager(
         self, x: torch.Tensor, layout: AttentionLayout, cos: torch.Tensor, sin: torch.Tensor, *inputs: torch.Tensor
@@ -332,9 +330,19 @@ class ViTGraphRunner:
         padded = self._padding.padded(layout) if self._padding is not None else None
         if padded is None:
             return self._eager(tensors, layout)
-        tokens = layout.num_patches
-        tensors = tuple(pad_rows(tensor, tokens, padded.num_patches) for tensor in tensors)
-        return real_rows(self._eager(tensors, padded), tokens, padded.num_patches)
+        return self._run_padded(lambda rows: self._eager(rows, padded), tensors, layout, padded)
+
+    @staticmethod
+    def _run_padded(
+        run: Callable[[tuple[torch.Tensor, ...]], torch.Tensor],
+        tensors: tuple[torch.Tensor, ...],
+        layout: AttentionLayout,
+        padded: AttentionLayout,
+    ) -> torch.Tensor:
+        """``run`` on ``tensors`` padded with zero rows to ``padded``'s tokens; the real tokens' rows back."""
+        tokens, padded_tokens = layout.num_patches, padded.num_patches
+        output = run(tuple(pad_rows(tensor, tokens, padded_tokens) for tensor in tensors))
+        return real_rows(output, tokens, padded_tokens)
 
     def _run(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout, immutable: bool) -> torch.Tensor:
         x = tensors[0]

@@ -29,6 +29,7 @@ ROCm) under real CUDA/HIP graphs, graph == eager.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import inspect
@@ -40,7 +41,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -358,16 +359,10 @@ def _graph_gate(
     simulated = plugin_qwen2_5_vl.current_platform
     plugin_qwen2_5_vl.current_platform = lambda: platform
     variables = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1" if graphs else "0", **(environ or {})}
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
     try:
-        model = _tiny_qwen2_5_vl("cpu", attention=attention)
+        with _environment(variables):
+            model = _tiny_qwen2_5_vl("cpu", attention=attention)
     finally:
-        for name, value in saved.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
         plugin_qwen2_5_vl.current_platform = simulated
     runner = model.cuda_graph_runner
     return {"enable_cg": model.enable_cg, "runner": None if runner is None else _qualname(type(runner))}
@@ -418,17 +413,8 @@ def _graph_vs_eager(
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
     def adapter_with(**environ: str) -> ViTGraphRunnerAdapter:
-        environ = {"SGLANG_VIT_CUDA_GRAPH_PADDING": str(int(padding)), **environ}
-        before = {name: os.environ.get(name) for name in environ}
-        os.environ.update(environ)
-        try:
+        with _environment({"SGLANG_VIT_CUDA_GRAPH_PADDING": str(int(padding)), **environ}):
             return ViTGraphRunnerAdapter(model, mechanism=mechanism, defer_captures=defer)
-        finally:
-            for name, value in before.items():
-                if value is None:
-                    del os.environ[name]
-                else:
-                    os.environ[name] = value
 
     if padding:
         model.graph_runners = adapter_with(SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="0")
@@ -460,17 +446,29 @@ def _graph_vs_eager(
     }
 
 
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` set in ``os.environ`` for the block, each put back as it was after it."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
 def _deferral_by_setting(model: torch.nn.Module) -> dict[str, bool]:
     """Whether the adapter's runner defers captures, by SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES."""
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
     deferred = {}
     for value in ("1", "0"):
-        os.environ["SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES"] = value
-        try:
+        with _environment({"SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES": value}):
             adapter = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
-        finally:
-            del os.environ["SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES"]
         deferred[value] = adapter._runner._defer
     return deferred
 
