@@ -83,6 +83,13 @@ def test_the_rule_reads_the_layout_alone() -> None:
         assert first is None or first.segmentations == again.segmentations
 
 
+def test_a_repeated_layout_gets_the_same_padded_layout_so_its_offsets_reach_the_device_once() -> None:
+    padding = Padding(MODEL, 8192)
+    first = padding.padded(_layout((1, 16, 20), (1, 4, 4)))
+    assert padding.padded(_layout((1, 16, 20), (1, 4, 4))) is first
+    assert first.cu_seqlens_tensor("cpu") is padding.padded(_layout((1, 16, 20), (1, 4, 4))).cu_seqlens_tensor("cpu")
+
+
 def test_windowed_and_already_padded_layouts_are_not_padded() -> None:
     windowed = VisionLayout.from_grid_thw([(1, 8, 8)], window_merge_blocks=4).attention
     padding = Padding(MODEL, 8192)

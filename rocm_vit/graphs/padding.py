@@ -9,7 +9,6 @@ compute the same function. The ladder and the margins: docs/design.md, "Padding"
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,10 @@ GRANULE = 64
 # exact layout would save (a repeated layout near a bucket's top keeps its own graph instead), and
 # MIN_SAVING_SHARE of the eager call, as admission asks.
 MIN_KEPT_SAVING = 0.7
+# Decisions remembered, by exact layout: a repeated layout gets the same PaddedLayout, whose offsets
+# reach the device once, not at every call. Bounded so endless new sizes stay flat.
+_DECISIONS_KEPT = 4096
+_UNDECIDED = object()
 
 
 def bucket_ladder(max_tokens: int) -> tuple[int, ...]:
@@ -40,20 +43,28 @@ def bucket_ladder(max_tokens: int) -> tuple[int, ...]:
     return tuple(buckets)
 
 
-@dataclass(frozen=True)
 class Padding:
     """The static rule: ``padded(layout)`` is the layout to run instead, or ``None`` to run it as it is."""
 
-    cost_model: CostModel
-    max_tokens: int
-    buckets: tuple[int, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "buckets", bucket_ladder(self.max_tokens))
+    def __init__(self, cost_model: CostModel, max_tokens: int) -> None:
+        self.cost_model = cost_model
+        self.buckets = bucket_ladder(max_tokens)
+        self._decided: dict[tuple, PaddedLayout | None] = {}  # layout's graph key -> decision
 
     def padded(self, layout: AttentionLayout) -> PaddedLayout | None:
         if layout.offsets_per_call or set(layout.segmentations) != {"full"}:
             return None
+        key = layout.graph_key
+        decision = self._decided.get(key, _UNDECIDED)  # one lookup: another thread may clear meanwhile
+        if decision is not _UNDECIDED:
+            return decision
+        decision = self._decide(layout)  # the same for every thread that decides it
+        if len(self._decided) >= _DECISIONS_KEPT:
+            self._decided.clear()
+        self._decided[key] = decision
+        return decision
+
+    def _decide(self, layout: AttentionLayout) -> PaddedLayout | None:
         tokens = layout.num_patches
         bucket = next((size for size in self.buckets if size > tokens), None)
         if bucket is None:
