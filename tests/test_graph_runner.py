@@ -46,6 +46,7 @@ class _StandInPool:
 
     reserved_bytes: int = 0
     live_graphs: int = 0
+    captured_graphs: int = 0
 
 
 @dataclass
@@ -53,8 +54,10 @@ class StandInGraphs:
     """CPU stand-in for ``CudaGraphs``: records what happens, models a caching pool, can fail captures.
 
     ``corrupt_captures`` captures end without an error but record a graph that computes something
-    else (HIP before ROCm 7.14 could swallow a capture error). ``pool_bytes_offset`` makes this
-    process's allocator report every pool that much larger (ranks whose allocators disagree).
+    else (HIP before ROCm 7.14 could swallow a capture error). A capture into a pool whose graphs
+    were all retired fails, as torch >= 2.11's does (its pinned-host pool died with the last graph).
+    ``pool_bytes_offset`` makes this process's allocator report every pool that much larger (ranks
+    whose allocators disagree).
     """
 
     fail_captures: int = 0
@@ -113,6 +116,8 @@ class StandInGraphs:
         assert stream == "runner-stream"
         self.events.append("capture")
         self.capture_pools.append(pool)
+        if pool.captured_graphs and not pool.live_graphs:
+            raise RuntimeError("stand-in: it->second->use_count > 0 INTERNAL ASSERT FAILED (CachingHostAllocator.h)")
         if self.fail_captures:
             self.fail_captures -= 1
             raise torch.OutOfMemoryError("stand-in: out of memory during capture")
@@ -120,6 +125,7 @@ class StandInGraphs:
         tokens = output.shape[0]
         self._grow(pool, output.nbytes + self.scratch_bytes_per_token * tokens)
         pool.live_graphs += 1
+        pool.captured_graphs += 1
         corrupt = self.corrupt_captures > 0
         self.corrupt_captures -= corrupt
         return _StandInGraph(fn, output, tokens, pool, corrupt), output
@@ -362,6 +368,20 @@ def test_call_counts_age_so_that_old_popularity_fades(generator: torch.Generator
     assert runner.stats()["captures"] == 1
     _run_checked(runner, new, generator)  # 7 calls now outnumber old's 6
     assert (runner.stats()["captures"], runner.stats()["evictions"]) == (2, 1)
+
+
+def test_a_runner_that_evicts_its_pools_last_graph_still_captures_every_layout(generator: torch.Generator) -> None:
+    """torch >= 2.11 fails a capture into a pool whose graphs are all gone (the stand-in does too):
+    with room for one graph, every capture after the first evicts the pool's last graph."""
+    runner, mechanism = _runner(capacity=1)
+    layouts = [_layout((1, 2, 2 * i)) for i in range(1, 5)]
+    for layout in layouts:
+        for _ in range(2):
+            _run_checked(runner, layout, generator)
+    stats = runner.stats()
+    assert (stats["captures"], stats["replays"], stats["evictions"], stats["failed_layouts"]) == (4, 8, 3, 0)
+    assert len(set(map(id, mechanism.capture_pools))) == 1  # one pool throughout
+    assert mechanism.retired == 3 and runner._pool_keeper is None  # each, once the next capture began
 
 
 def test_capacity_zero_never_captures(generator: torch.Generator) -> None:
@@ -1020,7 +1040,11 @@ def test_a_deferred_capture_whose_first_replay_fails_is_dropped_and_remembered(g
     _run_checked(runner, layout, generator)  # served eagerly: the layout failed
     stats = runner.stats()
     assert (stats["graphs"], stats["failed_layouts"], stats["replays"]) == (0, 1, 0)
-    assert stats["eager_runs"]["capture_failed"] == 1 and mechanism.retired == 1
+    # It was its pool's only graph: held, not replayed, until the next capture there has begun.
+    assert stats["eager_runs"]["capture_failed"] == 1 and mechanism.retired == 0
+    _run_checked(runner, _layout((1, 4, 4)), generator)
+    assert runner.wait_for_captures(timeout=30)
+    assert runner.stats()["graphs"] == 1 and mechanism.retired == 1
 
 
 def test_the_launch_time_is_agreed_across_ranks_now_and_then_not_on_every_call(generator: torch.Generator) -> None:

@@ -274,6 +274,8 @@ class ViTGraphRunner:
         self._over_budget_tokens: int | None = None
         self._pool: Any = None
         self._retired_pools: list[Any] = []  # pools of failed captures: no graph, memory still reserved
+        # The last graph let go of in ``_pool``, held until a capture has begun there (``_let_go``).
+        self._pool_keeper: Any = None
         self._stream: Any = None  # warm-up and capture run on it
         # Recorded behind the runner's last device work, on the stream it ran on: work on another
         # stream waits for it before touching staging or pool memory.
@@ -548,7 +550,7 @@ class ViTGraphRunner:
         key = self._least_used()
         entry = self._graphs.pop(key)
         del self._uses[key]
-        self._mechanism.retire(entry.graph)
+        self._let_go(entry)
         self._evictions += 1
         logger.debug("evicted the graph of %d tokens (least used)", entry.tokens)
 
@@ -556,6 +558,7 @@ class ViTGraphRunner:
         """Drop every graph and hand the pools' memory back; later captures start a fresh pool."""
         pools = self._live_pools()
         self._retire_all_graphs()  # in a call of its own: no local may keep an output in the pools alive
+        self._release_pool_keeper()
         self._pool = None
         self._retired_pools = []
         if pools:
@@ -568,6 +571,23 @@ class ViTGraphRunner:
             key, entry = self._graphs.popitem()
             del self._uses[key]
             self._mechanism.retire(entry.graph)
+
+    def _let_go(self, entry: _Graph) -> None:
+        """Retire ``entry``'s graph, which no longer is in ``_graphs``; the last graph of the pool later
+        captures go to is held instead until the next capture there has begun. torch >= 2.11 keeps a
+        pinned-host pool beside each graph pool that dies with its last graph; a capture into the
+        pool then fails an internal assert (``use_count > 0``, seen on the H200), so every other
+        capture of a runner that evicts its pool's last graph would fail."""
+        if entry.pool is not self._pool or any(other.pool is entry.pool for other in self._graphs.values()):
+            self._mechanism.retire(entry.graph)
+            return
+        self._release_pool_keeper()
+        self._pool_keeper = entry.graph
+
+    def _release_pool_keeper(self) -> None:
+        if self._pool_keeper is not None:
+            self._mechanism.retire(self._pool_keeper)
+            self._pool_keeper = None
 
     def _staging_bytes(self) -> int:
         return sum(staging.nbytes for staging in self._staging.values())
@@ -607,7 +627,7 @@ class ViTGraphRunner:
         if failed:
             output = self._eager(tensors, layout) if serve else None  # raises if eager fails too: nothing marked
             if attempt.entry is not None:
-                self._mechanism.retire(attempt.entry.graph)
+                self._let_go(attempt.entry)
             why = attempt.error or "another rank's capture failed"
             self._remember_failure(key, layout, "capture_failed", why, served=serve)
             return output
@@ -638,7 +658,7 @@ class ViTGraphRunner:
     def _drop_new_graph(self, key: tuple, entry: _Graph) -> None:
         del self._graphs[key]
         del self._uses[key]
-        self._mechanism.retire(entry.graph)
+        self._let_go(entry)
 
     def _defer_capture(
         self, key: tuple, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...]
@@ -712,6 +732,7 @@ class ViTGraphRunner:
                 finally:
                     # Warm-up reads staging on this stream, also when the capture then fails.
                     self._mark(self._stream)
+                    self._release_pool_keeper()  # a new graph holds the pool now, or the pool is retired
         except Exception as error:  # any capture failure degrades to eager
             # Later captures get a fresh pool and stream: a failed capture can leave the old ones
             # mid-capture. Graphs already captured keep the memory of the pool they used.

@@ -71,6 +71,22 @@ def test_graph_equals_eager_bitwise_over_random_layouts_with_small_capacity(name
 
 
 @torch.inference_mode()
+def test_a_runner_with_room_for_one_graph_captures_every_layout_into_its_pool() -> None:
+    """Each capture evicts the pool's last graph: torch >= 2.11 then fails the next capture into
+    that pool (its pinned-host pool died with the graph) unless the runner holds the graph until
+    the capture has begun."""
+    tower = _tower()
+    runner = _capture_at_once(tower, capacity=1)
+    for index, workload in enumerate(_workloads(tower, 6, seed=3)):
+        grid = list(workload.grid_thw)
+        pixels = _pixels(tower, grid, index)
+        for _ in range(2):
+            assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    stats = runner.stats()
+    assert (stats["failed_layouts"], stats["captures"], stats["evictions"]) == (0, 6, 5)
+
+
+@torch.inference_mode()
 def test_replay_output_survives_later_replays_of_other_graphs() -> None:
     tower = _tower()
     _capture_at_once(tower)
