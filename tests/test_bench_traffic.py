@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from rocm_vit.cli import bench_traffic
 from rocm_vit.cli.main import main
@@ -15,6 +16,7 @@ from rocm_vit.cli.traffic import (
     image_grid,
     repeated_stream,
 )
+from rocm_vit.cli.workload import build_tower
 from rocm_vit.graphs.cost import CostModel
 
 
@@ -89,3 +91,24 @@ def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(mo
     for stream, calls in zip(report["streams"], (3, 2), strict=True):
         assert stream["calls"] == calls and stream["eager_runs"] == {"no_gpu": calls}
         assert stream["graphs"]["replays"] == 0 and stream["eager"]["mean_ms"] > 0
+        assert stream["possible_saving_ms"] is None and stream["share"] is None
+
+
+def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
+    """On a CPU, through the runner's stand-in mechanism (its replays re-run the forward); with the
+    real mechanism a CPU serves everything eagerly, which the oracle must not take for a replay."""
+    from test_graph_runner import StandInGraphs
+
+    tower = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
+    stream = repeated_stream("two layouts", 1, 128, 96, 2)
+    stream = bench_traffic.Stream("two layouts", (*stream.calls, ((1, 4, 8),)))
+    enable = tower.enable_graphs
+    mechanism = StandInGraphs()
+    monkeypatch.setattr(tower, "enable_graphs", lambda **options: enable(mechanism=mechanism, **options))
+    with torch.inference_mode():
+        assert bench_traffic._oracle_saving(tower, stream, seed=0, sample=8) >= 0.0
+    captured = mechanism.events.count("capture")
+    assert captured == 2 and mechanism.events.count("replay") >= 2 * bench_traffic._ORACLE_REPEATS
+    monkeypatch.setattr(tower, "enable_graphs", enable)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="did not replay"):
+        bench_traffic._oracle_saving(tower, stream, seed=0, sample=2)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rocm_vit.cli.traffic import Stream, standard_streams
+from rocm_vit.cli.traffic import GridTHW, Stream, standard_streams
 from rocm_vit.cli.workload import build_tower, progress, segment_lengths, table_lines
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
@@ -49,18 +50,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model: simulate with the cost model (default); tower: time the preset's tower on this machine",
     )
     parser.add_argument("--preset", default="qwen3-vl-8b", help="--mode tower: the tower (default qwen3-vl-8b)")
+    parser.add_argument(
+        "--stream",
+        action="append",
+        metavar="NAME",
+        help="run only this stream (repeatable; default: all, in tower mode all but chat at the checkpoint's limits)",
+    )
+    parser.add_argument(
+        "--oracle-calls",
+        type=int,
+        default=100,
+        help="--mode tower: calls sampled per stream to time the oracle, each layout's own graph (default 100)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    names = {stream.name for stream in standard_streams(1, 0)}
+    unknown = sorted(set(args.stream or ()) - names)
+    if unknown:
+        raise SystemExit(f"bench-traffic: unknown stream {unknown}; streams: {sorted(names)}")
     if args.mode == "tower":
-        report = measure_tower(args.preset, args.calls, args.seed)
+        report = measure_tower(args.preset, args.calls, args.seed, args.stream or _TOWER_STREAMS, args.oracle_calls)
         print(json.dumps(report, indent=2) if args.json else "\n".join(format_tower_table(report)))
         return 0
     host = CostModel().with_launch_ms(args.launch_ms)
-    report = {
-        "launch_ms": args.launch_ms,
-        "streams": [simulate(stream, host) for stream in standard_streams(args.calls, args.seed)],
-    }
+    streams = [stream for stream in standard_streams(args.calls, args.seed) if stream.name in (args.stream or names)]
+    report = {"launch_ms": args.launch_ms, "streams": [simulate(stream, host) for stream in streams]}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -282,34 +297,45 @@ def format_table(report: dict[str, Any]) -> list[str]:
 # --mode tower: measured, not modelled --------------------------------------------------------------
 
 # The streams timed on a real tower: all but chat at the checkpoint's limits (12 MP photos, minutes).
+_ORACLE_REPEATS = 7  # eager calls and replays per layout the oracle times
+_MAX_PATCHES = 65536  # the oracle's largest graph (a 32-frame 720p clip: 57,600 patches)
 _TOWER_STREAMS = ("chat, 1.3 MP cap", "6 x 640x360 per call", "8 x 640x360 per call", "1 x 1.3 MP per call",
                   "1 x 1080p per call", "video")  # fmt: skip
 
 
-def measure_tower(preset_name: str, calls: int, seed: int) -> dict[str, Any]:
-    """Each stream through the preset's tower, all-eager and then with the serving defaults (a fresh
-    runner per stream): per-call wall ms with the caller's stream synchronized around each call, after
-    one untimed eager pass that compiles every kernel variant the stream needs."""
+def measure_tower(
+    preset_name: str, calls: int, seed: int, names: Sequence[str] = _TOWER_STREAMS, oracle_calls: int = 100
+) -> dict[str, Any]:
+    """Each stream in ``names`` through the preset's tower, all-eager and then with the serving defaults
+    (a fresh runner per stream): per-call wall ms with the caller's stream synchronized around each
+    call, after one untimed eager pass that compiles every kernel variant the stream needs. Then the
+    oracle on ``oracle_calls`` sampled calls (see ``_oracle_saving``)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tower = build_tower(preset_name, device, dtype, None, seed=seed)
-    streams = [stream for stream in standard_streams(calls, seed) if stream.name in _TOWER_STREAMS]
+    streams = [stream for stream in standard_streams(calls, seed) if stream.name in names]
     results = []
     with torch.inference_mode():
         for stream in streams:
-            _timed_calls(tower, stream, seed, use_graphs=False)  # kernel compiles, not timed
-            eager = _timed_calls(tower, stream, seed, use_graphs=False)
+            _timed_calls(tower, stream.calls, seed, use_graphs=False, label=f"{stream.name}, compiles")
+            eager = _timed_calls(tower, stream.calls, seed, use_graphs=False, label=f"{stream.name}, eager")
             runner = tower.enable_graphs()
-            graphed = _timed_calls(tower, stream, seed, use_graphs=True)
+            graphed = _timed_calls(tower, stream.calls, seed, use_graphs=True, label=f"{stream.name}, graphs")
             runner.wait_for_captures()
             stats = runner.stats()
             tower.disable_graphs()
+            timed_oracle = oracle_calls > 0 and device.type == "cuda"  # a CPU has no graphs to time
+            possible = _oracle_saving(tower, stream, seed, oracle_calls) if timed_oracle else None
+            realized = statistics.fmean(eager) - statistics.fmean(graphed)
+            worth = possible is not None and possible > 0.05 * statistics.fmean(eager)
             results.append(
                 {
                     "stream": stream.name,
                     "calls": len(stream.calls),
                     "eager": _summary(eager),
                     "graphs": {**_summary(graphed), **{k: stats[k] for k in ("replays", "captures", "launch_ms")}},
+                    "possible_saving_ms": possible,
+                    "share": realized / possible if worth else None,
                     "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
                     "bytes_held": stats["bytes_held"],
                 }
@@ -317,13 +343,41 @@ def measure_tower(preset_name: str, calls: int, seed: int) -> dict[str, Any]:
     return {"mode": "tower", "preset": preset_name, "device": str(device), "streams": results}
 
 
-def _timed_calls(tower: Any, stream: Stream, seed: int, use_graphs: bool) -> list[float]:
-    """Wall ms of every call of ``stream``, its pixels made (and the device idle) before the clock starts."""
+def _oracle_saving(tower: Any, stream: Stream, seed: int, sample: int) -> float:
+    """Mean ms a graph of each call's own layout, captured for free, would save on ``stream``: on
+    ``sample`` calls drawn at random, the median of eager calls less the median of replays, at
+    least 0 (the oracle runs eagerly where eager is faster). Eager calls and replays alternate, so
+    both meet the same host (three of each were too few: on the H200 they overstated a saving by
+    40 %). Each distinct layout is captured once, with no admission limit; one graph is held."""
+    rng = random.Random(seed)
+    grids = [stream.calls[rng.randrange(len(stream.calls))] for _ in range(sample)]
+    saving: dict[tuple, float] = {}
+    runner = tower.enable_graphs(capacity=1, min_hits=1, max_tokens=_MAX_PATCHES, budget_bytes=1 << 40,
+                                 by_benefit=False, padded=False)  # fmt: skip
+    for grid in progress(sorted(set(grids)), f"{stream.name}, oracle", "layout"):
+        _timed_calls(tower, (grid,), seed, use_graphs=True)  # the capture
+        replays_before = runner.stats()["replays"]
+        eager, replays = [], []
+        for _ in range(_ORACLE_REPEATS):
+            eager += _timed_calls(tower, (grid,), seed, use_graphs=False)
+            replays += _timed_calls(tower, (grid,), seed, use_graphs=True)
+        if runner.stats()["replays"] != replays_before + _ORACLE_REPEATS:
+            raise RuntimeError(f"bench-traffic: the oracle's graph of {grid} did not replay")
+        saving[grid] = max(0.0, statistics.median(eager) - statistics.median(replays))
+    tower.disable_graphs()
+    return statistics.fmean(saving[grid] for grid in grids)
+
+
+def _timed_calls(
+    tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int, use_graphs: bool, label: str | None = None
+) -> list[float]:
+    """Wall ms of a tower call on each of ``grids``, its pixels made (and the device idle) before the
+    clock starts; a progress bar where ``label`` is given."""
     config, device = tower.config, tower.device
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator(device=device).manual_seed(seed)
     times = []
-    for grid in progress(list(stream.calls), f"{stream.name}, {'graphs' if use_graphs else 'eager'}", "call"):
+    for grid in progress(list(grids), label, "call") if label else grids:
         patches = sum(t * h * w for t, h, w in grid)
         pixels = torch.randn(patches, width, generator=generator, device=device, dtype=tower.dtype)
         # The caller's stream, as a server waits for its own work: a device-wide synchronize while the
@@ -342,10 +396,12 @@ def _synchronize_stream(device: torch.device) -> None:
 
 
 def format_tower_table(report: dict[str, Any]) -> list[str]:
-    header = ["stream", "calls", "replays", "captures", "eager mean / p90", "graphs mean / p90", "ratio mean / p90"]
+    header = ["stream", "calls", "replays", "captures", "eager mean / p90", "graphs mean / p90", "ratio mean / p90",
+              "oracle saves", "share"]  # fmt: skip
     cells = []
     for stream in report["streams"]:
         eager, graphs = stream["eager"], stream["graphs"]
+        possible, share = stream["possible_saving_ms"], stream["share"]
         cells.append(
             [
                 stream["stream"],
@@ -355,7 +411,11 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                 f"{eager['mean_ms']:.2f} / {eager['p90_ms']:.2f}",
                 f"{graphs['mean_ms']:.2f} / {graphs['p90_ms']:.2f}",
                 f"{graphs['mean_ms'] / eager['mean_ms']:.3f}x / {graphs['p90_ms'] / eager['p90_ms']:.3f}x",
+                "-" if possible is None else f"{possible:.2f} ms",
+                "-" if share is None else f"{share:.0%}",
             ]
         )
     title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']} (measured)"
-    return [title, "", *table_lines(header, cells)]
+    notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
+             "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager)"]  # fmt: skip
+    return [title, "", *table_lines(header, cells), *notes]
