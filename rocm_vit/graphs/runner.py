@@ -6,6 +6,7 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
   device-to-device and read by the kernels from a copy a kernel of the graph makes;
 - one staging set (inputs and output) per input signature, allocated once at the token ceiling;
 - the pool holds nothing between calls; each exact graph owns its offsets, written once, never again;
+- a graph last in the pool that captures go to is reset only once another capture there has begun;
 - with ``padding``, whether a call runs padded follows from its layout alone, eager or replayed;
 - a new graph is kept only if its first replay equals its eager warm-up bit for bit;
 - ``run`` returns a clone; one marker event orders the runner's device work on any stream;
@@ -491,7 +492,7 @@ class ViTGraphRunner:
         """Whether an eager run of ``layout`` that took ``host_ms`` timed the host's launches: its
         predicted device time is well below that, or below what the layout's recent runs typically
         took (a device-bound call's host time is its device time, as the host waits for the launch
-        queue; judged by one run, noise would pass the slow ones). Without a cost model every run is."""
+        queue; judged by one run, noise would pass the slow ones). Without a cost model, every run teaches."""
         if self._cost_model is None:
             return True
         runs = self._layout_host_ms.pop(layout.graph_key, None) or deque(maxlen=_LAYOUT_RUNS_KEPT)
