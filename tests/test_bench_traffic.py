@@ -92,6 +92,7 @@ def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(mo
         assert stream["calls"] == calls and stream["eager_runs"] == {"no_gpu": calls}
         assert stream["graphs"]["replays"] == 0 and stream["eager"]["mean_ms"] > 0
         assert stream["possible_saving_ms"] is None and stream["share"] is None
+        assert stream["second_half"]["graphs"]["replays"] == 0 and stream["second_half"]["eager"]["mean_ms"] > 0
 
 
 def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
