@@ -252,8 +252,10 @@ def test_failures_and_hazards_reach_the_summary_the_markdown_and_the_exit_status
         "verify_no_grad: failed: exit status 1",
         "hazard host_copy_offsets: stale after a host-to-device copy",
         "hazard graph_equals_eager (fails the report): 1 of 64 runs differ from eager (first: 1x224)",
+        "graph_admission: 1 x 1080p per call: graphs slower than all-eager once warm (mean 1.030x, p90 1.030x)",
     ]
     markdown = to_markdown(document)
+    assert "| second half | 7 / 2 | 20.00 / 20.00 | 18.00 / 18.00 | 0.900x / 0.900x | 90% | 13.6 |" in markdown
     assert "| host_copy_offsets | **HAZARD FOUND** | stale after a host-to-device copy |" in markdown
     assert "- no_grad: 23 of 24 runs exact on NVIDIA H200; captures 12" in markdown
     assert "**MISMATCH**: 1x448" in markdown
@@ -357,7 +359,27 @@ def _canned_gpu_results() -> dict[str, PartResult]:
                 "rows": [{"metric": "hit rate (replays / calls)", "value": "80.0%", "target": ">= 75%", "met": True}],
             },
         ),
+        "graph_admission": PartResult(
+            "ok",
+            data={
+                "streams": [
+                    _admission_stream("chat, 1.3 MP cap", eager_ms=20.0, graphs_ms=25.0, warm_graphs_ms=18.0),
+                    _admission_stream("1 x 1080p per call", eager_ms=33.0, graphs_ms=33.5, warm_graphs_ms=34.0),
+                ]
+            },
+        ),
     }
+
+
+def _admission_stream(name: str, eager_ms: float, graphs_ms: float, warm_graphs_ms: float) -> dict:
+    """A stream of ``bench-traffic --mode tower --json``: the same mean and p90 in each summary."""
+
+    def compared(graphs: float) -> dict:
+        summary = lambda ms: {"mean_ms": ms, "p50_ms": ms, "p90_ms": ms}  # noqa: E731
+        return {"eager": summary(eager_ms), "graphs": {**summary(graphs), "replays": 7, "captures": 2}, "share": 0.9}
+
+    return {"stream": name, "calls": 400, **compared(graphs_ms), "second_half": compared(warm_graphs_ms),
+            "possible_saving_ms": 2.0, "launch_ms": 13.6}  # fmt: skip
 
 
 # On a GPU, natively and emulating ROCm: every check passes ----------------------------------------

@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, help="folder to write (default: ./rocm-vit-report-<date>-<time>)")
     parser.add_argument(
-        "--quick", action="store_true", help="no tune, no bench-memory, fewer layouts (under 2 minutes on an H200)"
+        "--quick",
+        action="store_true",
+        help="no tune, no bench-memory, no graph admission, fewer layouts (under 2 minutes on an H200)",
     )
 
 

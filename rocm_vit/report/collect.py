@@ -30,6 +30,7 @@ SECTIONS = (
     "bench",
     "bench_attn",
     "graph_memory",
+    "graph_admission",
 )
 # Distributions whose versions a bug report needs (from installed metadata: nothing is imported).
 _PACKAGES = {
@@ -88,7 +89,9 @@ def collect(preset_name: str | None, quick: bool, folder: Path, progress: Progre
 
 
 def problems(document: dict[str, Any]) -> list[str]:
-    """One line per part that failed or timed out, and per hazard found (marked when it fails the report)."""
+    """One line per part that failed or timed out, per hazard found (marked when it fails the report),
+    and per stream that graphs made slower than all-eager once the runner was warm (not a failure:
+    a figure for the issue)."""
     lines = []
     for key, section in document["sections"].items():
         if key != "hazards" and section["status"] in (FAILED, TIMED_OUT):
@@ -98,6 +101,24 @@ def problems(document: dict[str, Any]) -> list[str]:
             lines.append(f"hazard {name}: the check {check['status']}: {check['summary']}")
         elif check["status"] == HAZARD_FOUND:
             lines.append(f"hazard {name}{' (fails the report)' if name in FAILING_HAZARDS else ''}: {check['summary']}")
+    return lines + slower_streams(document["sections"]["graph_admission"].get("data"))
+
+
+def slower_streams(admission: Any) -> list[str]:
+    """``bench-traffic --mode tower``'s streams whose second half ran slower under graphs than all-eager,
+    by more than its limits (1 % on the mean, 2 % on p90)."""
+    from rocm_vit.cli.bench_traffic import MEAN_SLOWER_LIMIT, P90_SLOWER_LIMIT
+
+    lines = []
+    for stream in admission.get("streams", []) if isinstance(admission, dict) else []:
+        half = stream["second_half"]
+        mean = half["graphs"]["mean_ms"] / half["eager"]["mean_ms"]
+        p90 = half["graphs"]["p90_ms"] / half["eager"]["p90_ms"]
+        if mean > MEAN_SLOWER_LIMIT or p90 > P90_SLOWER_LIMIT:
+            lines.append(
+                f"graph_admission: {stream['stream']}: graphs slower than all-eager once warm "
+                f"(mean {mean:.3f}x, p90 {p90:.3f}x)"
+            )
     return lines
 
 
@@ -138,7 +159,7 @@ def _hazards(results: dict[str, PartResult]) -> dict[str, Any]:
 
 
 def _why_not_planned(key: str, quick: bool) -> str:
-    if quick and key in ("tune", "graph_memory"):
+    if quick and key in ("tune", "graph_memory", "graph_admission"):
         return "not part of a --quick report"
     return "not run"
 

@@ -28,6 +28,9 @@ SKIPPED = "skipped"
 # bench-attn layouts: one image of each size class, a batch, a ragged batch and a 1080p screenshot.
 ATTENTION_LAYOUTS = "1x1024,1x4096,4x1024,16x256,ragged16,1x8160,1x16384"
 QUICK_ATTENTION_LAYOUTS = "1x1024,4x1024,1x8160"
+# bench-traffic --mode tower: chat where graphs pay on some calls, a repeated launch-bound call, and a
+# device-bound one that must not get slower (400 chat calls, 100 of each other stream).
+ADMISSION_STREAMS = ("chat, 1.3 MP cap", "6 x 640x360 per call", "1 x 1080p per call")
 _STDERR_TAIL_LINES = 15
 
 
@@ -96,6 +99,14 @@ def plan(
         memory += ["--plot", "memory.png"] if plots else []
         # Exit status 1: a target missed, which its table (in the report) shows.
         parts.append(Part("graph_memory", "bench-memory (mixed)", tuple(memory), 300, True, ok_exit_codes=(0, 1)))
+        admission = ["-m", "rocm_vit", "bench-traffic", "--mode", "tower", *preset_args, "--calls", "400"]
+        admission += [
+            "--oracle-calls",
+            "40",
+            "--json",
+            *(arg for name in ADMISSION_STREAMS for arg in ("--stream", name)),
+        ]
+        parts.append(Part("graph_admission", "bench-traffic (tower)", tuple(admission), 600, True))
     return parts
 
 

@@ -20,6 +20,7 @@ HEADINGS = {
     "bench": "Bench: the tower, eager and graphs",
     "bench_attn": "Bench attention",
     "graph_memory": "Graph memory",
+    "graph_admission": "Graph admission on serving streams",
     "logs": "Logs",
 }
 _VERDICT_TEXT = {
@@ -58,6 +59,7 @@ def to_markdown(document: dict[str, Any]) -> str:
         ("bench", _bench),
         ("bench_attn", _bench_attn),
         ("graph_memory", _graph_memory),
+        ("graph_admission", _graph_admission),
         ("logs", _logs),
     ]
     for key, render in renderers:
@@ -272,6 +274,38 @@ def _graph_memory(document: dict[str, Any]) -> list[str]:
     else:
         lines += _not_there(section)
     return lines
+
+
+def _graph_admission(document: dict[str, Any]) -> list[str]:
+    section = document["sections"]["graph_admission"]
+    data = section.get("data")
+    if not (isinstance(data, dict) and data.get("streams")):
+        return _not_there(section)
+    lines = [
+        "`rocm-vit bench-traffic --mode tower`: each stream all-eager, then under the serving defaults with a "
+        "fresh runner (wall ms per call); the second half is the runner once warm. Share: of what a graph of "
+        "each call's own layout, captured for free, would save (timed on sampled calls), what the defaults "
+        "realized on the mean.",
+        "",
+    ]
+    rows = []
+    for stream in data["streams"]:
+        for name, compared in ((stream["stream"], stream), ("second half", stream["second_half"])):
+            eager, graphs, share = compared["eager"], compared["graphs"], compared["share"]
+            rows.append(
+                [
+                    name,
+                    f"{graphs['replays']} / {graphs['captures']}",
+                    f"{eager['mean_ms']:.2f} / {eager['p90_ms']:.2f}",
+                    f"{graphs['mean_ms']:.2f} / {graphs['p90_ms']:.2f}",
+                    f"{graphs['mean_ms'] / eager['mean_ms']:.3f}x / {graphs['p90_ms'] / eager['p90_ms']:.3f}x",
+                    "-" if share is None else f"{share:.0%}",
+                    f"{stream['launch_ms']:.1f}",
+                ]
+            )
+    header = ["stream", "replays / captures", "eager mean / p90", "graphs mean / p90", "graphs / eager", "share",
+              "launch ms learned"]  # fmt: skip
+    return lines + _table(header, rows)
 
 
 def _logs(document: dict[str, Any]) -> list[str]:
