@@ -15,23 +15,34 @@ def _saves(model: CostModel, seq_lens: list[int]) -> bool:
     ("name", "seq_lens", "saves"),
     [
         ("1x224", [196], True),
-        ("6x640x360", [880] * 6, True),  # 11.6 ms replayed against 13.5 eager
-        ("8x640x360", [880] * 8, False),  # 15.3 against 15.5: nothing to take
-        ("1x1.3MP", [4920], False),
-        ("1x1080p", [8160], False),
+        ("6x640x360", [880] * 6, True),  # p50 11.7 ms replayed against 17.4 eager
+        ("8x640x360", [880] * 8, True),  # 16.0 against 18.5 (on the issue's host: 15.3 against 15.5)
+        ("1x1.3MP", [5120], True),  # 17.7 against 18.4 (p50): the model predicts 9 %, a small overstatement
+        ("1x1080p", [8160], False),  # 33.3 against 33.2
     ],
 )
-def test_the_default_model_on_a_13_ms_host_takes_what_the_h200_measured(name, seq_lens, saves) -> None:
-    assert _saves(CostModel().with_launch_ms(13.0), seq_lens) is saves, name
+def test_the_default_model_on_a_13_6_ms_host_takes_what_the_h200_measured(name, seq_lens, saves) -> None:
+    """bench-traffic --mode tower on the H200, 2026-12-01 (docs/benchmarks.md); the runner learned 13.6 ms."""
+    assert _saves(CostModel().with_launch_ms(13.6), seq_lens) is saves, name
 
 
-def test_the_fit_recovers_the_device_terms_and_takes_the_smallest_calls_launch() -> None:
+def test_eager_time_is_a_soft_maximum_of_launch_and_device_time() -> None:
+    """Far from each other, the larger one; where they meet, a quarter more (2^(1/3)): the H200's eager
+    calls sat 10-50 % above the larger one there (docs/benchmarks.md, "The cost model's eager time")."""
+    model = CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0)
+    assert model.eager_ms([1]) == pytest.approx(10.0, rel=1e-3)
+    assert model.eager_ms([40]) == pytest.approx(40.0, rel=0.02)
+    assert model.eager_ms([10]) == pytest.approx(10.0 * 2 ** (1 / 3))
+    assert model.eager_ms([10]) > max(model.launch_ms, model.device_ms([10]))
+
+
+def test_the_fit_recovers_the_device_terms_and_the_launch_time_from_the_smallest_call() -> None:
     truth = CostModel(
         blocks=24, launch_ms=9.0, device_base_ms=0.05, device_ms_per_token=1e-4, device_ms_per_square=2e-8
     )
     timings = [(patches, truth.eager_ms([patches]), truth.replay_ms([patches])) for patches in (196, 1024, 4096, 8192)]
     fitted = fit_cost_model(timings, blocks=24)
-    assert fitted.launch_ms == truth.launch_ms
+    assert fitted.launch_ms == pytest.approx(truth.launch_ms, rel=1e-9)  # the smallest call's, its device share out
     for seq_lens in ([196], [880] * 6, [16384]):
         assert fitted.replay_ms(seq_lens) == pytest.approx(truth.replay_ms(seq_lens), rel=1e-9)
 

@@ -17,8 +17,9 @@ from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
 from rocm_vit.layout import AttentionLayout, PaddedLayout
 
 # Bucket sizes: from FIRST_BUCKET, each at most LADDER_RATIO times the last (or one GRANULE more), in
-# whole GRANULEs. 1.2 and 0.7 below: the best share of chat's possible saving in `bench-traffic` at
-# launch times of 10, 12 and 15 ms (docs/benchmarks.md, "`rocm-vit bench-traffic`").
+# whole GRANULEs. 1.2 and 0.7 below: within 2 points of the best share of chat's possible saving in
+# `bench-traffic` at launch times of 10, 12 and 17 ms, over x1.1-1.5 and 50-70 % (docs/benchmarks.md,
+# "`rocm-vit bench-traffic`").
 FIRST_BUCKET = 256
 LADDER_RATIO = 1.2
 GRANULE = 64
