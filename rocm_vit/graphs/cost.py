@@ -73,15 +73,20 @@ def fit_cost_model(timings: Sequence[tuple[int, float, float]], blocks: int) -> 
     device = torch.tensor([graph_ms - CostModel.replay_host_ms for _, _, graph_ms in timings], dtype=torch.float64)
     terms = _non_negative_least_squares(columns, device)
     _, eager_ms, graph_ms = min(timings)  # the smallest call: its eager time is nearly all launch
-    power = _SOFT_MAX_POWER
-    launch_powered = max(0.0, eager_ms**power - (graph_ms - CostModel.replay_host_ms) ** power)
     return CostModel(
         blocks=blocks,
-        launch_ms=launch_powered ** (1 / power),
+        launch_ms=launch_from_call(eager_ms, graph_ms),
         device_base_ms=terms[0] / blocks,
         device_ms_per_token=terms[1] / blocks,
         device_ms_per_square=terms[2] / blocks,
     )
+
+
+def launch_from_call(eager_ms: float, graph_ms: float) -> float:
+    """The launch time that makes the soft maximum give ``eager_ms`` for a call replayed in ``graph_ms``."""
+    power = _SOFT_MAX_POWER
+    device_ms = graph_ms - CostModel.replay_host_ms
+    return max(0.0, eager_ms**power - max(0.0, device_ms) ** power) ** (1 / power)
 
 
 def _non_negative_least_squares(columns: torch.Tensor, target: torch.Tensor) -> list[float]:
