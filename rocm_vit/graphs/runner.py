@@ -405,7 +405,8 @@ class ViTGraphRunner:
         if timed:
             host_ms = (self._clock() - started) * 1e3
             with self._counts_lock:  # outside the runner's lock: callers of other threads time theirs
-                if self._launch_bound(layout, host_ms):
+                # Without a cost model, every run teaches.
+                if self._cost_model is None or self._launch_bound(layout, host_ms, self._recent_runs(layout, host_ms)):
                     self._launch_samples.append(host_ms)
                 self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
         return output
@@ -488,18 +489,20 @@ class ViTGraphRunner:
         seq_lens = layout.segmentations["full"].seq_lens
         return model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
 
-    def _launch_bound(self, layout: AttentionLayout, host_ms: float) -> bool:
-        """Whether an eager run of ``layout`` that took ``host_ms`` timed the host's launches: its
-        predicted device time is well below that, or below what the layout's recent runs typically
-        took (a device-bound call's host time is its device time, as the host waits for the launch
-        queue; judged by one run, noise would pass the slow ones). Without a cost model, every run teaches."""
-        if self._cost_model is None:
-            return True
+    def _recent_runs(self, layout: AttentionLayout, host_ms: float) -> Sequence[float]:
+        """The host ms of ``layout``'s last runs, this one included (bounded, by layout)."""
         runs = self._layout_host_ms.pop(layout.graph_key, None) or deque(maxlen=_LAYOUT_RUNS_KEPT)
         runs.append(host_ms)
         self._layout_host_ms[layout.graph_key] = runs  # most recent last
         if len(self._layout_host_ms) > _LAYOUTS_TIMED_KEPT:
             self._layout_host_ms.popitem(last=False)
+        return runs
+
+    def _launch_bound(self, layout: AttentionLayout, host_ms: float, runs: Sequence[float]) -> bool:
+        """Whether an eager run of ``layout`` that took ``host_ms`` timed the host's launches: its
+        predicted device time is well below that, or below what the layout's recent runs typically
+        took (a device-bound call's host time is its device time, as the host waits for the launch
+        queue; judged by one run, noise would pass the slow ones); ``runs``: its recent host ms."""
         device_ms = self._cost_model.device_ms(layout.segmentations["full"].seq_lens)
         if device_ms < _CLEARLY_LAUNCH_BOUND_SHARE * host_ms:
             return True

@@ -107,14 +107,14 @@ def problems(document: dict[str, Any]) -> list[str]:
 def slower_streams(admission: Any) -> list[str]:
     """``bench-traffic --mode tower``'s streams whose second half ran slower under graphs than all-eager,
     by more than its limits (1 % on the mean, 2 % on p90)."""
-    from rocm_vit.cli.bench_traffic import MEAN_SLOWER_LIMIT, P90_SLOWER_LIMIT
+    from rocm_vit.cli.bench_traffic import slower_than_eager
 
     lines = []
     for stream in admission.get("streams", []) if isinstance(admission, dict) else []:
         half = stream["second_half"]
-        mean = half["graphs"]["mean_ms"] / half["eager"]["mean_ms"]
-        p90 = half["graphs"]["p90_ms"] / half["eager"]["p90_ms"]
-        if mean > MEAN_SLOWER_LIMIT or p90 > P90_SLOWER_LIMIT:
+        if slower_than_eager(half["eager"], half["graphs"]):
+            mean = half["graphs"]["mean_ms"] / half["eager"]["mean_ms"]
+            p90 = half["graphs"]["p90_ms"] / half["eager"]["p90_ms"]
             lines.append(
                 f"graph_admission: {stream['stream']}: graphs slower than all-eager once warm "
                 f"(mean {mean:.3f}x, p90 {p90:.3f}x)"

@@ -321,7 +321,7 @@ def _logs(document: dict[str, Any]) -> list[str]:
 
 def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callable[[dict], bool] | None, str]:
     """Whether the policy replays a bench row (a layout seen twice): within max tokens, where its cost
-    model predicts a saving at this host's launch time, taken as the fastest eager call measured."""
+    model predicts a saving at this host's launch time, from the smallest layout's eager call and replay."""
     from rocm_vit.cli.workload import parse_layouts, segment_lengths
     from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel, launch_from_call
     from rocm_vit.models import preset
