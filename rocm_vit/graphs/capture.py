@@ -91,7 +91,7 @@ class CudaGraphs:
     def new_stream(self, device: torch.device) -> Any:
         stream = torch.cuda.Stream(device)
         with torch.cuda.stream(stream):
-            _prime_blas(device)
+            prime_blas(device)
         return stream
 
     @contextlib.contextmanager
@@ -171,8 +171,10 @@ class CudaGraphs:
         torch.cuda.empty_cache()
 
 
-def _prime_blas(device: torch.device) -> None:
-    """Create this stream's BLAS workspaces in the ordinary cache, not in a graph pool (kept for the process)."""
+def prime_blas(device: torch.device) -> None:
+    """Create the current stream's BLAS workspaces in the ordinary cache, not in a graph pool: BLAS
+    keeps one per thread and stream for the process, so one made in a warm-up would hold a block of
+    the pool for good."""
     for dtype in (torch.float32, torch.bfloat16):
         a = torch.ones(8, 8, dtype=dtype, device=device)
         torch.nn.functional.linear(a, a, a[0])

@@ -53,6 +53,9 @@ class Qwen3VLVisionTower(VisionTower):
         )
         self._side_stream = SideStream()
 
+    def prepare_capture(self) -> None:
+        self._side_stream.prepare(self.device)
+
     def embed(self, pixel_values: torch.Tensor, pos_taps: torch.Tensor, pos_weights: torch.Tensor) -> torch.Tensor:
         """Patch embedding plus the position table interpolated at ``pos_taps`` ``[N, 4]`` with ``pos_weights``."""
         x = self.patch_embed(pixel_values)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from rocm_vit.graphs.capture import prime_blas
 from rocm_vit.policy import active_policy
 
 
@@ -20,7 +21,8 @@ class SideStream:
     Never shared across main streams: a thread's eager launch would land in another thread's capture.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, new_stream: Callable[[torch.device], torch.cuda.Stream] = torch.cuda.Stream) -> None:
+        self._new_stream = new_stream
         self._streams: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
 
     def launch(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -34,6 +36,17 @@ class SideStream:
             out = fn(x)
         x.record_stream(side)  # the main stream does not reuse x's memory before the side read it
         return out
+
+    def prepare(self, device: torch.device) -> None:
+        """Make the current stream's side stream and its BLAS workspaces now, before a capture's
+        warm-up: made there, the workspaces would be allocated in the graph pool (see ``prime_blas``)."""
+        if device.type != "cuda" or not active_policy().side_stream.value:
+            return
+        main = torch.cuda.current_stream(device)
+        if (device, main.cuda_stream) in self._streams:
+            return
+        with torch.cuda.stream(self._stream(device, main)):
+            prime_blas(device)
 
     def join(self, outputs: list[torch.Tensor]) -> None:
         """Make the current stream wait for the side stream, which produced ``outputs``."""
@@ -51,5 +64,5 @@ class SideStream:
         stream = self._streams.get(key)
         if stream is None:
             # setdefault: two threads may ask at once; both must get the same stream.
-            stream = self._streams.setdefault(key, torch.cuda.Stream(device))
+            stream = self._streams.setdefault(key, self._new_stream(device))
         return stream

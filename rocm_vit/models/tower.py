@@ -11,6 +11,7 @@ host one input copy per tensor and one launch (docs/design.md, "Tower").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -151,6 +152,10 @@ class VisionTower(nn.Module, ABC):
         """``embed`` then ``forward_blocks``: what eager mode runs and graphs capture. Must not read the device."""
         return self.forward_blocks(self.embed(pixel_values, *embed_inputs), attn_args, cos, sin)
 
+    def prepare_capture(self) -> None:
+        """Make now, for the current stream, what ``forward_blocks`` would make lazily inside a capture's
+        warm-up, where its memory would come from the graph pool. The runner calls it before each one."""
+
     @abstractmethod
     def embed(self, pixel_values: torch.Tensor, *embed_inputs: torch.Tensor) -> torch.Tensor:
         """``x`` ``[N, hidden]`` from packed patches, in the blocks' token order (``PreparedLayout.embed_inputs``)."""
@@ -195,6 +200,12 @@ class VisionTower(nn.Module, ABC):
         padding = None
         if (by_benefit if padded is None else padded) and self.attention.reads_offsets_on_device:
             padding = Padding(model, max_tokens)
+        given_context = runner_options.pop("capture_context", None) or contextlib.nullcontext
+
+        def capture_context() -> contextlib.AbstractContextManager:
+            self.prepare_capture()  # on the runner's stream, before the warm-up routes memory to the pool
+            return given_context()
+
         self._graph_runner = ViTGraphRunner(
             self.encode,
             self.attention.layout_args,
@@ -205,6 +216,7 @@ class VisionTower(nn.Module, ABC):
             cost_model=cost_model,
             defer_captures=by_benefit,
             padding=padding,
+            capture_context=capture_context,
             **runner_options,
         )
         return self._graph_runner

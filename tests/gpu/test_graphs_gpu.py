@@ -3,6 +3,7 @@ owned outputs, memory within the budget."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -12,6 +13,7 @@ from rocm_vit.cli.workload import Workload, random_workloads
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import VisionTower, preset, tower_class
+from rocm_vit.models.side_stream import SideStream
 from rocm_vit.platform import current_platform
 
 pytestmark = pytest.mark.gpu
@@ -229,14 +231,18 @@ def test_graph_memory_stays_within_a_small_budget_over_random_layouts() -> None:
     budget = 96 << 20
     runner = tower.enable_graphs(min_hits=1, budget_bytes=budget, max_tokens=2048, by_benefit=False)
     workloads = _workloads(tower, 60, seed=11, max_side=640)
+    most_graphs = 0
     for index, workload in enumerate(workloads + workloads[::-1]):
         grid = list(workload.grid_thw)
         pixels = _pixels(tower, grid, index)
         assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
         stats = runner.stats()
         assert stats["bytes_held"] <= budget, stats
-    # Graphs share the pool's activations, so many fit in a budget that holds one capture.
-    assert runner.stats()["replays"] > 0 and runner.stats()["graphs"] > 1
+        most_graphs = max(most_graphs, stats["graphs"])
+    # Graphs share the pool's activations, so several fit in a budget that holds one capture. How
+    # many are held at the end depends on where the last release fell: this budget is within a few
+    # MiB of the largest capture, and a capture that adds a segment releases the pool.
+    assert runner.stats()["replays"] > 0 and most_graphs > 1
 
 
 @torch.inference_mode()
@@ -327,6 +333,29 @@ def test_deepstack_mergers_on_a_side_stream_keep_graphs_exact() -> None:
     assert runner.stats()["replays"] == 3
     # On NVIDIA the mergers ran on the tower's side stream (ROCm, and its emulation, run them inline).
     assert bool(tower._side_stream._streams) == (current_platform() == "cuda")
+
+
+@torch.inference_mode()
+def test_a_side_stream_made_for_a_capture_keeps_its_blas_workspace_out_of_the_pool() -> None:
+    """The deepstack mergers' side stream is made at the first capture on a runner stream. A BLAS
+    workspace made for it inside the warm-up would come from the graph pool: counted in the budget,
+    and held after the pool is released (the budget test failed so, depending on the tests before it)."""
+    tower = _tower("qwen3-vl-8b", depth=2, deepstack_visual_indexes=[0])
+    _, highest = torch.cuda.Stream.priority_range()
+    # A side stream no BLAS call has met: no other test makes streams of the highest priority.
+    tower._side_stream = SideStream(functools.partial(torch.cuda.Stream, priority=highest))
+    runner = _capture_at_once(tower)
+    grid = [(1, 16, 16)]
+    pixels = _pixels(tower, grid, 0)
+    assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    assert runner.stats()["captures"] == 1
+    assert bool(tower._side_stream._streams) == (current_platform() == "cuda")
+    torch.cuda.synchronize()
+    pool_id = tuple(runner._pool)
+    pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
+    assert pool_segments and all(segment["allocated_size"] == 0 for segment in pool_segments)
+    runner._release_pools()
+    assert not any(tuple(s["segment_pool_id"]) == pool_id for s in torch.cuda.memory_snapshot())
 
 
 @torch.inference_mode()
