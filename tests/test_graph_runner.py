@@ -23,6 +23,7 @@ import torch
 
 from rocm_vit.attention import AttnArgs, SegmentLengths, VarlenArgs, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
+from rocm_vit.graphs import runner as runner_module
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import ScratchBounds
 from rocm_vit.graphs.runner import LayoutArgs
@@ -1092,6 +1093,31 @@ def test_slow_runs_of_a_device_bound_layout_do_not_teach_the_launch_time(generat
         _run_checked(runner, close, generator)
     runner._launch_ms()
     assert runner.stats()["launch_ms"] == 13.6
+
+
+def test_eager_runs_while_a_capture_is_pending_or_under_way_do_not_teach_the_launch_time(
+    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen on the H200 (chat at a 1.3 MP cap): runs beside a capture are slowed by it, and they
+    taught a launch time of 40 ms on a host that launched the tower in 14 to 16. Here the capture
+    thread is held back while new layouts run at 40 ms: only the 12 ms runs before it teach."""
+    thread_may_start = threading.Event()
+    capture_loop = runner_module._capture_loop
+    monkeypatch.setattr(runner_module, "_capture_loop", lambda *args: thread_may_start.wait(30) and capture_loop(*args))
+    model = CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=0.05, device_ms_per_square=0.0)
+    runner, _ = _runner(min_hits=2, cost_model=model, clock=_launches_in([12.0] * 9 + [40.0] * 20), defer_captures=True)
+    layouts = [_layout((1, 2, 2), (1, 2, 2 * k + 2)) for k in range(28)]  # 8 to 116 tokens: under 6 ms
+    for layout in [*layouts[:8], layouts[0]]:  # eight first calls, then one that hands its capture over
+        _run_checked(runner, layout, generator)
+    assert runner.stats()["eager_runs"]["capture_deferred"] == 1
+    for layout in layouts[8:]:  # twenty first calls while that capture is pending
+        _run_checked(runner, layout, generator)
+    thread_may_start.set()
+    assert runner.wait_for_captures(timeout=30) and runner.stats()["captures"] == 1
+    # The call that handed its capture over ran before the handover, alone: it taught too.
+    assert list(runner._launch_samples) == pytest.approx([12.0] * 9)
+    runner._launch_ms()
+    assert runner.stats()["launch_ms"] == 12.0
 
 
 def test_device_bound_eager_runs_do_not_teach_the_launch_time(generator: torch.Generator) -> None:

@@ -263,6 +263,9 @@ class ViTGraphRunner:
         self._clock = clock
         self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
         self._launch_samples_seen = 0
+        # Bumped as a capture is handed over or begins and as it ends: odd while one is pending or
+        # under way. An eager run meanwhile times the capture too, not the host's launches.
+        self._capture_marks = 0
         self._layout_host_ms: OrderedDict[tuple, deque[float]] = OrderedDict()  # recent runs, by layout
         # The launch time agreed across ranks, and how many samples had been seen then.
         self._launch_agreed: tuple[float, int] | None = None
@@ -365,6 +368,7 @@ class ViTGraphRunner:
                 # Not timed: the capture thread slows this call's launches (the GIL, the device).
                 return self._timed_eager(tensors, layout, timed=False)
             self._lock.acquire()
+        pending: _Pending | None = None
         try:
             self._age()
             entry = self._graphs.get(key)
@@ -377,19 +381,26 @@ class ViTGraphRunner:
                 signature = _signature(tensors, layout.num_patches)
                 reason = self._staging_over_budget(signature)
             if reason is None and self._defer:
-                self._defer_capture(key, signature, layout, tensors)
+                pending = self._pending_capture(key, signature, layout, tensors)
                 reason = "capture_deferred"
             if reason is None:
                 self._make_room(signature, layout.num_patches)
                 pool_before = self._pool_bytes
-                output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before)
+                self._bump_capture_marks()
+                try:
+                    output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before)
+                finally:
+                    self._bump_capture_marks()
                 # Here, not inside: a pool is released only once no local holds the warm-up's output.
                 self._hold_budget(layout.num_patches, pool_before)
                 return output
             self._eager_runs[reason] += 1
         finally:
             self._lock.release()
-        return self._timed_eager(tensors, layout, timed=reason != "no_gpu")
+        output = self._timed_eager(tensors, layout, timed=reason != "no_gpu")
+        if pending is not None:  # after this call's launches: its capture neither delays nor times them
+            self._hand_over(pending)
+        return output
 
     def wait_for_captures(self, timeout: float | None = None) -> bool:
         """Block until no deferred capture is pending or running; ``False`` if ``timeout`` passed first."""
@@ -400,13 +411,17 @@ class ViTGraphRunner:
     def _timed_eager(
         self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout, timed: bool = True
     ) -> torch.Tensor:
+        marks = self._capture_marks
         started = self._clock()
         output = self._eager(tensors, layout)
         if timed:
             host_ms = (self._clock() - started) * 1e3
+            quiet = marks % 2 == 0 and self._capture_marks == marks  # no capture pending or under way
             with self._counts_lock:  # outside the runner's lock: callers of other threads time theirs
-                # Without a cost model, every run teaches.
-                if self._cost_model is None or self._launch_bound(layout, host_ms, self._recent_runs(layout, host_ms)):
+                # Without a cost model, every quiet run teaches.
+                if quiet and (
+                    self._cost_model is None or self._launch_bound(layout, host_ms, self._recent_runs(layout, host_ms))
+                ):
                     self._launch_samples.append(host_ms)
                 self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
         return output
@@ -681,26 +696,37 @@ class ViTGraphRunner:
         del self._uses[key]
         self._let_go(entry)
 
-    def _defer_capture(
+    def _pending_capture(
         self, key: tuple, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...]
-    ) -> None:
-        """Hand ``key``'s capture to the capture thread, with copies of this call's inputs (one at a
-        time: a layout that finds another pending is asked for again at its next call)."""
+    ) -> _Pending | None:
+        """``key``'s capture for the capture thread, with copies of this call's inputs; ``None`` while
+        another is pending (one at a time: the layout is asked for again at its next call)."""
         if self._queue.pending is not None:
-            return
+            return None
         stream = self._mechanism.current_stream(tensors[0].device)
         self._follow_marker(stream)  # staging is not read here, but the copies join the runner's order
         copies = tuple(tensor.clone() for tensor in tensors)
         self._mark(stream)  # the capture waits for the copies
         modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        self._queue.pending = _Pending(key, signature, layout, copies, stream, *modes)
-        if self._capture_thread is None:
-            self._capture_thread = threading.Thread(
-                target=_capture_loop, args=(weakref.ref(self), self._queue), name="rocm-vit-capture", daemon=True
-            )
-            self._capture_thread.start()
+        return _Pending(key, signature, layout, copies, stream, *modes)
+
+    def _hand_over(self, pending: _Pending) -> None:
+        """Give ``pending`` to the capture thread, started at the first; dropped if another came first."""
         with self._queue.wake:
+            if self._queue.pending is not None:
+                return
+            self._queue.pending = pending
+            self._bump_capture_marks()  # and again when the capture thread is done with it
+            if self._capture_thread is None:
+                self._capture_thread = threading.Thread(
+                    target=_capture_loop, args=(weakref.ref(self), self._queue), name="rocm-vit-capture", daemon=True
+                )
+                self._capture_thread.start()
             self._queue.wake.notify_all()
+
+    def _bump_capture_marks(self) -> None:
+        with self._counts_lock:  # bumped from the caller's thread and from the capture thread
+            self._capture_marks += 1
 
     def _capture_pending(self, pending: _Pending) -> None:
         """The deferred capture, under the runner's lock, as ``run`` would have made it inline."""
@@ -715,6 +741,7 @@ class ViTGraphRunner:
             self._hold_budget(layout.num_patches, pool_before)
         finally:
             self._follow_marker(pending.stream)  # the copies are freed on the caller's stream, after use
+            self._bump_capture_marks()  # the capture handed over in _hand_over is done
 
     def _capture(
         self, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
