@@ -327,10 +327,8 @@ class ViTGraphRunner:
         """
         tensors = (x, cos, sin, *inputs)
         _check_inputs(tensors, layout)
-        padded = self._padding.padded(layout) if self._padding is not None else None
-        if padded is None:
-            return self._run(tensors, layout, immutable)
-        return self._run_padded(lambda rows: self._run(rows, padded, False), tensors, layout, padded)
+        # A padded call's inputs are fresh tensors: never immutable.
+        return self._as_padded(tensors, layout, lambda rows, ran: self._run(rows, ran, immutable and ran is layout))
 
     def run_eager(
         self, x: torch.Tensor, layout: AttentionLayout, cos: torch.Tensor, sin: torch.Tensor, *inputs: torch.Tensor
@@ -339,21 +337,21 @@ class ViTGraphRunner:
         padded here too, so this is the eager reference a replay equals bit for bit."""
         tensors = (x, cos, sin, *inputs)
         _check_inputs(tensors, layout)
-        padded = self._padding.padded(layout) if self._padding is not None else None
-        if padded is None:
-            return self._eager(tensors, layout)
-        return self._run_padded(lambda rows: self._eager(rows, padded), tensors, layout, padded)
+        return self._as_padded(tensors, layout, self._eager)
 
-    @staticmethod
-    def _run_padded(
-        run: Callable[[tuple[torch.Tensor, ...]], torch.Tensor],
+    def _as_padded(
+        self,
         tensors: tuple[torch.Tensor, ...],
         layout: AttentionLayout,
-        padded: AttentionLayout,
+        run: Callable[[tuple[torch.Tensor, ...], AttentionLayout], torch.Tensor],
     ) -> torch.Tensor:
-        """``run`` on ``tensors`` padded with zero rows to ``padded``'s tokens; the real tokens' rows back."""
+        """``run(tensors, layout)``, or, for a layout ``padding`` pads, ``run`` on the tensors padded
+        with zero rows to its bucket, the real tokens' rows of the output back."""
+        padded = self._padding.padded(layout) if self._padding is not None else None
+        if padded is None:
+            return run(tensors, layout)
         tokens, padded_tokens = layout.num_patches, padded.num_patches
-        output = run(tuple(pad_rows(tensor, tokens, padded_tokens) for tensor in tensors))
+        output = run(tuple(pad_rows(tensor, tokens, padded_tokens) for tensor in tensors), padded)
         return real_rows(output, tokens, padded_tokens)
 
     def _run(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout, immutable: bool) -> torch.Tensor:
