@@ -993,6 +993,45 @@ def test_calls_during_a_deferred_capture_run_eagerly_instead_of_waiting_for_it(g
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 1)
 
 
+def record_offsets_reaching_the_device(monkeypatch: pytest.MonkeyPatch, mechanism: StandInGraphs) -> None:
+    """Log in ``mechanism.events`` each read of a layout's pinned host offsets or of their device copy."""
+    for name in ("cu_seqlens_host", "cu_seqlens_tensor"):
+        method = getattr(AttentionLayout, name)
+
+        def spy(self: AttentionLayout, *args: Any, method: Any = method, name: str = name) -> torch.Tensor:
+            mechanism.events.append(name)
+            return method(self, *args)
+
+        monkeypatch.setattr(AttentionLayout, name, spy)
+
+
+def on_the_capture_stream(events: list[str]) -> list[str]:
+    """The offsets reads logged between a ``mechanism.on_stream``'s enter and exit."""
+    inside, seen = False, []
+    for event in events:
+        inside = event == "enter" or (inside and event != "exit")
+        if inside and event.startswith("cu_seqlens"):
+            seen.append(event)
+    return seen
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["inline", "deferred"])
+def test_a_new_graphs_offsets_reach_the_device_on_the_callers_stream(
+    defer: bool, generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never on the capture stream: the host allocator records a pinned block's free on every stream
+    that copied from it, and a free during a later capture records a captured event there, on which
+    the next pinned allocation of any thread fails (H200: a request raised, and a capture was lost)."""
+    runner, mechanism = _runner(defer_captures=defer)
+    record_offsets_reaching_the_device(monkeypatch, mechanism)
+    for layout in (_layout((1, 2, 4)), _layout((1, 4, 4), (1, 2, 2))):
+        _run_checked(runner, layout, generator)
+        assert runner.wait_for_captures(timeout=30)
+    assert mechanism.events.count("capture") == 2
+    assert "cu_seqlens_host" in mechanism.events  # an exact graph's offsets come from pinned memory
+    assert on_the_capture_stream(mechanism.events) == []
+
+
 def test_ranks_that_must_agree_capture_inline_even_when_deferral_is_asked(generator: torch.Generator) -> None:
     runner, _ = _runner(defer_captures=True, agree_max=list)
     _run_checked(runner, _layout((1, 2, 4)), generator)

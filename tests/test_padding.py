@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 from rocm_vit.backends.sdpa import sdpa_varlen
-from test_graph_runner import HIDDEN, StandInGraphs
+from test_graph_runner import HIDDEN, StandInGraphs, on_the_capture_stream, record_offsets_reaching_the_device
 
 from rocm_vit.attention import SdpaAttention, VarlenArgs
 from rocm_vit.graphs import ViTGraphRunner
@@ -117,8 +117,10 @@ class _RecordingVarlen:
         return {name: VarlenArgs(cu_seqlens[name], seg.max_seqlen) for name, seg in layout.segmentations.items()}
 
 
-def _padded_runner(**kwargs) -> tuple[ViTGraphRunner, _RecordingVarlen, StandInGraphs]:
-    layout_args, mechanism = _RecordingVarlen(), StandInGraphs()
+def _padded_runner(
+    mechanism: StandInGraphs | None = None, **kwargs
+) -> tuple[ViTGraphRunner, _RecordingVarlen, StandInGraphs]:
+    layout_args, mechanism = _RecordingVarlen(), mechanism or StandInGraphs()
     runner = ViTGraphRunner(
         _varlen_forward, layout_args, min_hits=1, mechanism=mechanism, padding=Padding(MODEL, 8192), **kwargs
     )
@@ -141,6 +143,20 @@ def test_layouts_of_one_bucket_share_a_graph_and_each_replay_reads_its_own_offse
         assert torch.equal(out, _varlen_forward(x, {"full": VarlenArgs(layout.cu_seqlens_tensor("cpu"), 0)}, cos, sin))
     stats = runner.stats()
     assert (stats["captures"], stats["replays"]) == (1, 9) and mechanism.events.count("capture") == 1
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["inline", "deferred"])
+def test_a_padded_graphs_first_offsets_reach_the_device_on_the_callers_stream(defer, generator, monkeypatch) -> None:
+    """As an exact graph's (test_graph_runner): a layout's pinned offsets are never copied on the capture stream."""
+    mechanism = StandInGraphs()
+    runner, _, _ = _padded_runner(mechanism=mechanism, defer_captures=defer)
+    record_offsets_reaching_the_device(monkeypatch, mechanism)
+    layout = _layout((1, 16, 20))
+    x, cos, sin = _inputs(layout.num_patches, generator)
+    runner.run(x, layout, cos, sin)
+    assert runner.wait_for_captures(timeout=30)
+    assert mechanism.events.count("capture") == 1 and "cu_seqlens_tensor" in mechanism.events
+    assert on_the_capture_stream(mechanism.events) == []
 
 
 def test_a_padded_graphs_kernels_read_offsets_a_kernel_of_the_graph_wrote(generator) -> None:

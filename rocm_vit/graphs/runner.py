@@ -5,7 +5,8 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
   layout's carries its token and segment counts, and its graph takes the offsets per call, copied
   device-to-device and read by the kernels from a copy a kernel of the graph makes;
 - one staging set (inputs and output) per input signature, allocated once at the token ceiling;
-- the pool holds nothing between calls; each exact graph owns its offsets, written once, never again;
+- the pool holds nothing between calls; each exact graph owns its offsets, written once, never again,
+  and every graph's first offsets are made on the caller's stream, never on the capture stream;
 - a graph last in the pool that captures go to is reset only once another capture there has begun;
 - with ``padding``, whether a call runs padded follows from its layout alone, eager or replayed;
 - a new graph is kept only if its first replay equals its eager warm-up bit for bit;
@@ -184,6 +185,7 @@ class _Pending:
     signature: Signature
     layout: AttentionLayout
     tensors: tuple[torch.Tensor, ...]
+    offsets: dict[str, torch.Tensor]  # the new graph's own (``_graph_offsets``)
     stream: Any  # the caller's, where the copies were made and are freed
     # The caller's thread-local modes, which the capture thread takes on.
     grad_enabled: bool
@@ -384,9 +386,10 @@ class ViTGraphRunner:
             if reason is None:
                 self._make_room(signature, layout.num_patches)
                 pool_before = self._pool_bytes
+                offsets = self._graph_offsets(layout, x.device)
                 self._bump_capture_marks()
                 try:
-                    output = self._capture_and_verify(key, signature, layout, tensors, immutable, pool_before)
+                    output = self._capture_and_verify(key, signature, layout, tensors, offsets, immutable, pool_before)
                 finally:
                     self._bump_capture_marks()
                 # Here, not inside: a pool is released only once no local holds the warm-up's output.
@@ -645,6 +648,7 @@ class ViTGraphRunner:
         signature: Signature,
         layout: AttentionLayout,
         tensors: tuple[torch.Tensor, ...],
+        offsets: dict[str, torch.Tensor],
         immutable: bool,
         pool_before: int,
         serve: bool = True,
@@ -654,7 +658,7 @@ class ViTGraphRunner:
         ``serve``: a deferred capture's call was served already)."""
         need = self._scratch.bound(layout.num_patches)
         started = time.perf_counter()
-        attempt = self._capture(signature, layout, tensors, immutable)
+        attempt = self._capture(signature, layout, tensors, offsets, immutable)
         captured = attempt.entry is not None
         measured = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._live_pools())
         failed, self._pool_bytes = self._agree([int(not captured), measured])
@@ -701,12 +705,14 @@ class ViTGraphRunner:
         another is pending (one at a time: the layout is asked for again at its next call)."""
         if self._queue.pending is not None:
             return None
-        stream = self._mechanism.current_stream(tensors[0].device)
+        device = tensors[0].device
+        stream = self._mechanism.current_stream(device)
         self._follow_marker(stream)  # staging is not read here, but the copies join the runner's order
         copies = tuple(tensor.clone() for tensor in tensors)
-        self._mark(stream)  # the capture waits for the copies
+        offsets = self._graph_offsets(layout, device)
+        self._mark(stream)  # the capture waits for the copies and the offsets
         modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        return _Pending(key, signature, layout, copies, stream, *modes)
+        return _Pending(key, signature, layout, copies, offsets, stream, *modes)
 
     def _hand_over(self, pending: _Pending) -> None:
         """Give ``pending`` to the capture thread, started at the first; dropped if another came first."""
@@ -735,14 +741,21 @@ class ViTGraphRunner:
             self._make_room(signature, layout.num_patches)
             pool_before = self._pool_bytes
             with pending.callers_modes():
-                self._capture_and_verify(key, signature, layout, pending.tensors, False, pool_before, serve=False)
+                self._capture_and_verify(
+                    key, signature, layout, pending.tensors, pending.offsets, False, pool_before, serve=False
+                )
             self._hold_budget(layout.num_patches, pool_before)
         finally:
             self._follow_marker(pending.stream)  # the copies are freed on the caller's stream, after use
             self._bump_capture_marks()  # the capture handed over in _hand_over is done
 
     def _capture(
-        self, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
+        self,
+        signature: Signature,
+        layout: AttentionLayout,
+        tensors: tuple[torch.Tensor, ...],
+        offsets: dict[str, torch.Tensor],
+        immutable: bool,
     ) -> _Attempt:
         device = tensors[0].device
         try:
@@ -757,7 +770,6 @@ class ViTGraphRunner:
                         staging = self._staging[signature] = _Staging(signature, self.max_tokens, device)
                     views = staging.views(tensors)
                     staging.fill(views, tensors, immutable)
-                    offsets = self._graph_offsets(layout, device)
                     attn_args = None if layout.offsets_per_call else self.layout_args(layout, offsets)
 
                     def forward() -> torch.Tensor:
@@ -791,12 +803,15 @@ class ViTGraphRunner:
 
     @staticmethod
     def _graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
-        """A new graph's own offsets, before its warm-up reads them and its capture records them.
+        """A new graph's own offsets, made on the caller's stream before the capture stream takes over.
 
         An exact layout's are copied from pinned host memory and never written again (ROCm/hip 3902:
         a host-to-device copy right before a replay can be read stale). A padded layout's are copied
         device-to-device here and before each replay, and the kernels read them from a copy that a
-        kernel of the graph makes (``_capture``'s ``forward``), never from what a copy wrote.
+        kernel of the graph makes (``_capture``'s ``forward``), never from what a copy wrote. Never
+        on the capture stream: the host allocator records a pinned block's free on every stream that
+        copied from it, and a free during a later capture there would record a captured event, on
+        which the next pinned allocation of any thread fails (docs/design.md, "Hazards").
         """
         if layout.offsets_per_call:
             return {name: layout.cu_seqlens_tensor(device, name).clone() for name in layout.segmentations}

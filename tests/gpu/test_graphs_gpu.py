@@ -4,11 +4,13 @@ owned outputs, memory within the budget."""
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 
 import pytest
 import torch
 
+from rocm_vit.attention import get_backend
 from rocm_vit.cli.workload import Workload, random_workloads
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
 from rocm_vit.layout import VisionLayout
@@ -178,6 +180,44 @@ def test_thread_local_capture_while_another_thread_reads_values_back(mode: str) 
     else:
         assert errors or failed, "global capture mode survived a thread that syncs: this test proves nothing"
     torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def test_a_layout_freed_during_a_deferred_capture_breaks_neither_the_capture_nor_pinned_allocations() -> None:
+    """The host allocator records a pinned block's free on every stream that copied from it. Were a
+    graph's offsets copied from their layout's pinned memory on the capture stream, a layout freed
+    during a later capture (a tower's layout cache evicts while serving) would record a captured
+    event there: the next pinned allocation of any thread failed on it, a request raised, and the
+    capture was lost (bench-traffic on the H200)."""
+    started, proceed = threading.Event(), threading.Event()
+
+    def forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 16 and torch.cuda.is_current_stream_capturing():  # the second capture: held open
+            started.set()
+            assert proceed.wait(timeout=60)
+        return x * cos + sin
+
+    layout_args = get_backend("sdpa").layout_args
+    runner = ViTGraphRunner(forward_blocks, layout_args, min_hits=1, defer_captures=True, budget_bytes=1 << 30)
+
+    def call(layout) -> None:
+        x, cos, sin = (torch.randn(layout.num_patches, 8, device=DEVICE) for _ in range(3))
+        runner.run(x, layout, cos, sin)
+
+    first = VisionLayout.from_grid_thw([(1, 2, 4)]).attention
+    call(first)
+    assert runner.wait_for_captures(timeout=60)
+    call(VisionLayout.from_grid_thw([(1, 4, 4)]).attention)  # its capture waits inside, on the other thread
+    assert started.wait(timeout=60)
+    try:
+        del first  # the last reference: its pinned offsets are freed now, during the capture
+        gc.collect()
+        torch.empty(64, pin_memory=True)  # a pinned allocation queries the events of freed blocks
+    finally:
+        proceed.set()
+    assert runner.wait_for_captures(timeout=60)
+    stats = runner.stats()
+    assert (stats["captures"], stats["eager_runs"]["capture_failed"]) == (2, 0)
 
 
 @torch.inference_mode()
