@@ -25,7 +25,7 @@ import torch
 
 from rocm_vit.cli.traffic import GridTHW, Stream, standard_streams
 from rocm_vit.cli.workload import build_tower, progress, segment_lengths, table_lines
-from rocm_vit.graphs import ViTGraphRunner
+from rocm_vit.graphs import EAGER_REASONS, ViTGraphRunner
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
 from rocm_vit.graphs.padding import Padding
 from rocm_vit.layout import AttentionLayout, VisionLayout
@@ -304,6 +304,7 @@ def format_table(report: dict[str, Any]) -> list[str]:
 # --mode tower: measured, not modelled --------------------------------------------------------------
 
 _ORACLE_REPEATS = 7  # eager calls and replays per layout the oracle times
+_SLOWER_CALL = 1.1  # a call this much slower than its eager twin is counted in ``by_kind``
 _MAX_PATCHES = 65536  # the oracle's largest graph (a 32-frame 720p clip: 57,600 patches)
 # The streams timed on a real tower: all but chat at the checkpoint's limits (12 MP photos, minutes).
 _TOWER_STREAMS = ("chat, 1.3 MP cap", "6 x 640x360 per call", "8 x 640x360 per call", "1 x 1.3 MP per call",
@@ -329,9 +330,14 @@ def measure_tower(
             eager = _timed_calls(tower, stream.calls, seed, use_graphs=False, label=f"{stream.name}, eager")
             runner = tower.enable_graphs()
             half = len(stream.calls) // 2
-            graphed = _timed_calls(tower, stream.calls[:half], seed, use_graphs=True, label=f"{stream.name}, graphs")
+            served: list[tuple[str, bool]] = []
+            graphed = _timed_calls(
+                tower, stream.calls[:half], seed, use_graphs=True, label=f"{stream.name}, graphs", served=served
+            )
             at_half = runner.stats()
-            graphed += _timed_calls(tower, stream.calls[half:], seed, use_graphs=True, label=f"{stream.name}, graphs")
+            graphed += _timed_calls(
+                tower, stream.calls[half:], seed, use_graphs=True, label=f"{stream.name}, graphs", served=served
+            )
             runner.wait_for_captures()
             stats = runner.stats()
             tower.disable_graphs()
@@ -349,7 +355,10 @@ def measure_tower(
                     "possible_saving_ms": possible,
                     "launch_ms": stats["launch_ms"],
                     "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
+                    "pool_releases": stats["pool_releases"],
+                    "evictions": stats["evictions"],
                     "bytes_held": stats["bytes_held"],
+                    "second_half_by_kind": by_kind(eager[half:], graphed[half:], served[half:]),
                 }
             )
     return {"mode": "tower", "preset": preset_name, "device": str(device), "streams": results}
@@ -394,10 +403,17 @@ def _oracle_saving(tower: Any, stream: Stream, seed: int, sample: int) -> float:
 
 
 def _timed_calls(
-    tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int, use_graphs: bool, label: str | None = None
+    tower: Any,
+    grids: Sequence[tuple[GridTHW, ...]],
+    seed: int,
+    use_graphs: bool,
+    label: str | None = None,
+    served: list[tuple[str, bool]] | None = None,
 ) -> list[float]:
     """Wall ms of a tower call on each of ``grids``, its pixels made (and the device idle) before the
-    clock starts; a progress bar where ``label`` is given."""
+    clock starts; a progress bar where ``label`` is given. ``served`` gets, per call, how the tower's
+    runner served it and whether a deferred capture was pending or under way meanwhile
+    (``served_as``), read without the runner's lock, so the record leaves captures to contend."""
     config, device = tower.config, tower.device
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -408,11 +424,50 @@ def _timed_calls(
         # The caller's stream, as a server waits for its own work: a device-wide synchronize while the
         # runner's thread captures would fail (and break that capture).
         _synchronize_stream(device)
+        before = tower.graph_runner.counters() if served is not None else None
         started = time.perf_counter()
         tower(pixels, list(grid), use_graphs=use_graphs)
         _synchronize_stream(device)
         times.append((time.perf_counter() - started) * 1e3)
+        if before is not None:
+            served.append(served_as(before, tower.graph_runner.counters()))
     return times
+
+
+def served_as(before: dict[str, int], after: dict[str, int]) -> tuple[str, bool]:
+    """How one call was served, from the runner's ``counters`` around it: ``replay`` or its eager
+    reason, prefixed ``padded`` where it ran padded; and whether a capture other than the one this
+    call handed over was pending or under way meanwhile."""
+    changed = [name for name in ("replays", *EAGER_REASONS) if after[name] > before[name]]
+    kind = "replay" if changed == ["replays"] else (changed or ["unknown"])[0]
+    if after["padded"] > before["padded"]:
+        kind = f"padded {kind}"
+    own_marks = int(kind.endswith("capture_deferred"))  # its hand-over begins a capture
+    beside = before["capture_marks"] % 2 == 1 or after["capture_marks"] - before["capture_marks"] > own_marks
+    return kind, beside
+
+
+def by_kind(eager: Sequence[float], graphed: Sequence[float], served: Sequence[tuple[str, bool]]) -> list[dict]:
+    """Calls grouped by how they were served and whether beside a capture: how many, their mean ms
+    under graphs and all-eager, and how many were over 10 % slower than eager, with the ms over."""
+    groups: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+    for eager_ms, graph_ms, how in zip(eager, graphed, served, strict=True):
+        groups.setdefault(how, []).append((eager_ms, graph_ms))
+    rows = []
+    for (kind, beside), pairs in sorted(groups.items(), key=lambda item: -len(item[1])):
+        slower = [graph_ms - eager_ms for eager_ms, graph_ms in pairs if graph_ms > _SLOWER_CALL * eager_ms]
+        rows.append(
+            {
+                "kind": kind,
+                "beside_capture": beside,
+                "calls": len(pairs),
+                "eager_mean_ms": statistics.fmean(eager_ms for eager_ms, _ in pairs),
+                "graphs_mean_ms": statistics.fmean(graph_ms for _, graph_ms in pairs),
+                "slower_calls": len(slower),
+                "slower_excess_ms": sum(slower),
+            }
+        )
+    return rows
 
 
 def _synchronize_stream(device: torch.device) -> None:
@@ -441,8 +496,22 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                     "-" if share is None else f"{share:.0%}",
                 ]
             )
+    kinds = []
+    for stream in report["streams"]:
+        for row in stream["second_half_by_kind"]:
+            kinds.append(
+                [
+                    stream["stream"],
+                    row["kind"] + (", beside a capture" if row["beside_capture"] else ""),
+                    str(row["calls"]),
+                    f"{row['eager_mean_ms']:.2f}",
+                    f"{row['graphs_mean_ms']:.2f}",
+                    f"{row['slower_calls']} (+{row['slower_excess_ms']:.0f} ms)",
+                ]
+            )
+    kinds_header = ["stream", "second half: served as", "calls", "eager mean", "graphs mean", "over 10 % slower"]
     title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']} (measured)"
     notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",
              "its last N: the stream's second half, the runner's steady state"]  # fmt: skip
-    return [title, "", *table_lines(header, cells), *notes]
+    return [title, "", *table_lines(header, cells), *notes, "", *table_lines(kinds_header, kinds)]

@@ -272,6 +272,7 @@ class ViTGraphRunner:
         # The launch time agreed across ranks, and how many samples had been seen then.
         self._launch_agreed: tuple[float, int] | None = None
         self._calls = 0
+        self._padded_calls = 0
         self._lock = threading.Lock()
         self._defer = defer_captures and agree_max is None
         self._queue = _CaptureQueue()
@@ -361,6 +362,9 @@ class ViTGraphRunner:
         # Exact shapes and dtypes: cheap to build on every call (the staging signature is derived
         # from them only when a capture is due).
         key = (layout.graph_key, tuple((t.dtype, t.shape) for t in tensors))
+        if layout.offsets_per_call:
+            with self._counts_lock:
+                self._padded_calls += 1
         if not self._lock.acquire(blocking=False):
             if self._queue.capturing.is_set():  # a deferred capture holds the runner: do not wait for it
                 with self._counts_lock:
@@ -427,6 +431,19 @@ class ViTGraphRunner:
                 self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
         return output
 
+    def counters(self) -> dict[str, int]:
+        """The calls served so far (``replays``, eager runs by reason, ``padded`` calls of either kind)
+        and ``capture_marks``, odd while a deferred capture is pending or under way. Unlike ``stats``,
+        read without the runner's lock: a caller can read them between its calls while a capture
+        runs without waiting for it (``bench-traffic --mode tower`` does, call by call)."""
+        with self._counts_lock:
+            return {
+                "replays": self._replays,
+                **self._eager_runs,
+                "padded": self._padded_calls,
+                "capture_marks": self._capture_marks,
+            }
+
     def stats(self) -> dict[str, Any]:
         """Counters for logs, ``rocm-vit bench`` and ``bench-memory``: captures, replays, evictions,
         eager runs by reason, graphs held, the bytes held (staging, offsets and pool) against the
@@ -440,6 +457,7 @@ class ViTGraphRunner:
                 "evictions": self._evictions,
                 "pool_releases": self._pool_releases,
                 "eager_runs": dict(self._eager_runs),
+                "padded_calls": self._padded_calls,
                 "graphs": len(self._graphs),
                 "failed_layouts": len(self._failed),
                 "capture_seconds": self._capture_seconds,
