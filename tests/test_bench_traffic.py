@@ -66,12 +66,30 @@ def test_bench_traffic_prints_every_stream_and_fails_on_a_missed_target(capsys) 
 
 def test_padding_takes_chats_saving_where_exact_graphs_cannot() -> None:
     """Chat at a 1.3 MP cap: one image in five has a size no other request has. (#30's 90 % is the
-    bench's target, not this test's: at 12 ms it realizes 87 %, docs/benchmarks.md.)"""
+    bench's target, not this test's: with the captures' contention charged, 2000 calls at 12 ms
+    realize 64 %, against 36 % with exact graphs only, docs/benchmarks.md.)"""
     host = CostModel().with_launch_ms(12.0)
     chat = bench_traffic.simulate(chat_stream(2000, seed=0), host)
-    assert chat["benefit"]["share"] >= 0.85 and chat["benefit, exact"]["share"] < 0.6
+    assert chat["benefit"]["share"] >= chat["benefit, exact"]["share"] + 0.2
     assert chat["benefit"]["padded"] > 0 and chat["benefit, exact"]["padded"] == 0
     assert chat["benefit"]["p90_ms"] <= 1.02 * chat["eager"]["p90_ms"]
+
+
+def test_a_deferred_captures_host_work_is_charged_to_the_calls_beside_it() -> None:
+    """Two eager calls of the captured layout, shared with the calls after it: each pays at most its
+    own time again and is served eagerly until the work is done (the H200: +16-37 ms, about two
+    calls a capture)."""
+    host = CostModel().with_launch_ms(12.0)
+    small, large = [196], [4096]
+    eager_small, eager_large = host.eager_ms(small), host.eager_ms(large)
+    kinds = ["deferred", "replay", "replay", "replay"]
+    times = bench_traffic._charge_contention(host, kinds, [large, small, small, small])
+    work = bench_traffic._CAPTURE_LAUNCHES * eager_large
+    assert work > 2 * eager_small  # the capture outlasts two small calls
+    assert times[:3] == pytest.approx([eager_large, 2 * eager_small, 2 * eager_small])
+    left = work - 2 * eager_small
+    assert times[3] == pytest.approx(eager_small + min(left, eager_small))
+    assert bench_traffic._charge_contention(host, ["replay"] * 2, [small] * 2) == [host.replay_ms(small)] * 2
 
 
 def test_a_capture_on_the_requests_path_is_charged_warm_up_capture_and_replay() -> None:
