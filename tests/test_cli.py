@@ -14,6 +14,7 @@ import torch
 from rocm_vit import __version__
 from rocm_vit.cli import main as cli_main
 from rocm_vit.cli.main import build_parser, main
+from rocm_vit.graphs.padding import bucket_ladder
 from rocm_vit.version import build_commit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,10 @@ def test_doctor_json_reports_every_section(capsys: pytest.CaptureFixture[str]) -
         assert policy[choice]["why"]
     assert policy["profile"]["in_force"]
     assert report["settings"]["graph_cache_capacity"] == 32
+    padding = policy["graph_padding"]  # the ladder up to the policy's max tokens, and the rule on examples
+    assert padding["buckets"] == ", ".join(map(str, bucket_ladder(policy["graph_max_tokens"]["tokens"])))
+    assert padding["per_layout"]["1x196 (a 224x224 image)"] == "padded to 256"
+    assert padding["per_layout"]["1x4920 (a 1.3 MP photo)"] == "as it is"  # device-bound: nothing to save
 
 
 def test_doctor_shows_sglang_and_rocm_vit_environment(

@@ -32,6 +32,13 @@ _EXAMPLE_LAYOUTS = {
     "1x8160 (a 1080p screenshot)": (8160,),
     "1x47376 (a phone photo)": (47376,),
 }
+# Layouts whose padding the report names: where graphs pay, sizes that rarely repeat.
+_PADDING_EXAMPLES = {
+    "1x196 (a 224x224 image)": (196,),
+    "1x1200 (a 640x480 image)": (1200,),
+    "6x880 (six 640x360 images)": (880,) * 6,
+    "1x4920 (a 1.3 MP photo)": (4920,),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,11 +162,26 @@ def _policy() -> dict[str, Any]:
         for backend, needs in REQUIREMENTS.items()
     }
     values["attention"]["known"] = sorted(BACKENDS)
+    values["graph_padding"] = _padding_report(policy.graph_cost.value, policy.graph_max_tokens.value)
     if name not in BACKENDS:
         values["error"] = f"attention backend {name!r} is unknown"
     elif missing := REQUIREMENTS[name].unavailable_reason(policy.facts):
         values["error"] = f"attention backend {name!r} cannot run on {policy.facts.platform}: {missing}"
     return values
+
+
+def _padding_report(cost_model: Any, max_tokens: int) -> dict[str, Any]:
+    """The buckets padded layouts run at, and what the static rule decides for a few layouts (with
+    ``graph_cost``; a tower or the SGLang adapter scales it to its own blocks)."""
+    from rocm_vit.graphs.padding import Padding
+    from rocm_vit.layout import AttentionLayout, Segmentation
+
+    padding = Padding(cost_model, max_tokens)
+    per_layout = {}
+    for label, seq_lens in _PADDING_EXAMPLES.items():
+        padded = padding.padded(AttentionLayout({"full": Segmentation.from_lengths(seq_lens)}))
+        per_layout[label] = "as it is" if padded is None else f"padded to {padded.num_patches}"
+    return {"buckets": ", ".join(map(str, padding.buckets)), "per_layout": per_layout}
 
 
 def _verdict(missing: str | None, head_dims: tuple[int, ...] | None) -> str:
