@@ -71,6 +71,7 @@ def test_padding_takes_chats_saving_where_exact_graphs_cannot() -> None:
     host = CostModel().with_launch_ms(12.0)
     chat = bench_traffic.simulate(chat_stream(2000, seed=0), host)
     assert chat["benefit"]["share"] >= chat["benefit, exact"]["share"] + 0.2
+    assert chat["benefit"]["second_half_share"] > chat["benefit"]["share"] + 0.1  # most captures behind it
     assert chat["benefit"]["padded"] > 0 and chat["benefit, exact"]["padded"] == 0
     assert chat["benefit"]["p90_ms"] <= 1.02 * chat["eager"]["p90_ms"]
 
