@@ -91,6 +91,11 @@ def test_a_deferred_captures_host_work_is_charged_to_the_calls_beside_it() -> No
     left = work - 2 * eager_small
     assert times[3] == pytest.approx(eager_small + min(left, eager_small))
     assert bench_traffic._charge_contention(host, ["replay"] * 2, [small] * 2) == [host.replay_ms(small)] * 2
+    # Host time between calls goes to the capture first: with enough of it, no call pays.
+    idle = bench_traffic._charge_contention(host, kinds, [large, small, small, small], idle_ms=work)
+    assert idle == pytest.approx([eager_large, *[host.replay_ms(small)] * 3])
+    some = bench_traffic._charge_contention(host, kinds, [large, small, small, small], idle_ms=work - eager_small)
+    assert some[1] == pytest.approx(2 * eager_small) and some[2] == pytest.approx(host.replay_ms(small))
 
 
 def test_a_capture_on_the_requests_path_is_charged_warm_up_capture_and_replay() -> None:
@@ -108,9 +113,9 @@ def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(mo
     """On a CPU the runner serves everything eagerly (no_gpu); the structure is what a GPU run fills."""
     small = [repeated_stream("6 x 640x360 per call", 2, 128, 96, 3), repeated_stream("video", 1, 64, 64, 2)]
     monkeypatch.setattr(bench_traffic, "standard_streams", lambda calls, seed: small)
-    assert main(["bench-traffic", "--mode", "tower", "--preset", "tiny", "--json"]) == 0
+    assert main(["bench-traffic", "--mode", "tower", "--preset", "tiny", "--idle-ms", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert (report["mode"], report["device"]) == ("tower", "cpu")
+    assert (report["mode"], report["device"], report["idle_ms"]) == ("tower", "cpu", 1.0)
     assert [stream["stream"] for stream in report["streams"]] == ["6 x 640x360 per call", "video"]
     for stream, calls in zip(report["streams"], (3, 2), strict=True):
         assert stream["calls"] == calls and stream["eager_runs"] == {"no_gpu": calls}

@@ -59,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run only this stream (repeatable; default: all, in tower mode all but chat at the checkpoint's limits)",
     )
     parser.add_argument(
+        "--idle-ms",
+        type=float,
+        default=0.0,
+        help="host time between calls that no call uses, which a deferred capture takes first (default 0: "
+        "calls back to back; in tower mode the caller sleeps)",
+    )
+    parser.add_argument(
         "--oracle-calls",
         type=int,
         default=100,
@@ -72,12 +79,14 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"bench-traffic: unknown stream {unknown}; streams: {sorted(names)}")
     if args.mode == "tower":
-        report = measure_tower(args.preset, args.calls, args.seed, args.stream or _TOWER_STREAMS, args.oracle_calls)
+        names = args.stream or _TOWER_STREAMS
+        report = measure_tower(args.preset, args.calls, args.seed, names, args.oracle_calls, args.idle_ms)
         print(json.dumps(report, indent=2) if args.json else "\n".join(format_tower_table(report)))
         return 0
     host = CostModel().with_launch_ms(args.launch_ms)
     streams = [stream for stream in standard_streams(args.calls, args.seed) if stream.name in (args.stream or names)]
-    report = {"launch_ms": args.launch_ms, "streams": [simulate(stream, host) for stream in streams]}
+    simulated = [simulate(stream, host, args.idle_ms) for stream in streams]
+    report = {"launch_ms": args.launch_ms, "idle_ms": args.idle_ms, "streams": simulated}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -97,8 +106,9 @@ POLICIES: dict[str, dict[str, Any]] = {
 }
 
 
-def simulate(stream: Stream, host: CostModel) -> dict[str, Any]:
-    """``stream`` under all-eager, the oracle and each of ``POLICIES``: per-call times and counts."""
+def simulate(stream: Stream, host: CostModel, idle_ms: float = 0.0) -> dict[str, Any]:
+    """``stream`` under all-eager, the oracle and each of ``POLICIES``: per-call times and counts;
+    ``idle_ms`` of host time between calls (``_charge_contention``)."""
     seq_lens = [segment_lengths(grid) for grid in stream.calls]
     eager = [host.eager_ms(lens) for lens in seq_lens]
     oracle = [min(host.eager_ms(lens), host.replay_ms(lens)) for lens in seq_lens]
@@ -118,7 +128,7 @@ def simulate(stream: Stream, host: CostModel) -> dict[str, Any]:
         counts = {"replay": kinds.count("replay"), "eager": len(kinds) - kinds.count("replay")}
         counts["capture"] = runner.stats()["captures"]  # on the requests' path or not
         counts["padded"] = sum(len(ran) != len(lens) for ran, lens in zip(run_lens, seq_lens, strict=True))
-        times = _charge_contention(host, kinds, run_lens)
+        times = _charge_contention(host, kinds, run_lens, idle_ms)
         half = len(times) // 2  # the steady state, most captures behind it, as tower mode shows it
         result[name] = {
             **_summary(times),
@@ -146,14 +156,18 @@ def _call(runner: ViTGraphRunner, layout: AttentionLayout) -> str:
     return "replay" if after["replays"] > before["replays"] else "eager"
 
 
-def _charge_contention(host: CostModel, kinds: Sequence[str], run_lens: Sequence[Sequence[int]]) -> list[float]:
+def _charge_contention(
+    host: CostModel, kinds: Sequence[str], run_lens: Sequence[Sequence[int]], idle_ms: float = 0.0
+) -> list[float]:
     """Each call's ms, where a deferred capture's host work (its warm-up's and its capture's launches:
-    ``_CAPTURE_LAUNCHES`` eager calls of its layout) shares the host with the calls after it: each
-    pays as much again as its own time until that work is done, and is served eagerly meanwhile.
-    On the H200 calls beside a capture took 16-37 ms more than eagerly, about two per capture
-    (docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`")."""
+    ``_CAPTURE_LAUNCHES`` eager calls of its layout) takes the ``idle_ms`` before each call first,
+    then shares the host with the calls after it: each pays as much again as its own time until
+    that work is done, and is served eagerly meanwhile. On the H200 calls back to back beside a
+    capture took 16-37 ms more than eagerly, about two per capture (docs/benchmarks.md,
+    "`rocm-vit bench-traffic --mode tower`")."""
     times, capture_work = [], 0.0
     for kind, lens in zip(kinds, run_lens, strict=True):
+        capture_work = max(0.0, capture_work - idle_ms)
         own = _charge(host, "eager" if capture_work > 0 else kind, lens)
         beside = min(capture_work, own)
         capture_work -= beside
@@ -314,7 +328,9 @@ def format_table(report: dict[str, Any]) -> list[str]:
                     "" if steady is None else f"{steady:.0%}",
                 ]
             )
-    lines = [f"rocm-vit bench-traffic: Qwen3-VL-8B cost model, host launch {report['launch_ms']} ms (simulated)", ""]
+    idle = f", {report['idle_ms']:g} ms idle between calls" if report.get("idle_ms") else ""
+    host = f"host launch {report['launch_ms']} ms{idle}"
+    lines = [f"rocm-vit bench-traffic: Qwen3-VL-8B cost model, {host} (simulated)", ""]
     lines += table_lines(header, cells)
     lines += [
         "",
@@ -338,13 +354,19 @@ _TOWER_STREAMS = ("chat, 1.3 MP cap", "6 x 640x360 per call", "8 x 640x360 per c
 
 
 def measure_tower(
-    preset_name: str, calls: int, seed: int, names: Sequence[str] = _TOWER_STREAMS, oracle_calls: int = 100
+    preset_name: str,
+    calls: int,
+    seed: int,
+    names: Sequence[str] = _TOWER_STREAMS,
+    oracle_calls: int = 100,
+    idle_ms: float = 0.0,
 ) -> dict[str, Any]:
     """Each stream in ``names`` through the preset's tower, all-eager and then with the serving defaults
     (a fresh runner per stream): per-call wall ms with the caller's stream synchronized around each
     call, after one untimed eager pass that compiles every kernel variant the stream needs. Then the
     oracle on ``oracle_calls`` sampled calls (see ``_oracle_saving``). The second half of each stream
-    is also given alone: the runner's steady state, most of its captures behind it."""
+    is also given alone: the runner's steady state, most of its captures behind it. ``idle_ms``: the
+    caller sleeps that long before each timed call, eager and under graphs."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tower = build_tower(preset_name, device, dtype, None, seed=seed)
@@ -353,16 +375,19 @@ def measure_tower(
     with torch.inference_mode():
         for stream in streams:
             _timed_calls(tower, stream.calls, seed, use_graphs=False, label=f"{stream.name}, compiles")
-            eager = _timed_calls(tower, stream.calls, seed, use_graphs=False, label=f"{stream.name}, eager")
+            eager = _timed_calls(
+                tower, stream.calls, seed, use_graphs=False, label=f"{stream.name}, eager", idle_ms=idle_ms
+            )
             runner = tower.enable_graphs()
             half = len(stream.calls) // 2
             served: list[tuple[str, bool]] = []
+            label = f"{stream.name}, graphs"
             graphed = _timed_calls(
-                tower, stream.calls[:half], seed, use_graphs=True, label=f"{stream.name}, graphs", served=served
+                tower, stream.calls[:half], seed, use_graphs=True, label=label, served=served, idle_ms=idle_ms
             )
             at_half = runner.stats()
             graphed += _timed_calls(
-                tower, stream.calls[half:], seed, use_graphs=True, label=f"{stream.name}, graphs", served=served
+                tower, stream.calls[half:], seed, use_graphs=True, label=label, served=served, idle_ms=idle_ms
             )
             runner.wait_for_captures()
             stats = runner.stats()
@@ -387,7 +412,7 @@ def measure_tower(
                     "second_half_by_kind": by_kind(eager[half:], graphed[half:], served[half:]),
                 }
             )
-    return {"mode": "tower", "preset": preset_name, "device": str(device), "streams": results}
+    return {"mode": "tower", "preset": preset_name, "device": str(device), "idle_ms": idle_ms, "streams": results}
 
 
 def _compared(eager: list[float], graphed: list[float], counts: dict[str, int], possible: float | None) -> dict:
@@ -435,11 +460,13 @@ def _timed_calls(
     use_graphs: bool,
     label: str | None = None,
     served: list[tuple[str, bool]] | None = None,
+    idle_ms: float = 0.0,
 ) -> list[float]:
     """Wall ms of a tower call on each of ``grids``, its pixels made (and the device idle) before the
     clock starts; a progress bar where ``label`` is given. ``served`` gets, per call, how the tower's
     runner served it and whether a deferred capture was pending or under way meanwhile
-    (``served_as``), read without the runner's lock, so the record leaves captures to contend."""
+    (``served_as``), read without the runner's lock, so the record leaves captures to contend.
+    ``idle_ms``: a sleep before each call, outside the clock (host time a deferred capture may take)."""
     config, device = tower.config, tower.device
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -450,6 +477,8 @@ def _timed_calls(
         # The caller's stream, as a server waits for its own work: a device-wide synchronize while the
         # runner's thread captures would fail (and break that capture).
         _synchronize_stream(device)
+        if idle_ms:
+            time.sleep(idle_ms / 1e3)
         before = tower.graph_runner.counters() if served is not None else None
         started = time.perf_counter()
         tower(pixels, list(grid), use_graphs=use_graphs)
@@ -536,7 +565,8 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                 ]
             )
     kinds_header = ["stream", "second half: served as", "calls", "eager mean", "graphs mean", "over 10 % slower"]
-    title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']} (measured)"
+    idle = f", {report['idle_ms']:g} ms idle between calls" if report.get("idle_ms") else ""
+    title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']}{idle} (measured)"
     notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",
              "its last N: the stream's second half, the runner's steady state"]  # fmt: skip
