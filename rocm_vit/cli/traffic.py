@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass
 
 from rocm_vit.cli.workload import GridTHW
@@ -107,3 +108,13 @@ def standard_streams(calls: int, seed: int) -> list[Stream]:
         repeated_stream("1 x 1080p per call", 1, 1920, 1080, max(1, calls // 4)),
         video_stream(max(1, calls // 4), seed),
     ]
+
+
+def latency_summary(times: list[float]) -> dict[str, float]:
+    """Mean, p50 and p90 of per-call milliseconds."""
+    ordered = sorted(times)
+    return {
+        "mean_ms": statistics.fmean(times),
+        "p50_ms": ordered[len(ordered) // 2],
+        "p90_ms": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+    }
