@@ -13,9 +13,12 @@ import os
 import platform as python_platform
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocm_vit.version import KEYED_DISTRIBUTIONS, installed_distribution
+
+if TYPE_CHECKING:  # the cost model imports torch: doctor imports it only where a section needs it
+    from rocm_vit.graphs.cost import CostModel
 
 NOT_INSTALLED = "not installed"
 
@@ -170,7 +173,7 @@ def _policy() -> dict[str, Any]:
     return values
 
 
-def _padding_report(cost_model: Any, max_tokens: int) -> dict[str, Any]:
+def _padding_report(cost_model: CostModel, max_tokens: int) -> dict[str, Any]:
     """The buckets padded layouts run at, and what the static rule decides for a few layouts (with
     ``graph_cost``; a tower or the SGLang adapter scales it to its own blocks)."""
     from rocm_vit.graphs.padding import Padding
