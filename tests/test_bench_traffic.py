@@ -75,24 +75,29 @@ def test_padding_takes_chats_saving_where_exact_graphs_cannot() -> None:
 
 
 def test_a_deferred_captures_host_work_is_charged_to_the_calls_beside_it() -> None:
-    """Two eager calls of the captured layout, shared with the calls after it: each pays at most its
-    own time again and is served eagerly until the work is done (the H200: +16-37 ms, about two
-    calls a capture)."""
+    """A warm-up and a capture: two eager calls of the captured layout, shared with the calls after
+    it: each pays at most its own time again and is served eagerly until the work is done (the
+    H200: +16-37 ms, about two calls a capture)."""
     host = CostModel().with_launch_ms(12.0)
     small, large = [196], [4096]
     eager_small, eager_large = host.eager_ms(small), host.eager_ms(large)
-    kinds = ["deferred", "replay", "replay", "replay"]
-    times = bench_traffic._charge_contention(host, kinds, [large, small, small, small])
-    work = bench_traffic._CAPTURE_LAUNCHES * eager_large
+    kinds, launches = ["deferred", "replay", "replay", "replay"], [2, 0, 0, 0]  # a warm-up and a capture
+    times = bench_traffic._charge_contention(host, kinds, [large, small, small, small], launches)
+    work = 2 * eager_large
     assert work > 2 * eager_small  # the capture outlasts two small calls
     assert times[:3] == pytest.approx([eager_large, 2 * eager_small, 2 * eager_small])
     left = work - 2 * eager_small
     assert times[3] == pytest.approx(eager_small + min(left, eager_small))
-    assert bench_traffic._charge_contention(host, ["replay"] * 2, [small] * 2) == [host.replay_ms(small)] * 2
+    replays = bench_traffic._charge_contention(host, ["replay"] * 2, [small] * 2, [0, 0])
+    assert replays == [host.replay_ms(small)] * 2
+    # A capture without its warm-up takes half as long from the calls beside it.
+    one = bench_traffic._charge_contention(host, kinds, [large, small, small, small], [1, 0, 0, 0])
+    assert one[:2] == pytest.approx([eager_large, 2 * eager_small]) and sum(one) < sum(times)
     # Host time between calls goes to the capture first: with enough of it, no call pays.
-    idle = bench_traffic._charge_contention(host, kinds, [large, small, small, small], idle_ms=work)
+    calls = [large, small, small, small]
+    idle = bench_traffic._charge_contention(host, kinds, calls, launches, idle_ms=work)
     assert idle == pytest.approx([eager_large, *[host.replay_ms(small)] * 3])
-    some = bench_traffic._charge_contention(host, kinds, [large, small, small, small], idle_ms=work - eager_small)
+    some = bench_traffic._charge_contention(host, kinds, calls, launches, idle_ms=work - eager_small)
     assert some[1] == pytest.approx(2 * eager_small) and some[2] == pytest.approx(host.replay_ms(small))
 
 

@@ -964,6 +964,57 @@ def test_a_deferred_capture_serves_its_call_eagerly_and_the_graph_replays_later(
     assert runner.stats()["replays"] == 1 and mechanism.events.count("capture") == 1
 
 
+def _capture_deferred(runner: ViTGraphRunner, layout: AttentionLayout, generator: torch.Generator) -> None:
+    _run_checked(runner, layout, generator)
+    assert runner.wait_for_captures(timeout=30)
+
+
+def test_a_deferred_capture_into_a_warmed_pool_is_checked_against_its_calls_output_without_a_warm_up(
+    generator: torch.Generator,
+) -> None:
+    """The deferring call ran its layout eagerly already: a second eager run on the capture thread
+    would only double the host work the calls beside the capture share. The first capture into a
+    pool still warms up (lazy per-thread and per-stream state, the pool's registration)."""
+    runner, mechanism = _runner(defer_captures=True)
+    layouts = [_layout((1, 2, 4)), _layout((1, 4, 4), (1, 2, 2)), _layout((2, 2, 6))]
+    for layout in layouts:
+        _capture_deferred(runner, layout, generator)
+    assert (mechanism.events.count("warm_up"), mechanism.events.count("capture")) == (1, 3)
+    # The first replay is compared only once the reference, copied on the caller's stream, is there.
+    assert mechanism.events.count("caller-stream waits for marker on caller-stream") == 3
+    for layout in layouts:
+        _run_checked(runner, layout, generator)
+    stats = runner.stats()
+    assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_unverified"]) == (3, 3, 0)
+
+
+def test_a_fresh_pool_warms_up_again_after_a_failed_deferred_capture(generator: torch.Generator) -> None:
+    runner, mechanism = _runner(defer_captures=True)
+    _capture_deferred(runner, _layout((1, 2, 4)), generator)
+    mechanism.fail_captures = 1
+    _capture_deferred(runner, _layout((1, 4, 4)), generator)  # no warm-up; the pool is retired
+    _capture_deferred(runner, _layout((1, 2, 6)), generator)  # a fresh pool: its first capture warms up
+    first, failed, fresh = mechanism.capture_pools
+    assert failed is first and fresh is not first
+    assert mechanism.warm_up_pools == [first, fresh]
+    assert runner.stats()["graphs"] == 2
+
+
+def test_a_deferred_capture_that_records_a_wrong_graph_is_caught_against_its_calls_output(
+    generator: torch.Generator, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner, mechanism = _runner(defer_captures=True)
+    _capture_deferred(runner, _layout((1, 2, 4)), generator)
+    mechanism.corrupt_captures = 1
+    broken = _layout((1, 4, 4))
+    _capture_deferred(runner, broken, generator)  # checked against its call's output, no warm-up
+    assert mechanism.events.count("warm_up") == 1
+    _run_checked(runner, broken, generator)  # eager for good
+    stats = runner.stats()
+    assert (stats["graphs"], stats["failed_layouts"], stats["replays"]) == (1, 1, 0)
+    assert "capture_unverified" in caplog.text
+
+
 @dataclass
 class _BlockingCaptures(StandInGraphs):
     """Captures that start, then wait until the test lets them finish."""
@@ -991,6 +1042,26 @@ def test_calls_during_a_deferred_capture_run_eagerly_instead_of_waiting_for_it(g
     assert runner.stats()["eager_runs"]["capturing"] == 3
     _run_checked(runner, first, generator)
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 1)
+
+
+def test_a_deferred_captures_reference_is_its_own_copy_of_the_calls_output(generator: torch.Generator) -> None:
+    """The caller owns what ``run`` returns and may write into it before the capture is checked."""
+    mechanism = _BlockingCaptures()
+    runner, _ = _runner(mechanism=mechanism, defer_captures=True)
+    mechanism.proceed.set()
+    _capture_deferred(runner, _layout((1, 2, 4)), generator)  # the pool's first capture: warmed up
+    layout = _layout((1, 4, 4))
+    mechanism.started.clear()
+    mechanism.proceed.clear()
+    x, cos, sin = _inputs(layout, generator)
+    output = runner.run(x, layout, cos, sin)
+    assert mechanism.started.wait(timeout=30)
+    output.zero_()  # the caller's to write; the capture is not checked yet
+    mechanism.proceed.set()
+    assert runner.wait_for_captures(timeout=30)
+    assert runner.stats()["eager_runs"]["capture_unverified"] == 0
+    _run_checked(runner, layout, generator)
+    assert runner.stats()["replays"] == 1
 
 
 def record_offsets_reaching_the_device(monkeypatch: pytest.MonkeyPatch, mechanism: StandInGraphs) -> None:

@@ -217,7 +217,7 @@ def test_graph_check_fails_when_the_runner_caught_a_capture_or_captured_nothing(
     layouts = ["a", "b"]
     verdict = check_graph_equals_eager(_encoder(None), layouts, _stats(capture_unverified=1, capture_failed=2))
     assert verdict.status == HAZARD_FOUND
-    assert "1 captures replayed differently from their warm-up" in verdict.summary
+    assert "1 captures replayed differently from eager" in verdict.summary
     assert "2 captures failed where eager worked" in verdict.summary
     verdict = check_graph_equals_eager(_encoder(None), layouts, lambda: {"captures": 0, "eager_runs": {}})
     assert verdict.summary == "no layout was captured, so graphs never ran"

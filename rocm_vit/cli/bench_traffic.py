@@ -29,8 +29,6 @@ from rocm_vit.graphs.padding import Padding
 from rocm_vit.layout import AttentionLayout, VisionLayout
 
 BLOCKS = 27  # Qwen3-VL-8B
-# A deferred capture's host work in eager calls of its layout: the warm-up's launches, the capture's.
-_CAPTURE_LAUNCHES = 2
 SHARE_TARGET = 0.90  # of the possible saving on the mean, chat with a 1.3 MP cap
 REPEATED_SHARE_TARGET = 0.80  # 6 x 640x360 in one call
 MEAN_SLOWER_LIMIT = 1.01  # no stream slower than all-eager on the mean
@@ -113,20 +111,22 @@ def simulate(stream: Stream, host: CostModel, idle_ms: float = 0.0) -> dict[str,
     result: dict[str, Any] = {"stream": stream.name, "calls": len(stream.calls), "eager": latency_summary(eager)}
     result["oracle"] = latency_summary(oracle)
     for name, options in POLICIES.items():
-        runner = ViTGraphRunner(
-            _toy_blocks, _no_attention, mechanism=_InstantGraphs(), clock=_host_clock(host), **options
-        )
+        mechanism = _InstantGraphs()
+        runner = ViTGraphRunner(_toy_blocks, _no_attention, mechanism=mechanism, clock=_host_clock(host), **options)
         padding = options.get("padding")
-        kinds, run_lens = [], []
+        kinds, run_lens, capture_launches = [], [], []
         for grid in progress(list(stream.calls), f"{stream.name}, {name}", "call"):
             layout = VisionLayout.from_grid_thw(list(grid)).attention
+            warm_ups = mechanism.warm_ups
             kinds.append(_call(runner, layout))
+            # A deferred capture launches the forward once, twice where it warms up a fresh pool.
+            capture_launches.append((1 + mechanism.warm_ups - warm_ups) * (kinds[-1] == "deferred"))
             ran = padding.padded(layout) if padding is not None else None
             run_lens.append((ran or layout).segmentations["full"].seq_lens)  # padded calls cost their bucket
         counts = {"replay": kinds.count("replay"), "eager": len(kinds) - kinds.count("replay")}
         counts["capture"] = runner.stats()["captures"]  # on the requests' path or not
         counts["padded"] = sum(len(ran) != len(lens) for ran, lens in zip(run_lens, seq_lens, strict=True))
-        times = _charge_contention(host, kinds, run_lens, idle_ms)
+        times = _charge_contention(host, kinds, run_lens, capture_launches, idle_ms)
         half = len(times) // 2  # the steady state, most captures behind it, as tower mode shows it
         result[name] = {
             **latency_summary(times),
@@ -155,23 +155,26 @@ def _call(runner: ViTGraphRunner, layout: AttentionLayout) -> str:
 
 
 def _charge_contention(
-    host: CostModel, kinds: Sequence[str], run_lens: Sequence[Sequence[int]], idle_ms: float = 0.0
+    host: CostModel,
+    kinds: Sequence[str],
+    run_lens: Sequence[Sequence[int]],
+    capture_launches: Sequence[int],
+    idle_ms: float = 0.0,
 ) -> list[float]:
-    """Each call's ms, where a deferred capture's host work (its warm-up's and its capture's launches:
-    ``_CAPTURE_LAUNCHES`` eager calls of its layout) takes the ``idle_ms`` before each call first,
-    then shares the host with the calls after it: each pays as much again as its own time until
-    that work is done, and is served eagerly meanwhile. On the H200 calls back to back beside a
-    capture took 16-37 ms more than eagerly, about two per capture (docs/benchmarks.md,
-    "`rocm-vit bench-traffic --mode tower`")."""
+    """Each call's ms, where the host work of the capture a call deferred (``capture_launches`` eager
+    calls of its layout: the capture's, and a warm-up's) takes the ``idle_ms`` before each call
+    first, then shares the host with the calls after it: each pays as much again as its own time
+    until that work is done, and is served eagerly meanwhile. On the H200 calls back to back beside
+    a capture with its warm-up took 16-37 ms more than eagerly, about two per capture
+    (docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`")."""
     times, capture_work = [], 0.0
-    for kind, lens in zip(kinds, run_lens, strict=True):
+    for kind, lens, launches in zip(kinds, run_lens, capture_launches, strict=True):
         capture_work = max(0.0, capture_work - idle_ms)
         own = _charge(host, "eager" if capture_work > 0 else kind, lens)
         beside = min(capture_work, own)
         capture_work -= beside
         times.append(own + beside)
-        if kind == "deferred":
-            capture_work += _CAPTURE_LAUNCHES * host.eager_ms(lens)
+        capture_work += launches * host.eager_ms(lens)
     return times
 
 
@@ -206,6 +209,9 @@ class _InstantGraph:
 class _InstantGraphs:
     """A mechanism whose graphs re-run their function at replay, on the CPU; no memory is modeled."""
 
+    def __init__(self) -> None:
+        self.warm_ups = 0
+
     def available(self, device: torch.device) -> bool:
         return True
 
@@ -232,6 +238,7 @@ class _InstantGraphs:
         pass
 
     def warm_up(self, fn: Callable[[], torch.Tensor], pool: object, stream: object) -> torch.Tensor:
+        self.warm_ups += 1
         return fn()
 
     def capture(

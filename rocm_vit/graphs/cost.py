@@ -29,7 +29,7 @@ class CostModel:
     """Eager and replay milliseconds of one call through ``blocks`` blocks, from its segment lengths.
 
     ``device_*`` are per block; ``replay_host_ms`` includes the output clone; ``capture_ms`` a capture
-    and its verification beside the warm-up.
+    and its verification against eager.
     """
 
     blocks: int = _H200_8B_BLOCKS

@@ -9,7 +9,8 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
   and every graph's first offsets are made on the caller's stream, never on the capture stream;
 - a graph last in the pool that captures go to is reset only once another capture there has begun;
 - with ``padding``, whether a call runs padded follows from its layout alone, eager or replayed;
-- a new graph is kept only if its first replay equals its eager warm-up bit for bit;
+- a new graph is kept only if its first replay equals an eager run of its inputs bit for bit: its
+  warm-up, or, for a deferred capture into a pool that has had one, the deferring call's own output;
 - ``run`` returns a clone; one marker event orders the runner's device work on any stream;
 - admission (the cost model, call counts), eviction and release follow the call sequence and
   rank-agreed sizes and launch times (``agree_max``), so tensor-parallel ranks decide alike.
@@ -190,6 +191,10 @@ class _Pending:
     # The caller's thread-local modes, which the capture thread takes on.
     grad_enabled: bool
     inference_mode: bool
+    # The deferring call's own eager output (a copy: the caller owns the output) and a marker after
+    # it on ``stream``: what the new graph's first replay must equal, so no warm-up recomputes it.
+    reference: torch.Tensor | None = None
+    reference_marker: Any = None
 
     @contextlib.contextmanager
     def callers_modes(self) -> Iterator[None]:
@@ -208,7 +213,7 @@ class _Attempt:
     """A capture's outcome before the ranks agree on it."""
 
     entry: _Graph | None
-    warm_output: torch.Tensor | None
+    reference: torch.Tensor | None  # what the first replay must equal bit for bit
     error: Exception | None
 
 
@@ -404,6 +409,8 @@ class ViTGraphRunner:
             self._lock.release()
         output = self._timed_eager(tensors, layout, timed=reason != "no_gpu")
         if pending is not None:  # after this call's launches: its capture neither delays nor times them
+            pending.reference = output.clone()
+            pending.reference_marker = self._mechanism.mark(pending.stream, None)
             self._hand_over(pending)
         return output
 
@@ -669,14 +676,15 @@ class ViTGraphRunner:
         offsets: dict[str, torch.Tensor],
         immutable: bool,
         pool_before: int,
-        serve: bool = True,
+        pending: _Pending | None = None,
     ) -> torch.Tensor | None:
         """Capture ``key``, agree on the outcome with the other ranks, keep the graph only if every
-        rank captured it and its first replay equals the warm-up everywhere; serve this call (with
-        ``serve``: a deferred capture's call was served already)."""
+        rank captured it and its first replay equals its eager reference everywhere; serve this call
+        (not a ``pending`` capture's: its call was served already, its output is the reference)."""
+        serve = pending is None
         need = self._scratch.bound(layout.num_patches)
         started = time.perf_counter()
-        attempt = self._capture(signature, layout, tensors, offsets, immutable)
+        attempt = self._capture(signature, layout, tensors, offsets, immutable, pending)
         captured = attempt.entry is not None
         measured = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._live_pools())
         failed, self._pool_bytes = self._agree([int(not captured), measured])
@@ -702,11 +710,13 @@ class ViTGraphRunner:
             self._remember_failure(key, layout, "capture_failed", error, served=False)
             return None
         verify_started = time.perf_counter()
-        (unverified,) = self._agree([int(not _bitwise_equal(output, attempt.warm_output))])
+        if pending is not None and pending.reference_marker is not None:  # written on the caller's stream
+            self._mechanism.follow(self._mechanism.current_stream(self._device), pending.reference_marker)
+        (unverified,) = self._agree([int(not _bitwise_equal(output, attempt.reference))])
         self._verify_seconds += time.perf_counter() - verify_started
         if unverified:
             self._drop_new_graph(key, entry)
-            why = "its first replay differs from the warm-up"
+            why = "its first replay differs from an eager run of its inputs"
             self._remember_failure(key, layout, "capture_unverified", why, served=serve)
             output = self._eager(tensors, layout) if serve else None
         return output
@@ -760,7 +770,7 @@ class ViTGraphRunner:
             pool_before = self._pool_bytes
             with pending.callers_modes():
                 self._capture_and_verify(
-                    key, signature, layout, pending.tensors, pending.offsets, False, pool_before, serve=False
+                    key, signature, layout, pending.tensors, pending.offsets, False, pool_before, pending
                 )
             self._hold_budget(layout.num_patches, pool_before)
         finally:
@@ -774,8 +784,15 @@ class ViTGraphRunner:
         tensors: tuple[torch.Tensor, ...],
         offsets: dict[str, torch.Tensor],
         immutable: bool,
+        pending: _Pending | None = None,
     ) -> _Attempt:
+        """Capture into the runner's pool on its stream. A pool's first capture, and every inline one,
+        warms up first: what ``forward_blocks`` makes lazily per thread and stream (and compiles) is
+        made there, outside any capture, and the pool is registered (``CudaGraphs.warm_up``). A later
+        deferred capture skips it: its layout ran eagerly at every sighting, and the deferring call's
+        output is the reference, which halves the host work a capture takes from the calls beside it."""
         device = tensors[0].device
+        reference = None if pending is None or self._pool is None else pending.reference
         try:
             if self._pool is None:
                 self._pool = self._mechanism.new_pool(device)
@@ -798,8 +815,9 @@ class ViTGraphRunner:
                         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
                     with self._capture_context():
-                        warm_output = self._mechanism.warm_up(forward, self._pool, self._stream)
-                        output_view = staging.output_view(warm_output, layout.num_patches)
+                        if reference is None:
+                            reference = self._mechanism.warm_up(forward, self._pool, self._stream)
+                        output_view = staging.output_view(reference, layout.num_patches)
 
                         def forward_into_staging() -> torch.Tensor:
                             return output_view.copy_(forward())
@@ -817,7 +835,7 @@ class ViTGraphRunner:
             self._pool = None
             return _Attempt(None, None, error)
         entry = _Graph(graph, output, self._pool, staging, views, offsets, layout.num_patches, layout.offsets_per_call)
-        return _Attempt(entry, warm_output, None)
+        return _Attempt(entry, reference, None)
 
     @staticmethod
     def _graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:

@@ -123,7 +123,7 @@ def check_capture_errors(
         return Verdict(
             HAZARD_FOUND,
             f"swallowed: a capture around {op} ended without an error, so a broken capture goes unreported here; "
-            "rocm-vit compares every new graph's first replay with its warm-up for this reason",
+            "rocm-vit compares every new graph's first replay with an eager run for this reason",
             {"op": op, "raised": None},
         )
     raised = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
@@ -141,7 +141,7 @@ def check_graph_equals_eager(
 ) -> Verdict:
     """Each layout captured, then replayed after the others: both bitwise equal to eager.
 
-    A first replay that differed from its warm-up, or a failed capture, in ``runner_stats()`` is a finding too.
+    A first replay that differed from eager, or a failed capture, in ``runner_stats()`` is a finding too.
     """
     if encode is None or runner_stats is None:
         return Verdict(SKIPPED, why_not)
@@ -167,7 +167,7 @@ def check_graph_equals_eager(
     if mismatches:
         problems.append(f"{len(mismatches)} of {len(schedule)} runs differ from eager (first: {mismatches[0]})")
     if details["capture_unverified"]:
-        problems.append(f"{details['capture_unverified']} captures replayed differently from their warm-up")
+        problems.append(f"{details['capture_unverified']} captures replayed differently from eager")
     if details["capture_failed"]:
         problems.append(f"{details['capture_failed']} captures failed where eager worked")
     if not details["captures"]:

@@ -496,3 +496,49 @@ def test_padded_graphs_equal_their_padded_eager_calls_bitwise_and_stay_as_close_
     assert any(graph.offsets_per_call for graph in runner._graphs.values())
     assert stats["captures"] < len({str(g) for g in grids})  # buckets shared
     assert sum(errors) <= 1.2 * sum(unpadded_errors), (errors, unpadded_errors)
+
+
+class _CountedWarmUps(CudaGraphs):
+    def __init__(self) -> None:
+        super().__init__()
+        self.warm_ups = 0
+
+    def warm_up(self, fn, pool, stream):
+        self.warm_ups += 1
+        return super().warm_up(fn, pool, stream)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [("tiny", {}), ("qwen3-vl-8b", {"depth": 4, "deepstack_visual_indexes": [1]}), QWEN25_TRIMMED],
+)
+def test_deferred_captures_checked_against_their_calls_output_equal_eager_and_leave_the_pool_empty(
+    name: str, overrides: dict
+) -> None:
+    """After a pool's first capture, a deferred capture runs no warm-up: its first replay is compared
+    with the deferring call's own eager output (the caller's stream, the ordinary cache). Every graph
+    must still pass that check, equal eager bit for bit, and leave nothing allocated in the pool."""
+    tower = _tower(name, **overrides)
+    mechanism = _CountedWarmUps()
+    runner = _capture_at_once(tower, mechanism=mechanism)
+    runner._defer = True  # deferred as by_benefit does, with every layout admitted
+    grids = [list(workload.grid_thw) for workload in _workloads(tower, 24, seed=5)]
+    mismatched = []
+    for index, grid in enumerate(grids):
+        pixels = _pixels(tower, grid, index)
+        first = tower(pixels, grid)  # eager: its capture follows on the capture thread
+        assert runner.wait_for_captures(timeout=120)
+        replayed = tower(pixels, grid)
+        eager = tower(pixels, grid, use_graphs=False)
+        if not (torch.equal(first, eager) and torch.equal(replayed, eager)):
+            mismatched.append(grid)
+    stats = runner.stats()
+    assert mismatched == []
+    assert stats["eager_runs"]["capture_unverified"] == stats["eager_runs"]["capture_failed"] == 0
+    assert stats["captures"] == len({str(grid) for grid in grids}) and stats["pool_releases"] == 0
+    assert mechanism.warm_ups == 1
+    torch.cuda.synchronize()
+    pool_id = tuple(runner._pool)
+    pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
+    assert pool_segments and all(segment["allocated_size"] == 0 for segment in pool_segments)
