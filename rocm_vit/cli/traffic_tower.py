@@ -83,6 +83,7 @@ def measure_tower(
                     "pool_releases": stats["pool_releases"],
                     "evictions": stats["evictions"],
                     "bytes_held": stats["bytes_held"],
+                    "by_kind": by_kind(eager, graphed, served),
                     "second_half_by_kind": by_kind(eager[half:], graphed[half:], served[half:]),
                 }
             )
