@@ -25,6 +25,7 @@ def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(mo
         assert stream["calls"] == calls and stream["eager_runs"] == {"no_gpu": calls}
         assert stream["graphs"]["replays"] == 0 and stream["eager"]["mean_ms"] > 0
         assert stream["possible_saving_ms"] is None and stream["share"] is None
+        assert stream["eager_after"]["mean_ms"] > 0  # all-eager again, after the graphs: the host's drift
         assert stream["second_half"]["graphs"]["replays"] == 0 and stream["second_half"]["eager"]["mean_ms"] > 0
         for record, calls in (("by_kind", stream["calls"]), ("second_half_by_kind", stream["second_half"]["calls"])):
             (kind,) = stream[record]
@@ -76,8 +77,10 @@ def test_the_tower_record_tells_how_each_call_was_served_and_which_ran_beside_a_
     assert served(runner, first) == ("replay", False)
     padded_runner, _, _ = _padded_runner(defer_captures=True)
     assert served(padded_runner, _layout((1, 16, 20))) == ("padded capture_deferred", False)
-    rows = traffic_tower.by_kind([10.0, 10.0, 10.0], [9.0, 20.0, 2.0], [("a", False), ("b", True), ("a", False)])
+    served_as = [("a", False), ("b", True), ("a", False)]
+    rows = traffic_tower.by_kind([10.0, 10.0, 10.0], [9.0, 20.0, 2.0], served_as, [11.0, 12.0, 13.0])
     assert [(row["kind"], row["calls"], row["slower_calls"], row["slower_excess_ms"]) for row in rows] == [
         ("a", 2, 0, 0.0),
         ("b", 1, 1, 10.0),
     ]
+    assert [row["eager_after_mean_ms"] for row in rows] == [12.0, 12.0]
