@@ -14,6 +14,7 @@ from rocm_vit.cli.traffic import (
     chat_stream,
     image_grid,
     repeated_stream,
+    spread_capture_work,
 )
 from rocm_vit.graphs.cost import CostModel
 
@@ -99,6 +100,15 @@ def test_a_deferred_captures_host_work_is_charged_to_the_calls_beside_it() -> No
     assert idle == pytest.approx([eager_large, *[host.replay_ms(small)] * 3])
     some = bench_traffic._charge_contention(host, kinds, calls, launches, idle_ms=work - eager_small)
     assert some[1] == pytest.approx(2 * eager_small) and some[2] == pytest.approx(host.replay_ms(small))
+
+
+def test_a_captures_measured_time_is_spread_over_the_calls_behind_it_and_nothing_else_is_charged() -> None:
+    """Tower mode charges each capture's measured wait so; no capture, no charge, however small."""
+    served, eager = [2.0, 2.0, 2.0, 2.0], [10.0, 10.0, 10.0, 10.0]
+    assert spread_capture_work(served, eager, [0.0] * 4) == (served, [False] * 4)
+    times, charged = spread_capture_work(served, eager, [25.0, 0.0, 0.0, 0.0])
+    assert times == [2.0, 20.0, 20.0, 15.0] and charged == [False, True, True, True]
+    assert spread_capture_work(served, eager, [25.0, 0.0, 0.0, 0.0], idle_ms=25.0) == (served, [False] * 4)
 
 
 def test_a_capture_on_the_requests_path_is_charged_warm_up_capture_and_replay() -> None:

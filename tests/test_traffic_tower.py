@@ -1,4 +1,5 @@
-"""bench-traffic's tower mode: each call timed through the real tower and recorded by how it was served."""
+"""bench-traffic's tower mode: each call timed through the real tower all-eager and under graphs, back
+to back, and recorded by how it was served."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from rocm_vit.cli import traffic_tower
 from rocm_vit.cli.main import main
-from rocm_vit.cli.traffic import Stream, repeated_stream
+from rocm_vit.cli.traffic import repeated_stream
 from rocm_vit.cli.workload import build_tower
 
 
@@ -24,37 +25,66 @@ def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(mo
     for stream, calls in zip(report["streams"], (3, 2), strict=True):
         assert stream["calls"] == calls and stream["eager_runs"] == {"no_gpu": calls}
         assert stream["graphs"]["replays"] == 0 and stream["eager"]["mean_ms"] > 0
-        assert stream["possible_saving_ms"] is None and stream["share"] is None
-        assert stream["eager_after"]["mean_ms"] > 0  # all-eager again, after the graphs: the host's drift
+        assert stream["possible_saving_ms"] is None and stream["share"] is None and stream["capture_ms"] >= 0
         assert stream["second_half"]["graphs"]["replays"] == 0 and stream["second_half"]["eager"]["mean_ms"] > 0
         for record, calls in (("by_kind", stream["calls"]), ("second_half_by_kind", stream["second_half"]["calls"])):
             (kind,) = stream[record]
             assert (kind["kind"], kind["beside_capture"], kind["calls"]) == ("no_gpu", False, calls)
 
 
-def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
-    """On a CPU, through the runner's stand-in mechanism (its replays re-run the forward); with the
-    real mechanism a CPU serves everything eagerly, which the oracle must not take for a replay."""
+def _standin_tower(monkeypatch: pytest.MonkeyPatch, mechanism):
+    """The tiny tower on the CPU whose runners use ``mechanism`` (their replays re-run the forward)."""
+    tower = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
+    enable = tower.enable_graphs
+    monkeypatch.setattr(tower, "enable_graphs", lambda **options: enable(mechanism=mechanism, **options))
+    return tower
+
+
+def test_each_call_is_timed_eagerly_on_the_twin_and_under_graphs_back_to_back_in_alternating_order(
+    monkeypatch,
+) -> None:
+    """Both timings of a call meet the same host (its launch time drifts within a process); the
+    capture a call defers is waited for before the next call, and the wait recorded for charging."""
     from test_graph_runner import StandInGraphs
 
-    tower = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
-    stream = repeated_stream("two layouts", 1, 128, 96, 2)
-    stream = Stream("two layouts", (*stream.calls, ((1, 4, 8),)))
-    enable = tower.enable_graphs
-    mechanism = StandInGraphs()
-    monkeypatch.setattr(tower, "enable_graphs", lambda **options: enable(mechanism=mechanism, **options))
+    tower = _standin_tower(monkeypatch, StandInGraphs())
+    twin = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
+    timed_towers = []
+    timed = traffic_tower._timed
+    monkeypatch.setattr(traffic_tower, "_timed", lambda which, *args: timed_towers.append(which) or timed(which, *args))
+    tower.enable_graphs(min_hits=1, by_benefit=False)
+    tower.graph_runner._defer = True  # deferred as serving does, with every layout admitted
+    grids = repeated_stream("one layout", 1, 128, 96, 4).calls
     with torch.inference_mode():
-        assert traffic_tower._oracle_saving(tower, stream, seed=0, sample=8) >= 0.0
+        paired = traffic_tower._paired_calls(tower, twin, grids, seed=0, idle_ms=0.0, label="test")
+    assert timed_towers == [twin, tower, tower, twin, twin, tower, tower, twin]
+    assert paired.served == ["capture_deferred", "replay", "replay", "replay"]
+    assert len(paired.eager) == len(paired.graphs) == len(paired.capture) == 4
+    assert paired.capture[0] >= 0 and paired.capture[1:] == [0.0] * 3 and paired.stats_at_half["replays"] == 1
+
+
+def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
+    """On a CPU, through the runner's stand-in mechanism; with the real mechanism a CPU serves
+    everything eagerly, which the oracle must not take for a replay."""
+    from test_graph_runner import StandInGraphs
+
+    mechanism = StandInGraphs()
+    tower = _standin_tower(monkeypatch, mechanism)
+    grids = [((1, 8, 6),), ((1, 4, 8),), ((1, 8, 6),)]
+    with torch.inference_mode():
+        replay_ms = traffic_tower._oracle_replay_ms(tower, grids, seed=0)
+    assert sorted(replay_ms) == sorted(set(grids)) and all(ms > 0 for ms in replay_ms.values())
     captured = mechanism.events.count("capture")
-    assert captured == 2 and mechanism.events.count("replay") >= 2 * traffic_tower._ORACLE_REPEATS
-    monkeypatch.setattr(tower, "enable_graphs", enable)
+    # Each capture serves its call with a first replay, then the timed ones.
+    assert captured == 2 and mechanism.events.count("replay") == 2 * (1 + traffic_tower._ORACLE_REPEATS)
+    plain = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="did not replay"):
-        traffic_tower._oracle_saving(tower, stream, seed=0, sample=2)
+        traffic_tower._oracle_replay_ms(plain, grids[:1], seed=0)
 
 
-def test_the_tower_record_tells_how_each_call_was_served_and_which_ran_beside_a_capture() -> None:
+def test_the_tower_record_tells_how_each_call_was_served() -> None:
     """Read from the runner's counters, without its lock: a call served while the capture thread holds
-    the runner is recorded as served beside a capture; the call that hands a capture over is not."""
+    the runner is recorded as such."""
     from test_graph_runner import _BlockingCaptures, _inputs, _layout, _runner
     from test_padding import _padded_runner
 
@@ -63,24 +93,25 @@ def test_the_tower_record_tells_how_each_call_was_served_and_which_ran_beside_a_
     generator = torch.Generator().manual_seed(0)
     first, second = _layout((1, 2, 4)), _layout((1, 4, 4))
 
-    def served(runner, layout) -> tuple[str, bool]:
+    def served(runner, layout) -> str:
         before = runner.counters()
         x, cos, sin = _inputs(layout, generator)
         runner.run(x, layout, cos, sin)
         return traffic_tower.served_as(before, runner.counters())
 
-    assert served(runner, first) == ("capture_deferred", False)
+    assert served(runner, first) == "capture_deferred"
     assert mechanism.started.wait(timeout=30)
-    assert served(runner, second) == ("capturing", True)  # the capture of `first` holds the runner
+    assert served(runner, second) == "capturing"  # the capture of `first` holds the runner
     mechanism.proceed.set()
     assert runner.wait_for_captures(timeout=30)
-    assert served(runner, first) == ("replay", False)
+    assert served(runner, first) == "replay"
     padded_runner, _, _ = _padded_runner(defer_captures=True)
-    assert served(padded_runner, _layout((1, 16, 20))) == ("padded capture_deferred", False)
+    assert served(padded_runner, _layout((1, 16, 20))) == "padded capture_deferred"
     served_as = [("a", False), ("b", True), ("a", False)]
-    rows = traffic_tower.by_kind([10.0, 10.0, 10.0], [9.0, 20.0, 2.0], served_as, [11.0, 12.0, 13.0])
-    assert [(row["kind"], row["calls"], row["slower_calls"], row["slower_excess_ms"]) for row in rows] == [
-        ("a", 2, 0, 0.0),
-        ("b", 1, 1, 10.0),
+    rows = traffic_tower.by_kind([10.0, 10.0, 10.0], [9.0, 20.0, 2.0], served_as)
+    assert [
+        (row["kind"], row["beside_capture"], row["calls"], row["slower_calls"], row["slower_excess_ms"]) for row in rows
+    ] == [
+        ("a", False, 2, 0, 0.0),
+        ("b", True, 1, 1, 10.0),
     ]
-    assert [row["eager_after_mean_ms"] for row in rows] == [12.0, 12.0]

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rocm_vit.cli.traffic import Stream, latency_summary, standard_streams
+from rocm_vit.cli.traffic import Stream, latency_summary, spread_capture_work, standard_streams
 from rocm_vit.cli.traffic_tower import TOWER_STREAMS, format_tower_table, measure_tower
 from rocm_vit.cli.workload import progress, segment_lengths, table_lines
 from rocm_vit.graphs import ViTGraphRunner
@@ -161,21 +161,13 @@ def _charge_contention(
     capture_launches: Sequence[int],
     idle_ms: float = 0.0,
 ) -> list[float]:
-    """Each call's ms, where the host work of the capture a call deferred (``capture_launches`` eager
-    calls of its layout: the capture's, and a warm-up's) takes the ``idle_ms`` before each call
-    first, then shares the host with the calls after it: each pays as much again as its own time
-    until that work is done, and is served eagerly meanwhile. On the H200 calls back to back beside
-    a capture with its warm-up took 16-37 ms more than eagerly, about two per capture
-    (docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`")."""
-    times, capture_work = [], 0.0
-    for kind, lens, launches in zip(kinds, run_lens, capture_launches, strict=True):
-        capture_work = max(0.0, capture_work - idle_ms)
-        own = _charge(host, "eager" if capture_work > 0 else kind, lens)
-        beside = min(capture_work, own)
-        capture_work -= beside
-        times.append(own + beside)
-        capture_work += launches * host.eager_ms(lens)
-    return times
+    """Each call's ms, the host work of the capture a call deferred (``capture_launches`` eager calls
+    of its layout: the capture's, and a warm-up's) charged to the calls behind it by
+    ``spread_capture_work``."""
+    eager = [host.eager_ms(lens) for lens in run_lens]
+    served = [_charge(host, kind, lens) for kind, lens in zip(kinds, run_lens, strict=True)]
+    work = [launches * ms for launches, ms in zip(capture_launches, eager, strict=True)]
+    return spread_capture_work(served, eager, work, idle_ms)[0]
 
 
 def _charge(host: CostModel, kind: str, seq_lens: Sequence[int]) -> float:

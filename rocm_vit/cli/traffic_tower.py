@@ -1,7 +1,7 @@
-"""``rocm-vit bench-traffic --mode tower``: the preset's real tower on this machine's GPU, each stream
-all-eager and then under the serving defaults (captures on the runner's thread, contention
-included), with an oracle timed on sampled calls and each call recorded by how the runner served it.
-Results: docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`".
+"""``rocm-vit bench-traffic --mode tower``: the preset's real tower on this machine's GPU, each call of
+a stream timed all-eager and under the serving defaults back to back (the host's drift cancels), each
+capture's time charged to the calls behind it, an oracle timed on sampled calls, and each call
+recorded by how the runner served it. Results: docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`".
 """
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from rocm_vit.cli.traffic import GridTHW, Stream, latency_summary, standard_streams
+from rocm_vit.cli.traffic import GridTHW, latency_summary, spread_capture_work, standard_streams
 from rocm_vit.cli.workload import build_tower, progress, table_lines
 from rocm_vit.graphs import EAGER_REASONS
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE
@@ -35,43 +36,42 @@ def measure_tower(
     oracle_calls: int = 100,
     idle_ms: float = 0.0,
 ) -> dict[str, Any]:
-    """Each stream in ``names`` through the preset's tower, all-eager and then with the serving defaults
-    (a fresh runner per stream): per-call wall ms with the caller's stream synchronized around each
-    call, after one untimed eager pass that compiles every kernel variant the stream needs. Then the
-    oracle on ``oracle_calls`` sampled calls (see ``_oracle_saving``). The second half of each stream
-    is also given alone: the runner's steady state, most of its captures behind it. ``idle_ms``: the
-    caller sleeps that long before each timed call, eager and under graphs."""
+    """Each stream in ``names``, every call timed twice in a row: all-eager on a twin tower (the same
+    weights, no runner) and under the serving defaults (a fresh runner per stream), in alternating
+    order, so that both meet the same host: its launch time drifts 5-23 % within a process over
+    minutes (the H200, docs/benchmarks.md), more than the margins compared. Wall ms with the caller's
+    stream synchronized around each call, after one untimed eager pass that compiles every kernel
+    variant the stream needs. A capture a call defers is waited for before the next call, and its
+    time charged to the calls behind it (``spread_capture_work``, as the simulation charges it).
+    Then the oracle on ``oracle_calls`` sampled calls (``_oracle_replay_ms``). The second half of
+    each stream is also given alone: the runner's steady state. ``idle_ms``: the caller sleeps that
+    long before each timed call, which a capture takes first."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tower = build_tower(preset_name, device, dtype, None, seed=seed)
+    twin = build_tower(preset_name, device, dtype, None, seed=seed)
     streams = [stream for stream in standard_streams(calls, seed) if stream.name in names]
     results = []
     with torch.inference_mode():
         for stream in streams:
-            _timed_calls(tower, stream.calls, seed, use_graphs=False, label=f"{stream.name}, compiles")
-            eager = _timed_calls(
-                tower, stream.calls, seed, use_graphs=False, label=f"{stream.name}, eager", idle_ms=idle_ms
-            )
+            for grid, pixels in progress(list(_calls(tower, stream.calls, seed)), f"{stream.name}, compiles", "call"):
+                _timed(tower, pixels, grid)
             runner = tower.enable_graphs()
             half = len(stream.calls) // 2
-            served: list[tuple[str, bool]] = []
-            label = f"{stream.name}, graphs"
-            graphed = _timed_calls(
-                tower, stream.calls[:half], seed, use_graphs=True, label=label, served=served, idle_ms=idle_ms
-            )
-            at_half = runner.stats()
-            graphed += _timed_calls(
-                tower, stream.calls[half:], seed, use_graphs=True, label=label, served=served, idle_ms=idle_ms
-            )
-            runner.wait_for_captures()
-            stats = runner.stats()
+            timed = _paired_calls(tower, twin, stream.calls, seed, idle_ms, f"{stream.name}, paired")
+            at_half, stats = timed.stats_at_half, runner.stats()
             tower.disable_graphs()
-            # The host's launch time drifts within a process: all-eager again, after the graphs.
-            label = f"{stream.name}, eager again"
-            eager_after = _timed_calls(tower, stream.calls, seed, use_graphs=False, label=label, idle_ms=idle_ms)
-            timed_oracle = oracle_calls > 0 and device.type == "cuda"  # a CPU has no graphs to time
-            possible = _oracle_saving(tower, stream, seed, oracle_calls) if timed_oracle else None
+            graphed, charged = spread_capture_work(timed.graphs, timed.eager, timed.capture, idle_ms)
+            kinds = list(zip(timed.served, charged, strict=True))
+            possible = None
+            if oracle_calls > 0 and device.type == "cuda":  # a CPU has no graphs to time
+                sampled = random.Random(seed).choices(range(len(stream.calls)), k=oracle_calls)
+                replay_ms = _oracle_replay_ms(tower, [stream.calls[index] for index in sampled], seed)
+                possible = statistics.fmean(
+                    max(0.0, timed.eager[index] - replay_ms[stream.calls[index]]) for index in sampled
+                )
             counts = {k: stats[k] for k in ("replays", "captures")}
+            eager = timed.eager
             results.append(
                 {
                     "stream": stream.name,
@@ -80,15 +80,15 @@ def measure_tower(
                     "second_half": _compared(
                         eager[half:], graphed[half:], {k: stats[k] - at_half[k] for k in counts}, possible
                     ),
-                    "eager_after": latency_summary(eager_after),
                     "possible_saving_ms": possible,
+                    "capture_ms": sum(timed.capture),
                     "launch_ms": stats["launch_ms"],
                     "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
                     "pool_releases": stats["pool_releases"],
                     "evictions": stats["evictions"],
                     "bytes_held": stats["bytes_held"],
-                    "by_kind": by_kind(eager, graphed, served, eager_after),
-                    "second_half_by_kind": by_kind(eager[half:], graphed[half:], served[half:], eager_after[half:]),
+                    "by_kind": by_kind(eager, graphed, kinds),
+                    "second_half_by_kind": by_kind(eager[half:], graphed[half:], kinds[half:]),
                 }
             )
     return {"mode": "tower", "preset": preset_name, "device": str(device), "idle_ms": idle_ms, "streams": results}
@@ -107,103 +107,108 @@ def _compared(eager: list[float], graphed: list[float], counts: dict[str, int], 
     }
 
 
-def _oracle_saving(tower: Any, stream: Stream, seed: int, sample: int) -> float:
-    """Mean ms a graph of each call's own layout, captured for free, would save on ``stream``: on
-    ``sample`` calls drawn at random, the median of eager calls less the median of replays, at
-    least 0 (the oracle runs eagerly where eager is faster). Eager calls and replays alternate, so
-    both meet the same host (three of each were too few: on the H200 they overstated a saving by
-    40 %). Each distinct layout is captured once, with no admission limit; one graph is held."""
-    rng = random.Random(seed)
-    grids = [stream.calls[rng.randrange(len(stream.calls))] for _ in range(sample)]
-    saving: dict[tuple, float] = {}
-    runner = tower.enable_graphs(capacity=1, min_hits=1, max_tokens=_MAX_PATCHES, budget_bytes=1 << 40,
-                                 by_benefit=False, padded=False)  # fmt: skip
-    for grid in progress(sorted(set(grids)), f"{stream.name}, oracle", "layout"):
-        _timed_calls(tower, (grid,), seed, use_graphs=True)  # the capture
-        replays_before = runner.stats()["replays"]
-        eager, replays = [], []
-        for _ in range(_ORACLE_REPEATS):
-            eager += _timed_calls(tower, (grid,), seed, use_graphs=False)
-            replays += _timed_calls(tower, (grid,), seed, use_graphs=True)
-        if runner.stats()["replays"] != replays_before + _ORACLE_REPEATS:
-            raise RuntimeError(f"bench-traffic: the oracle's graph of {grid} did not replay")
-        saving[grid] = max(0.0, statistics.median(eager) - statistics.median(replays))
-    tower.disable_graphs()
-    return statistics.fmean(saving[grid] for grid in grids)
+@dataclass
+class _Paired:
+    """Per call: ms all-eager, ms under graphs, ms waited for the capture it deferred, how it was served."""
+
+    eager: list[float] = field(default_factory=list)
+    graphs: list[float] = field(default_factory=list)
+    capture: list[float] = field(default_factory=list)
+    served: list[str] = field(default_factory=list)
+    stats_at_half: dict[str, Any] = field(default_factory=dict)
 
 
-def _timed_calls(
-    tower: Any,
-    grids: Sequence[tuple[GridTHW, ...]],
-    seed: int,
-    use_graphs: bool,
-    label: str | None = None,
-    served: list[tuple[str, bool]] | None = None,
-    idle_ms: float = 0.0,
-) -> list[float]:
-    """Wall ms of a tower call on each of ``grids``, its pixels made (and the device idle) before the
-    clock starts; a progress bar where ``label`` is given. ``served`` gets, per call, how the tower's
-    runner served it and whether a deferred capture was pending or under way meanwhile
-    (``served_as``), read without the runner's lock, so the record leaves captures to contend.
-    ``idle_ms``: a sleep before each call, outside the clock (host time a deferred capture may take)."""
+def _paired_calls(
+    tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int, idle_ms: float, label: str
+) -> _Paired:
+    """Each call on ``twin`` (all-eager) and through ``tower``'s runner, eager first on even calls,
+    graphs first on odd ones; after the graphs' call, the wait for the capture it deferred (0 if none:
+    every capture is waited for, so no other is pending).
+    ``served`` comes from the runner's ``counters`` around the call (``served_as``)."""
+    runner, timed = tower.graph_runner, _Paired()
+    for index, (grid, pixels) in enumerate(progress(list(_calls(tower, grids, seed)), label, "call")):
+        for graphs in (index % 2 == 1, index % 2 == 0):
+            if not graphs:
+                timed.eager.append(_timed(twin, pixels, grid, idle_ms))
+                continue
+            before = runner.counters()
+            timed.graphs.append(_timed(tower, pixels, grid, idle_ms))
+            timed.served.append(served_as(before, runner.counters()))
+            started = time.perf_counter()
+            runner.wait_for_captures()
+            waited = (time.perf_counter() - started) * 1e3
+            timed.capture.append(waited if timed.served[-1].endswith("capture_deferred") else 0.0)
+        if index + 1 == len(grids) // 2:
+            timed.stats_at_half = runner.stats()
+    return timed
+
+
+def _calls(tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """Each grid with fresh random pixels for it, made on the tower's device."""
     config, device = tower.config, tower.device
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator(device=device).manual_seed(seed)
-    times = []
-    for grid in progress(list(grids), label, "call") if label else grids:
+    for grid in grids:
         patches = sum(t * h * w for t, h, w in grid)
-        pixels = torch.randn(patches, width, generator=generator, device=device, dtype=tower.dtype)
-        # The caller's stream, as a server waits for its own work: a device-wide synchronize while the
-        # runner's thread captures would fail (and break that capture).
-        _synchronize_stream(device)
-        if idle_ms:
-            time.sleep(idle_ms / 1e3)
-        before = tower.graph_runner.counters() if served is not None else None
-        started = time.perf_counter()
-        tower(pixels, list(grid), use_graphs=use_graphs)
-        _synchronize_stream(device)
-        times.append((time.perf_counter() - started) * 1e3)
-        if before is not None:
-            served.append(served_as(before, tower.graph_runner.counters()))
-    return times
+        yield grid, torch.randn(patches, width, generator=generator, device=device, dtype=tower.dtype)
 
 
-def served_as(before: dict[str, int], after: dict[str, int]) -> tuple[str, bool]:
+def _timed(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...], idle_ms: float = 0.0) -> float:
+    """Wall ms of one call, the device idle and ``idle_ms`` slept before the clock starts. The caller's
+    stream, as a server waits for its own work: a device-wide synchronize while the runner's thread
+    captures would fail (and break that capture)."""
+    _synchronize_stream(tower.device)
+    if idle_ms:
+        time.sleep(idle_ms / 1e3)
+    started = time.perf_counter()
+    tower(pixels, list(grid))
+    _synchronize_stream(tower.device)
+    return (time.perf_counter() - started) * 1e3
+
+
+def _oracle_replay_ms(tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int) -> dict[tuple, float]:
+    """Per distinct grid, the median ms of replays of its own graph, captured for free with no
+    admission limit (one graph held). A replay is mostly device time, which the host's drift leaves
+    alone: the oracle's saving on a call is its paired eager time less this, at least 0."""
+    replay_ms: dict[tuple, float] = {}
+    runner = tower.enable_graphs(capacity=1, min_hits=1, max_tokens=_MAX_PATCHES, budget_bytes=1 << 40,
+                                 by_benefit=False, padded=False)  # fmt: skip
+    for grid, pixels in progress(list(_calls(tower, sorted(set(grids)), seed)), "oracle", "layout"):
+        _timed(tower, pixels, grid)  # the capture
+        replays_before = runner.stats()["replays"]
+        replays = [_timed(tower, pixels, grid) for _ in range(_ORACLE_REPEATS)]
+        if runner.stats()["replays"] != replays_before + _ORACLE_REPEATS:
+            raise RuntimeError(f"bench-traffic: the oracle's graph of {grid} did not replay")
+        replay_ms[grid] = statistics.median(replays)
+    tower.disable_graphs()
+    return replay_ms
+
+
+def served_as(before: dict[str, int], after: dict[str, int]) -> str:
     """How one call was served, from the runner's ``counters`` around it: ``replay`` or its eager
-    reason, prefixed ``padded`` where it ran padded; and whether a capture other than the one this
-    call handed over was pending or under way meanwhile."""
+    reason, prefixed ``padded`` where it ran padded."""
     changed = [name for name in ("replays", *EAGER_REASONS) if after[name] > before[name]]
     kind = "replay" if changed == ["replays"] else (changed or ["unknown"])[0]
-    if after["padded"] > before["padded"]:
-        kind = f"padded {kind}"
-    own_marks = int(kind.endswith("capture_deferred"))  # its hand-over begins a capture
-    beside = before["capture_marks"] % 2 == 1 or after["capture_marks"] - before["capture_marks"] > own_marks
-    return kind, beside
+    return f"padded {kind}" if after["padded"] > before["padded"] else kind
 
 
-def by_kind(
-    eager: Sequence[float],
-    graphed: Sequence[float],
-    served: Sequence[tuple[str, bool]],
-    eager_after: Sequence[float],
-) -> list[dict]:
-    """Calls grouped by how they were served and whether beside a capture: how many, their mean ms
-    under graphs and all-eager (before the graphs and after), and how many were over 10 % slower
-    than eager before, with the ms over."""
-    groups: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
-    for eager_ms, graph_ms, how, after_ms in zip(eager, graphed, served, eager_after, strict=True):
-        groups.setdefault(how, []).append((eager_ms, graph_ms, after_ms))
+def by_kind(eager: Sequence[float], graphed: Sequence[float], served: Sequence[tuple[str, bool]]) -> list[dict]:
+    """Calls grouped by how they were served and whether a capture was charged to them: how many,
+    their mean ms under graphs and all-eager, and how many were over 10 % slower than eager, with
+    the ms over."""
+    groups: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+    for eager_ms, graph_ms, how in zip(eager, graphed, served, strict=True):
+        groups.setdefault(how, []).append((eager_ms, graph_ms))
     rows = []
-    for (kind, beside), calls in sorted(groups.items(), key=lambda item: -len(item[1])):
-        slower = [graph_ms - eager_ms for eager_ms, graph_ms, _ in calls if graph_ms > _SLOWER_CALL * eager_ms]
+    for (kind, beside), pairs in sorted(groups.items(), key=lambda item: -len(item[1])):
+        slower = [graph_ms - eager_ms for eager_ms, graph_ms in pairs if graph_ms > _SLOWER_CALL * eager_ms]
         rows.append(
             {
                 "kind": kind,
                 "beside_capture": beside,
-                "calls": len(calls),
-                "eager_mean_ms": statistics.fmean(eager_ms for eager_ms, _, _ in calls),
-                "graphs_mean_ms": statistics.fmean(graph_ms for _, graph_ms, _ in calls),
-                "eager_after_mean_ms": statistics.fmean(after_ms for _, _, after_ms in calls),
+                "calls": len(pairs),
+                "eager_mean_ms": statistics.fmean(eager_ms for eager_ms, _ in pairs),
+                "graphs_mean_ms": statistics.fmean(graph_ms for _, graph_ms in pairs),
                 "slower_calls": len(slower),
                 "slower_excess_ms": sum(slower),
             }
@@ -237,13 +242,6 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                     "-" if share is None else f"{share:.0%}",
                 ]
             )
-    drift = []
-    for stream in report["streams"]:
-        before, after = stream["eager"], stream["eager_after"]
-        drift.append(
-            f"{stream['stream']}: all-eager again after the graphs {after['mean_ms']:.2f} / {after['p90_ms']:.2f} ms "
-            f"({after['mean_ms'] / before['mean_ms'] - 1:+.1%} on the mean: the host's drift)"
-        )
     kinds = []
     for stream in report["streams"]:
         for row in stream["second_half_by_kind"]:
@@ -263,4 +261,4 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
     notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",
              "its last N: the stream's second half, the runner's steady state"]  # fmt: skip
-    return [title, "", *table_lines(header, cells), *notes, "", *drift, "", *table_lines(kinds_header, kinds)]
+    return [title, "", *table_lines(header, cells), *notes, "", *table_lines(kinds_header, kinds)]

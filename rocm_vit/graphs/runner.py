@@ -439,17 +439,11 @@ class ViTGraphRunner:
         return output
 
     def counters(self) -> dict[str, int]:
-        """The calls served so far (``replays``, eager runs by reason, ``padded`` calls of either kind)
-        and ``capture_marks``, odd while a deferred capture is pending or under way. Unlike ``stats``,
-        read without the runner's lock: a caller can read them between its calls while a capture
-        runs without waiting for it (``bench-traffic --mode tower`` does, call by call)."""
+        """The calls served so far: ``replays``, eager runs by reason, ``padded`` calls of either kind.
+        Unlike ``stats``, read without the runner's lock: a caller can read them between its calls
+        while a capture runs without waiting for it (``bench-traffic --mode tower`` does, call by call)."""
         with self._counts_lock:
-            return {
-                "replays": self._replays,
-                **self._eager_runs,
-                "padded": self._padded_calls,
-                "capture_marks": self._capture_marks,
-            }
+            return {"replays": self._replays, **self._eager_runs, "padded": self._padded_calls}
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs, ``rocm-vit bench`` and ``bench-memory``: captures, replays, evictions,

@@ -282,10 +282,10 @@ def _graph_admission(document: dict[str, Any]) -> list[str]:
     if not (isinstance(data, dict) and data.get("streams")):
         return _not_there(section)
     lines = [
-        "`rocm-vit bench-traffic --mode tower`: each stream all-eager, then under the serving defaults with a "
-        "fresh runner (wall ms per call); the second half is the runner once warm. Share: of what a graph of "
-        "each call's own layout, captured for free, would save (timed on sampled calls), what the defaults "
-        "realized on the mean.",
+        "`rocm-vit bench-traffic --mode tower`: each call all-eager and under the serving defaults (a fresh "
+        "runner per stream) back to back, wall ms, each capture's time charged to the calls behind it; the "
+        "second half is the runner once warm. Share: of what a graph of each call's own layout, captured for "
+        "free, would save (replays timed on sampled calls), what the defaults realized on the mean.",
         "",
     ]
     rows = []
