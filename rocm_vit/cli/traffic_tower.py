@@ -125,7 +125,8 @@ def _paired_calls(
     graphs first on odd ones; after the graphs' call, the wait for the capture it deferred (0 if none:
     every capture is waited for, so no other is pending).
     ``served`` comes from the runner's ``counters`` around the call (``served_as``)."""
-    runner, timed = tower.graph_runner, _Paired()
+    runner = tower.graph_runner
+    timed = _Paired(stats_at_half=runner.stats())  # a stream of one call has an empty first half
     for index, (grid, pixels) in enumerate(progress(list(_calls(tower, grids, seed)), label, "call")):
         for graphs in (index % 2 == 1, index % 2 == 0):
             if not graphs:
