@@ -26,6 +26,7 @@ def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(mo
         assert stream["calls"] == calls and stream["eager_runs"] == {"no_gpu": calls}
         assert stream["graphs"]["replays"] == 0 and stream["eager"]["mean_ms"] > 0
         assert stream["possible_saving_ms"] is None and stream["share"] is None and stream["capture_ms"] >= 0
+        assert stream["runner_capture_ms"] == stream["runner_verify_ms"] == 0  # no capture on a CPU
         assert stream["second_half"]["graphs"]["replays"] == 0 and stream["second_half"]["eager"]["mean_ms"] > 0
         for record, calls in (("by_kind", stream["calls"]), ("second_half_by_kind", stream["second_half"]["calls"])):
             (kind,) = stream[record]

@@ -81,7 +81,11 @@ def measure_tower(
                         eager[half:], graphed[half:], {k: stats[k] - at_half[k] for k in counts}, possible
                     ),
                     "possible_saving_ms": possible,
+                    # Waited for captures after their calls; of the runner's own time, capturing
+                    # (the pool measured too) and checking first replays (their device time too).
                     "capture_ms": sum(timed.capture),
+                    "runner_capture_ms": 1e3 * stats["capture_seconds"],
+                    "runner_verify_ms": 1e3 * stats["verify_seconds"],
                     "launch_ms": stats["launch_ms"],
                     "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
                     "pool_releases": stats["pool_releases"],
@@ -243,6 +247,12 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                     "-" if share is None else f"{share:.0%}",
                 ]
             )
+    captures = [
+        f"{stream['stream']}: {stream['graphs']['captures']} captures, {stream['capture_ms']:.0f} ms waited for "
+        f"after their calls (the runner: {stream['runner_capture_ms']:.0f} ms capturing, "
+        f"{stream['runner_verify_ms']:.0f} ms checking first replays), charged to the calls behind them"
+        for stream in report["streams"]
+    ]
     kinds = []
     for stream in report["streams"]:
         for row in stream["second_half_by_kind"]:
@@ -262,4 +272,4 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
     notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",
              "its last N: the stream's second half, the runner's steady state"]  # fmt: skip
-    return [title, "", *table_lines(header, cells), *notes, "", *table_lines(kinds_header, kinds)]
+    return [title, "", *table_lines(header, cells), *notes, "", *captures, "", *table_lines(kinds_header, kinds)]
