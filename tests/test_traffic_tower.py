@@ -50,15 +50,28 @@ def test_each_call_is_timed_eagerly_on_the_twin_and_under_graphs_back_to_back_in
 
     tower = _standin_tower(monkeypatch, StandInGraphs())
     twin = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
-    timed_towers = []
-    timed = traffic_tower._timed
-    monkeypatch.setattr(traffic_tower, "_timed", lambda which, *args: timed_towers.append(which) or timed(which, *args))
+    timed_towers, made, made_when_timed = [], [], []
+    timed, calls = traffic_tower._timed, traffic_tower._calls
+
+    def spied_timed(which, *args):
+        timed_towers.append(which)
+        made_when_timed.append(len(made))
+        return timed(which, *args)
+
+    def spied_calls(*args):
+        for call in calls(*args):
+            made.append(call)
+            yield call
+
+    monkeypatch.setattr(traffic_tower, "_timed", spied_timed)
+    monkeypatch.setattr(traffic_tower, "_calls", spied_calls)
     tower.enable_graphs(min_hits=1, by_benefit=False)
     tower.graph_runner._defer = True  # deferred as serving does, with every layout admitted
     grids = repeated_stream("one layout", 1, 128, 96, 4).calls
     with torch.inference_mode():
         paired = traffic_tower._paired_calls(tower, twin, grids, seed=0, idle_ms=0.0, label="test")
     assert timed_towers == [twin, tower, tower, twin, twin, tower, tower, twin]
+    assert made_when_timed == [1, 1, 2, 2, 3, 3, 4, 4]  # each call's pixels made as it is reached
     assert paired.served == ["capture_deferred", "replay", "replay", "replay"]
     assert len(paired.eager) == len(paired.graphs) == len(paired.capture) == 4
     assert paired.capture[0] >= 0 and paired.capture[1:] == [0.0] * 3 and paired.stats_at_half["replays"] == 1

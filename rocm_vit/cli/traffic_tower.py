@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +54,7 @@ def measure_tower(
     results = []
     with torch.inference_mode():
         for stream in streams:
-            for grid, pixels in progress(list(_calls(tower, stream.calls, seed)), f"{stream.name}, compiles", "call"):
+            for grid, pixels in _calls(tower, progress(list(stream.calls), f"{stream.name}, compiles", "call"), seed):
                 _timed(tower, pixels, grid)
             runner = tower.enable_graphs()
             half = len(stream.calls) // 2
@@ -131,7 +131,7 @@ def _paired_calls(
     ``served`` comes from the runner's ``counters`` around the call (``served_as``)."""
     runner = tower.graph_runner
     timed = _Paired(stats_at_half=runner.stats())  # a stream of one call has an empty first half
-    for index, (grid, pixels) in enumerate(progress(list(_calls(tower, grids, seed)), label, "call")):
+    for index, (grid, pixels) in enumerate(_calls(tower, progress(list(grids), label, "call"), seed)):
         for graphs in (index % 2 == 1, index % 2 == 0):
             if not graphs:
                 timed.eager.append(_timed(twin, pixels, grid, idle_ms))
@@ -148,8 +148,9 @@ def _paired_calls(
     return timed
 
 
-def _calls(tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int) -> Iterator[tuple[tuple, torch.Tensor]]:
-    """Each grid with fresh random pixels for it, made on the tower's device."""
+def _calls(tower: Any, grids: Iterable[tuple[GridTHW, ...]], seed: int) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """Each grid with fresh random pixels for it, made on the tower's device as it is reached (a
+    stream's pixels at once would take tens of GB)."""
     config, device = tower.config, tower.device
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -178,7 +179,7 @@ def _oracle_replay_ms(tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: in
     replay_ms: dict[tuple, float] = {}
     runner = tower.enable_graphs(capacity=1, min_hits=1, max_tokens=_MAX_PATCHES, budget_bytes=1 << 40,
                                  by_benefit=False, padded=False)  # fmt: skip
-    for grid, pixels in progress(list(_calls(tower, sorted(set(grids)), seed)), "oracle", "layout"):
+    for grid, pixels in _calls(tower, progress(sorted(set(grids)), "oracle", "layout"), seed):
         _timed(tower, pixels, grid)  # the capture
         replays_before = runner.stats()["replays"]
         replays = [_timed(tower, pixels, grid) for _ in range(_ORACLE_REPEATS)]
