@@ -32,7 +32,7 @@ from rocm_vit.report.hazards import (
     check_graph_equals_eager,
     check_host_copy_offsets,
 )
-from rocm_vit.report.parts import FAILED, TIMED_OUT, Part, PartResult, run_part
+from rocm_vit.report.parts import FAILED, TIMED_OUT, Part, PartResult, plan, run_part
 from rocm_vit.report.probes import aiter_calls, aiter_install
 from rocm_vit.report.render import HEADINGS, to_markdown
 
@@ -382,6 +382,16 @@ def _admission_stream(name: str, eager_ms: float, graphs_ms: float, warm_graphs_
             "possible_saving_ms": 2.0, "launch_ms": 13.6}  # fmt: skip
 
 
+def test_a_hazard_check_runs_as_its_own_process_and_prints_one_verdict() -> None:
+    """What ``rocm-vit report`` starts for each check (``rocm_vit.report.parts``); on a CPU the check
+    says why it does not apply."""
+    parts = plan("qwen3-vl-2b", quick=True, on_gpu=False, head_dim=64, heads=16, profile_out=None, plots=False)
+    (check,) = [part for part in parts if part.key == "hazard_aiter_kernels"]
+    done = subprocess.run([sys.executable, *check.argv], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] in (NOT_APPLICABLE, SKIPPED)
+
+
 # On a GPU, natively and emulating ROCm: every check passes ----------------------------------------
 
 
@@ -391,7 +401,7 @@ def test_every_hazard_check_passes_on_this_gpu(name: str) -> None:
     """As ``rocm-vit report --quick`` runs it: in a process of its own (a capture error must not
     reach this one)."""
     done = subprocess.run(
-        [sys.executable, "-m", "rocm_vit.report.hazards", name, "--preset", "qwen3-vl-2b", "--quick"],
+        [sys.executable, "-m", "rocm_vit.cli.hazard_check", name, "--preset", "qwen3-vl-2b", "--quick"],
         capture_output=True,
         text=True,
         timeout=600,

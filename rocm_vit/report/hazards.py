@@ -2,14 +2,11 @@
 
 Each ``check_*`` takes its device work as arguments (real ones: ``rocm_vit.report.probes``; tests pass
 misbehaving stand-ins) and returns a ``Verdict``. ``rocm-vit report`` runs each check in a process of its
-own (a hazard may leave the GPU context unusable). Evidence: docs/rocm.md, "Hazards".
+own (``rocm_vit.cli.hazard_check``: a hazard may leave the GPU context unusable). Evidence: docs/rocm.md, "Hazards".
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -187,26 +184,3 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
-# command line: one check with the real probes ----------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rocm_vit.report.hazards NAME [--preset P] [--quick]``: print one verdict as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m rocm_vit.report.hazards", description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=sorted(HAZARDS))
-    parser.add_argument("--preset", default="qwen3-vl-8b")
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and layouts")
-    args = parser.parse_args(argv)
-    from rocm_vit.report import probes
-
-    verdict = probes.run_check(args.name, args.preset, args.quick)
-    print(json.dumps(verdict.as_dict()), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    main()
-    # Skip teardown: a destructor aborting over the probe's broken capture (ROCm) would crash the check.
-    os._exit(0)

@@ -78,7 +78,7 @@ def plan(
         parts.append(Part("tune", "tune", tuple(tune), 420, needs_gpu=True, output="text"))
     parts.append(Part("doctor", "doctor", ("-m", "rocm_vit", "doctor", "--json"), 120))
     for name in HAZARDS:
-        argv = ("-m", "rocm_vit.report.hazards", name, *preset_args, *(("--quick",) if quick else ()))
+        argv = ("-m", "rocm_vit.cli.hazard_check", name, *preset_args, *(("--quick",) if quick else ()))
         parts.append(Part(f"hazard_{name}", f"hazard: {name}", argv, 120 if quick else 240, name != "aiter_kernels"))
     layouts, max_side = ("4", "512") if quick else ("16", "1024")
     for grad_mode in ("inference", "no_grad"):

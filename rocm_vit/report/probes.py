@@ -1,7 +1,7 @@
 """The real device work behind each hazard check of ``rocm_vit.report.hazards``, on this machine.
 
 Invariant: the report's own process never imports this module; each check runs in a process of its own
-(``python -m rocm_vit.report.hazards``), under ``torch.inference_mode``.
+(``python -m rocm_vit.cli.hazard_check``), under ``torch.inference_mode``.
 """
 
 from __future__ import annotations
