@@ -77,6 +77,30 @@ def test_each_call_is_timed_eagerly_on_the_twin_and_under_graphs_back_to_back_in
     assert paired.capture[0] >= 0 and paired.capture[1:] == [0.0] * 3 and paired.stats_at_half["replays"] == 1
 
 
+def test_under_the_serving_defaults_captures_are_waited_for_and_charged_to_the_calls_behind_them(monkeypatch) -> None:
+    """The whole tower mode on a CPU whose runners capture with the stand-in mechanism."""
+    from test_graph_runner import StandInGraphs
+
+    stream = repeated_stream("6 x 640x360 per call", 2, 128, 96, 6)
+    monkeypatch.setattr(traffic_tower, "standard_streams", lambda calls, seed: [stream])
+
+    def standin_tower(*args, **kwargs):
+        tower = build_tower(*args, **kwargs)
+        enable = tower.enable_graphs
+        monkeypatch.setattr(tower, "enable_graphs", lambda **options: enable(mechanism=StandInGraphs(), **options))
+        return tower
+
+    monkeypatch.setattr(traffic_tower, "build_tower", standin_tower)
+    with torch.inference_mode():
+        report = traffic_tower.measure_tower("tiny", 6, 0, [stream.name], oracle_calls=0)
+    (measured,) = report["streams"]
+    assert measured["graphs"]["captures"] == 1 and measured["graphs"]["replays"] >= 1
+    assert measured["capture_ms"] > 0 and measured["runner_capture_ms"] > 0
+    kinds = {(row["kind"], row["beside_capture"]): row["calls"] for row in measured["by_kind"]}
+    assert kinds.get(("capture_deferred", False)) == 1
+    assert sum(calls for (_, beside), calls in kinds.items() if beside) >= 1  # the capture's wait, charged
+
+
 def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
     """On a CPU, through the runner's stand-in mechanism; with the real mechanism a CPU serves
     everything eagerly, which the oracle must not take for a replay."""
