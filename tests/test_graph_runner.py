@@ -11,11 +11,14 @@ from __future__ import annotations
 import gc
 import itertools
 import random
+import subprocess
+import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1127,6 +1130,44 @@ def test_a_deferred_capture_runs_in_the_callers_grad_mode(mode: str, generator: 
         assert torch.equal(tower(pixels, grid), expected)
     stats = runner.stats()
     assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_failed"]) == (1, 1, 0)
+
+
+_EXIT_DURING_A_CAPTURE = """
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+import torch
+from rocm_vit.attention import get_backend
+from rocm_vit.graphs import ViTGraphRunner
+from rocm_vit.layout import VisionLayout
+from test_graph_runner import StandInGraphs
+
+started = threading.Event()
+
+def slow_blocks(x, attn_args, cos, sin):
+    if threading.current_thread().name == "rocm-vit-capture":
+        started.set()
+        a = torch.randn(600, 600)
+        for _ in range(30):
+            a = a @ a / 600  # ops that release the GIL while they run
+    return x * cos + sin
+
+runner = ViTGraphRunner(slow_blocks, get_backend("sdpa").layout_args, min_hits=1, defer_captures=True,
+                        mechanism=StandInGraphs())
+layout = VisionLayout.from_grid_thw([(1, 2, 4)]).attention
+x = torch.randn(layout.num_patches, 8)
+runner.run(x, layout, x, x)
+assert started.wait(30)
+"""
+
+
+def test_a_process_that_exits_during_a_deferred_capture_exits_cleanly() -> None:
+    """The capture thread is a daemon: cut off inside a torch call at interpreter exit, it unwound
+    through C++ and the process aborted ("terminate called without an active exception", SIGABRT).
+    A server stopped while a capture ran would dump core. The capture finishes first now."""
+    script = [sys.executable, "-c", _EXIT_DURING_A_CAPTURE, str(Path(__file__).parent)]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
 
 
 def test_a_dropped_runner_is_freed_and_its_capture_thread_ends(generator: torch.Generator) -> None:

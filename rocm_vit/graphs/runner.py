@@ -18,6 +18,7 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
@@ -82,6 +83,8 @@ _MAX_TRACKED_LAYOUTS = 4096
 _AGING_CALLS_PER_GRAPH = 16
 # How long the capture thread waits for work before it checks whether its runner still exists.
 _CAPTURE_THREAD_POLL_S = 0.5
+# The longest a capture in flight may hold up the interpreter's exit (``_stop_capture_threads``).
+_EXIT_JOIN_S = 30.0
 # The launch time is the median host time of this many recent eager runs, once there are enough.
 _LAUNCH_SAMPLES = 64
 _MIN_LAUNCH_SAMPLES = 8
@@ -748,6 +751,7 @@ class ViTGraphRunner:
                     target=_capture_loop, args=(weakref.ref(self), self._queue), name="rocm-vit-capture", daemon=True
                 )
                 self._capture_thread.start()
+                _CAPTURE_THREADS[self._capture_thread] = self._queue
             self._queue.wake.notify_all()
 
     def _bump_capture_marks(self) -> None:
@@ -961,16 +965,42 @@ class _CaptureQueue:
     def __init__(self) -> None:
         self.pending: _Pending | None = None
         self.capturing = threading.Event()  # the capture thread has the runner's lock or waits for it
-        self.wake = threading.Condition()  # a capture is pending, or one ended
+        self.wake = threading.Condition()  # a capture is pending, or one ended, or the process exits
+        self.stopping = False  # the interpreter exits: the thread ends after the capture it is in
+
+
+# Capture threads still running, with their queues: each is stopped at interpreter exit.
+_CAPTURE_THREADS: weakref.WeakKeyDictionary[threading.Thread, _CaptureQueue] = weakref.WeakKeyDictionary()
+
+
+def _stop_capture_threads() -> None:
+    """At interpreter exit, before daemon threads are cut off: each capture thread finishes the
+    capture it is in and ends. Cut off inside a torch call, a thread unwinds through C++ and the
+    process aborts ("terminate called without an active exception"): a server stopped while a
+    capture ran dumped core."""
+    threads = list(_CAPTURE_THREADS.items())
+    for _, queue in threads:
+        with queue.wake:
+            queue.stopping = True
+            queue.wake.notify_all()
+    for thread, _ in threads:
+        thread.join(_EXIT_JOIN_S)
+
+
+atexit.register(_stop_capture_threads)
 
 
 def _capture_loop(runner_ref: weakref.ref[ViTGraphRunner], queue: _CaptureQueue) -> None:
     while True:
         with queue.wake:
-            if not queue.wake.wait_for(lambda: queue.pending is not None, _CAPTURE_THREAD_POLL_S):
+            if not queue.wake.wait_for(lambda: queue.pending is not None or queue.stopping, _CAPTURE_THREAD_POLL_S):
                 if runner_ref() is None:
                     return
                 continue
+            if queue.stopping:  # a pending capture is dropped: nothing will replay it
+                queue.pending = None
+                queue.wake.notify_all()
+                return
             queue.capturing.set()
         runner = runner_ref()
         try:
