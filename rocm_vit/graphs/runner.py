@@ -84,7 +84,7 @@ _AGING_CALLS_PER_GRAPH = 16
 # How long the capture thread waits for work before it checks whether its runner still exists.
 _CAPTURE_THREAD_POLL_S = 0.5
 # The longest a capture in flight may hold up the interpreter's exit (``_stop_capture_threads``).
-_EXIT_JOIN_S = 30.0
+_EXIT_JOIN_S = 10.0
 # The launch time is the median host time of this many recent eager runs, once there are enough.
 _LAUNCH_SAMPLES = 64
 _MIN_LAUNCH_SAMPLES = 8
