@@ -1170,6 +1170,47 @@ def test_a_process_that_exits_during_a_deferred_capture_exits_cleanly() -> None:
     assert "terminate called" not in done.stderr
 
 
+_EXIT_IN_A_FORKED_CHILD = """
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])
+import torch
+from rocm_vit.attention import get_backend
+from rocm_vit.graphs import ViTGraphRunner
+from rocm_vit.layout import VisionLayout
+from test_graph_runner import StandInGraphs
+
+runner = ViTGraphRunner(lambda x, attn_args, cos, sin: x * cos + sin, get_backend("sdpa").layout_args, min_hits=1,
+                        defer_captures=True, mechanism=StandInGraphs())
+layout = VisionLayout.from_grid_thw([(1, 2, 4)]).attention
+x = torch.randn(layout.num_patches, 8)
+runner.run(x, layout, x, x)
+assert runner.wait_for_captures(30)
+held, release = threading.Event(), threading.Event()
+
+def hold_the_queue():  # as the capture thread does while it takes or hands back a capture
+    with runner._queue.wake:
+        held.set()
+        release.wait(30)
+
+threading.Thread(target=hold_the_queue).start()
+assert held.wait(30)
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # runs the exit handlers in the child, where no capture thread exists
+status = os.waitpid(child, 0)[1]
+release.set()
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_exits_without_waiting_for_its_parents_capture_threads() -> None:
+    """Threads do not survive a fork; a lock a parent's thread held at the fork stays held in the
+    child, where the exit handler would wait for it forever."""
+    script = [sys.executable, "-W", "ignore", "-c", _EXIT_IN_A_FORKED_CHILD, str(Path(__file__).parent)]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_dropped_runner_is_freed_and_its_capture_thread_ends(generator: torch.Generator) -> None:
     """The capture thread holds its runner only while it captures: dropping a tower frees the pool."""
     runner, _ = _runner(defer_captures=True)

@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import logging
 import math
+import os
 import statistics
 import threading
 import time
@@ -988,6 +989,9 @@ def _stop_capture_threads() -> None:
 
 
 atexit.register(_stop_capture_threads)
+if hasattr(os, "register_at_fork"):  # POSIX
+    # Threads do not survive a fork: a child has none to stop, and a queue's lock may have been held.
+    os.register_at_fork(after_in_child=_CAPTURE_THREADS.clear)
 
 
 def _capture_loop(runner_ref: weakref.ref[ViTGraphRunner], queue: _CaptureQueue) -> None:
