@@ -977,8 +977,8 @@ _CAPTURE_THREADS: weakref.WeakKeyDictionary[threading.Thread, _CaptureQueue] = w
 def _stop_capture_threads() -> None:
     """At interpreter exit, before daemon threads are cut off: each capture thread finishes the
     capture it is in and ends. Cut off inside a torch call, a thread unwinds through C++ and the
-    process aborts ("terminate called without an active exception", pytorch issue 38228): test
-    processes did, and a server stopped while a capture runs would dump core."""
+    process aborts ("terminate called without an active exception"; docs/design.md, "Hazards"):
+    test processes did, and a server stopped while a capture runs would dump core."""
     threads = list(_CAPTURE_THREADS.items())
     for _, queue in threads:
         with queue.wake:
