@@ -840,8 +840,8 @@ class ViTGraphRunner:
     def _graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
         """A new graph's own offsets, made on the caller's stream before the capture stream takes over.
 
-        An exact layout's are copied from pinned host memory and never written again (ROCm/hip 3902:
-        a host-to-device copy right before a replay can be read stale). A padded layout's are copied
+        An exact layout's are copied from pinned host memory and never written again (a host-to-device
+        copy right before a replay can be read stale on ROCm: docs/rocm.md, "Hazards"). A padded layout's are copied
         device-to-device here and before each replay, and the kernels read them from a copy that a
         kernel of the graph makes (``_capture``'s ``forward``), never from what a copy wrote. Never
         on the capture stream: the host allocator records a pinned block's free on every stream that
