@@ -38,7 +38,7 @@ def measure_tower(
 ) -> dict[str, Any]:
     """Each stream in ``names``, every call timed twice in a row: all-eager on a twin tower (the same
     weights, no runner) and under the serving defaults (a fresh runner per stream), in alternating
-    order, so that both meet the same host: its launch time drifts 5-23 % within a process over
+    order, so that both meet the same host: its launch time drifted up to 23 % within a process over
     minutes (the H200, docs/benchmarks.md), more than the margins compared. Wall ms with the caller's
     stream synchronized around each call, after one untimed eager pass that compiles every kernel
     variant the stream needs. A capture a call defers is waited for before the next call, and its
