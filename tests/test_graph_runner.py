@@ -1132,14 +1132,18 @@ def test_a_deferred_capture_runs_in_the_callers_grad_mode(mode: str, generator: 
     assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_failed"]) == (1, 1, 0)
 
 
-_EXIT_DURING_A_CAPTURE = """
-import sys, threading
+# What a script run by ``_run_script`` starts with: this folder on its path, the runner's pieces.
+_SCRIPT_PREAMBLE = """
+import os, sys, threading
 sys.path.insert(0, sys.argv[1])
 import torch
 from rocm_vit.attention import get_backend
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.layout import VisionLayout
 from test_graph_runner import StandInGraphs
+"""
+
+_EXIT_DURING_A_CAPTURE = """
 
 started = threading.Event()
 
@@ -1160,24 +1164,23 @@ assert started.wait(30)
 """
 
 
+def _run_script(body: str, timeout: float) -> subprocess.CompletedProcess:
+    """``_SCRIPT_PREAMBLE`` then ``body`` in a Python process of its own (warnings off: forking a
+    threaded process warns)."""
+    script = [sys.executable, "-W", "ignore", "-c", _SCRIPT_PREAMBLE + body, str(Path(__file__).parent)]
+    return subprocess.run(script, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def test_a_process_that_exits_during_a_deferred_capture_exits_cleanly() -> None:
     """The capture thread is a daemon: cut off inside a torch call at interpreter exit, it unwound
     through C++ and the process aborted ("terminate called without an active exception", SIGABRT).
     A server stopped while a capture ran would dump core. The capture finishes first now."""
-    script = [sys.executable, "-c", _EXIT_DURING_A_CAPTURE, str(Path(__file__).parent)]
-    done = subprocess.run(script, capture_output=True, text=True, timeout=300, check=False)
+    done = _run_script(_EXIT_DURING_A_CAPTURE, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
 
 
 _EXIT_IN_A_FORKED_CHILD = """
-import os, sys, threading
-sys.path.insert(0, sys.argv[1])
-import torch
-from rocm_vit.attention import get_backend
-from rocm_vit.graphs import ViTGraphRunner
-from rocm_vit.layout import VisionLayout
-from test_graph_runner import StandInGraphs
 
 runner = ViTGraphRunner(lambda x, attn_args, cos, sin: x * cos + sin, get_backend("sdpa").layout_args, min_hits=1,
                         defer_captures=True, mechanism=StandInGraphs())
@@ -1206,8 +1209,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 def test_a_forked_child_exits_without_waiting_for_its_parents_capture_threads() -> None:
     """Threads do not survive a fork; a lock a parent's thread held at the fork stays held in the
     child, where the exit handler would wait for it forever."""
-    script = [sys.executable, "-W", "ignore", "-c", _EXIT_IN_A_FORKED_CHILD, str(Path(__file__).parent)]
-    done = subprocess.run(script, capture_output=True, text=True, timeout=60, check=False)
+    done = _run_script(_EXIT_IN_A_FORKED_CHILD, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

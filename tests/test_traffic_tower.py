@@ -83,14 +83,9 @@ def test_under_the_serving_defaults_captures_are_waited_for_and_charged_to_the_c
 
     stream = repeated_stream("6 x 640x360 per call", 2, 128, 96, 6)
     monkeypatch.setattr(traffic_tower, "standard_streams", lambda calls, seed: [stream])
-
-    def standin_tower(*args, **kwargs):
-        tower = build_tower(*args, **kwargs)
-        enable = tower.enable_graphs
-        monkeypatch.setattr(tower, "enable_graphs", lambda **options: enable(mechanism=StandInGraphs(), **options))
-        return tower
-
-    monkeypatch.setattr(traffic_tower, "build_tower", standin_tower)
+    monkeypatch.setattr(
+        traffic_tower, "build_tower", lambda *args, **kwargs: _standin_tower(monkeypatch, StandInGraphs())
+    )
     with torch.inference_mode():
         report = traffic_tower.measure_tower("tiny", 6, 0, [stream.name], oracle_calls=0)
     (measured,) = report["streams"]

@@ -20,7 +20,7 @@ from rocm_vit.cli.workload import build_tower, progress, table_lines
 from rocm_vit.graphs import EAGER_REASONS
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE
 
-_ORACLE_REPEATS = 7  # eager calls and replays per layout the oracle times
+_ORACLE_REPEATS = 7  # replays per layout the oracle times
 _SLOWER_CALL = 1.1  # a call this much slower than its eager twin is counted in ``by_kind``
 _MAX_PATCHES = 65536  # the oracle's largest graph (a 32-frame 720p clip: 57,600 patches)
 # The streams timed on a real tower: all but chat at the checkpoint's limits (12 MP photos, minutes).
@@ -132,20 +132,29 @@ def _paired_calls(
     runner = tower.graph_runner
     timed = _Paired(stats_at_half=runner.stats())  # a stream of one call has an empty first half
     for index, (grid, pixels) in enumerate(_calls(tower, progress(list(grids), label, "call"), seed)):
-        for graphs in (index % 2 == 1, index % 2 == 0):
-            if not graphs:
-                timed.eager.append(_timed(twin, pixels, grid, idle_ms))
-                continue
-            before = runner.counters()
-            timed.graphs.append(_timed(tower, pixels, grid, idle_ms))
-            timed.served.append(served_as(before, runner.counters()))
-            started = time.perf_counter()
-            runner.wait_for_captures()
-            waited = (time.perf_counter() - started) * 1e3
-            timed.capture.append(waited if timed.served[-1].endswith("capture_deferred") else 0.0)
+        if index % 2 == 0:
+            timed.eager.append(_timed(twin, pixels, grid, idle_ms))
+        _time_under_graphs(tower, pixels, grid, idle_ms, timed)
+        if index % 2 == 1:
+            timed.eager.append(_timed(twin, pixels, grid, idle_ms))
         if index + 1 == len(grids) // 2:
             timed.stats_at_half = runner.stats()
     return timed
+
+
+def _time_under_graphs(
+    tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...], idle_ms: float, timed: _Paired
+) -> None:
+    """One call through ``tower``'s runner: its ms, how it was served, and the wait for the capture it
+    deferred (0 if none)."""
+    runner = tower.graph_runner
+    before = runner.counters()
+    timed.graphs.append(_timed(tower, pixels, grid, idle_ms))
+    timed.served.append(served_as(before, runner.counters()))
+    started = time.perf_counter()
+    runner.wait_for_captures()
+    waited = (time.perf_counter() - started) * 1e3
+    timed.capture.append(waited if timed.served[-1].endswith("capture_deferred") else 0.0)
 
 
 def _calls(tower: Any, grids: Iterable[tuple[GridTHW, ...]], seed: int) -> Iterator[tuple[tuple, torch.Tensor]]:

@@ -708,7 +708,7 @@ class ViTGraphRunner:
             self._remember_failure(key, layout, "capture_failed", error, served=False)
             return None
         verify_started = time.perf_counter()
-        if pending is not None and pending.reference_marker is not None:  # written on the caller's stream
+        if pending is not None:  # its reference was written on the caller's stream
             self._mechanism.follow(self._mechanism.current_stream(self._device), pending.reference_marker)
         (unverified,) = self._agree([int(not _bitwise_equal(output, attempt.reference))])
         self._verify_seconds += time.perf_counter() - verify_started
