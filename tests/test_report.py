@@ -376,10 +376,11 @@ def _admission_stream(name: str, eager_ms: float, graphs_ms: float, warm_graphs_
 
     def compared(graphs: float) -> dict:
         summary = lambda ms: {"mean_ms": ms, "p50_ms": ms, "p90_ms": ms}  # noqa: E731
-        return {"eager": summary(eager_ms), "graphs": {**summary(graphs), "replays": 7, "captures": 2}, "share": 0.9}
+        graphs_summary = {**summary(graphs), "replays": 7, "captures": 2}
+        return {"eager": summary(eager_ms), "graphs": graphs_summary, "possible_saving_ms": 2.0, "share": 0.9}
 
     return {"stream": name, "calls": 400, **compared(graphs_ms), "second_half": compared(warm_graphs_ms),
-            "possible_saving_ms": 2.0, "launch_ms": 13.6}  # fmt: skip
+            "launch_ms": 13.6}  # fmt: skip
 
 
 def test_a_hazard_check_runs_as_its_own_process_and_prints_one_verdict() -> None:

@@ -141,10 +141,15 @@ def test_the_tower_record_tells_how_each_call_was_served() -> None:
     padded_runner, _, _ = _padded_runner(defer_captures=True)
     assert served(padded_runner, _layout((1, 16, 20))) == "padded capture_deferred"
     served_as = [("a", False), ("b", True), ("a", False)]
-    rows = traffic_tower.by_kind([10.0, 10.0, 10.0], [9.0, 20.0, 2.0], served_as)
+    oracle = [[1.0, 3.0], [], [5.0]]  # the first call sampled twice, the second never
+    rows = traffic_tower.by_kind([10.0, 10.0, 10.0], [9.0, 20.0, 2.0], served_as, oracle)
     assert [
         (row["kind"], row["beside_capture"], row["calls"], row["slower_calls"], row["slower_excess_ms"]) for row in rows
     ] == [
         ("a", False, 2, 0, 0.0),
         ("b", True, 1, 1, 10.0),
     ]
+    assert [(row["oracle_samples"], row["oracle_saving_ms"]) for row in rows] == [(3, 3.0), (0, None)]
+    # A stream's second half is compared with the oracle on its own sampled calls, not the stream's.
+    assert traffic_tower._mean_saving(oracle) == 3.0 and traffic_tower._mean_saving(oracle[1:]) == 5.0
+    assert traffic_tower._mean_saving([[], []]) is None

@@ -63,13 +63,13 @@ def measure_tower(
             tower.disable_graphs()
             graphed, charged = spread_capture_work(timed.graphs, timed.eager, timed.capture, idle_ms)
             kinds = list(zip(timed.served, charged, strict=True))
-            possible = None
+            possible, oracle = None, [[] for _ in stream.calls]
             if oracle_calls > 0 and device.type == "cuda":  # a CPU has no graphs to time
                 sampled = random.Random(seed).choices(range(len(stream.calls)), k=oracle_calls)
                 replay_ms = _oracle_replay_ms(tower, [stream.calls[index] for index in sampled], seed)
-                possible = statistics.fmean(
-                    max(0.0, timed.eager[index] - replay_ms[stream.calls[index]]) for index in sampled
-                )
+                for index in sampled:
+                    oracle[index].append(max(0.0, timed.eager[index] - replay_ms[stream.calls[index]]))
+                possible = _mean_saving(oracle)
             counts = {k: stats[k] for k in ("replays", "captures")}
             eager = timed.eager
             results.append(
@@ -78,9 +78,11 @@ def measure_tower(
                     "calls": len(stream.calls),
                     **_compared(eager, graphed, counts, possible),
                     "second_half": _compared(
-                        eager[half:], graphed[half:], {k: stats[k] - at_half[k] for k in counts}, possible
+                        eager[half:],
+                        graphed[half:],
+                        {k: stats[k] - at_half[k] for k in counts},
+                        _mean_saving(oracle[half:]),
                     ),
-                    "possible_saving_ms": possible,
                     # Waited for captures after their calls; of the runner's own time, capturing
                     # (the pool measured too) and checking first replays (their device time too).
                     "capture_ms": sum(timed.capture),
@@ -91,22 +93,31 @@ def measure_tower(
                     "pool_releases": stats["pool_releases"],
                     "evictions": stats["evictions"],
                     "bytes_held": stats["bytes_held"],
-                    "by_kind": by_kind(eager, graphed, kinds),
-                    "second_half_by_kind": by_kind(eager[half:], graphed[half:], kinds[half:]),
+                    "by_kind": by_kind(eager, graphed, kinds, oracle),
+                    "second_half_by_kind": by_kind(eager[half:], graphed[half:], kinds[half:], oracle[half:]),
                 }
             )
     return {"mode": "tower", "preset": preset_name, "device": str(device), "idle_ms": idle_ms, "streams": results}
 
 
+def _mean_saving(oracle: Sequence[Sequence[float]]) -> float | None:
+    """The oracle's mean saving over the calls sampled among ``oracle`` (per call, its samples'
+    savings); ``None`` where none was: a part of a stream is compared with its own calls' oracle."""
+    savings = [saving for samples in oracle for saving in samples]
+    return statistics.fmean(savings) if savings else None
+
+
 def _compared(eager: list[float], graphed: list[float], counts: dict[str, int], possible: float | None) -> dict:
-    """Summaries of the same calls all-eager and under graphs, and the share of the oracle's saving
-    realized (where that saving is over 5 % of eager: below, noise would decide the share)."""
+    """Summaries of the same calls all-eager and under graphs, the oracle's mean saving on them
+    (``possible``), and the share of it realized (where it is over 5 % of eager: below, noise would
+    decide the share)."""
     realized = statistics.fmean(eager) - statistics.fmean(graphed)
     worth = possible is not None and possible > MIN_SAVING_SHARE * statistics.fmean(eager)
     return {
         "calls": len(eager),
         "eager": latency_summary(eager),
         "graphs": {**latency_summary(graphed), **counts},
+        "possible_saving_ms": possible,
         "share": realized / possible if worth else None,
     }
 
@@ -207,25 +218,34 @@ def served_as(before: dict[str, int], after: dict[str, int]) -> str:
     return f"padded {kind}" if after["padded"] > before["padded"] else kind
 
 
-def by_kind(eager: Sequence[float], graphed: Sequence[float], served: Sequence[tuple[str, bool]]) -> list[dict]:
+def by_kind(
+    eager: Sequence[float],
+    graphed: Sequence[float],
+    served: Sequence[tuple[str, bool]],
+    oracle: Sequence[Sequence[float]],
+) -> list[dict]:
     """Calls grouped by how they were served and whether a capture was charged to them: how many,
-    their mean ms under graphs and all-eager, and how many were over 10 % slower than eager, with
-    the ms over."""
-    groups: dict[tuple[str, bool], list[tuple[float, float]]] = {}
-    for eager_ms, graph_ms, how in zip(eager, graphed, served, strict=True):
-        groups.setdefault(how, []).append((eager_ms, graph_ms))
+    their mean ms under graphs and all-eager, how many were over 10 % slower than eager, with the ms
+    over, and the oracle's mean saving on the group's sampled calls (``oracle``: per call, its
+    samples' savings; None where none was sampled), which tells where a share is lost."""
+    groups: dict[tuple[str, bool], list[tuple[float, float, Sequence[float]]]] = {}
+    for eager_ms, graph_ms, how, savings in zip(eager, graphed, served, oracle, strict=True):
+        groups.setdefault(how, []).append((eager_ms, graph_ms, savings))
     rows = []
-    for (kind, beside), pairs in sorted(groups.items(), key=lambda item: -len(item[1])):
-        slower = [graph_ms - eager_ms for eager_ms, graph_ms in pairs if graph_ms > _SLOWER_CALL * eager_ms]
+    for (kind, beside), calls in sorted(groups.items(), key=lambda item: -len(item[1])):
+        slower = [graph_ms - eager_ms for eager_ms, graph_ms, _ in calls if graph_ms > _SLOWER_CALL * eager_ms]
+        sampled = [saving for _, _, savings in calls for saving in savings]
         rows.append(
             {
                 "kind": kind,
                 "beside_capture": beside,
-                "calls": len(pairs),
-                "eager_mean_ms": statistics.fmean(eager_ms for eager_ms, _ in pairs),
-                "graphs_mean_ms": statistics.fmean(graph_ms for _, graph_ms in pairs),
+                "calls": len(calls),
+                "eager_mean_ms": statistics.fmean(eager_ms for eager_ms, _, _ in calls),
+                "graphs_mean_ms": statistics.fmean(graph_ms for _, graph_ms, _ in calls),
                 "slower_calls": len(slower),
                 "slower_excess_ms": sum(slower),
+                "oracle_samples": len(sampled),
+                "oracle_saving_ms": statistics.fmean(sampled) if sampled else None,
             }
         )
     return rows
@@ -241,9 +261,9 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
               "oracle saves", "share"]  # fmt: skip
     cells = []
     for stream in report["streams"]:
-        possible, half = stream["possible_saving_ms"], stream["second_half"]
+        half = stream["second_half"]
         for name, compared in ((stream["stream"], stream), (f"  its last {half['calls']}", half)):
-            eager, graphs, share = compared["eager"], compared["graphs"], compared["share"]
+            eager, graphs, share, possible = (compared[k] for k in ("eager", "graphs", "share", "possible_saving_ms"))
             cells.append(
                 [
                     name,
@@ -266,6 +286,7 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
     kinds = []
     for stream in report["streams"]:
         for row in stream["second_half_by_kind"]:
+            saving = row["oracle_saving_ms"]
             kinds.append(
                 [
                     stream["stream"],
@@ -274,9 +295,11 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                     f"{row['eager_mean_ms']:.2f}",
                     f"{row['graphs_mean_ms']:.2f}",
                     f"{row['slower_calls']} (+{row['slower_excess_ms']:.0f} ms)",
+                    "-" if saving is None else f"{saving:.2f} ({row['oracle_samples']})",
                 ]
             )
-    kinds_header = ["stream", "second half: served as", "calls", "eager mean", "graphs mean", "over 10 % slower"]
+    kinds_header = ["stream", "second half: served as", "calls", "eager mean", "graphs mean", "over 10 % slower",
+                    "oracle saves (samples)"]  # fmt: skip
     idle = f", {report['idle_ms']:g} ms idle between calls" if report.get("idle_ms") else ""
     title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']}{idle} (measured)"
     notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
