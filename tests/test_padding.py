@@ -182,6 +182,33 @@ def test_without_the_copy_before_replay_a_padded_graph_replays_stale_offsets(gen
     assert not torch.equal(runner.run(x, second, cos, sin), runner.run_eager(x, second, cos, sin))
 
 
+def test_a_padded_replay_pads_in_staging_with_zeros_even_where_a_larger_call_wrote_before(
+    generator, monkeypatch
+) -> None:
+    """A replay copies the real rows into staging and zeroes its padding rows there, with no padded
+    copies of the inputs (each is an allocation and two launches on the request's path); the whole
+    padded output, padding rows too, is what the eager run of the padded inputs computes."""
+    from rocm_vit.graphs import runner as runner_module
+
+    runner, _, _ = _padded_runner()
+    bucket_layout, larger = _layout((1, 16, 20), (1, 4, 4)), _layout((1, 64, 72))  # 336 -> 384; 4608 exact
+    assert runner._padding.padded(larger) is None
+    runner.run(*_with(bucket_layout, generator))
+    runner.run(*_with(larger, generator))  # its graph's staging rows are those the padding reads
+    padded_copies = []
+    pad_rows = runner_module.pad_rows
+    monkeypatch.setattr(runner_module, "pad_rows", lambda *args: padded_copies.append(args) or pad_rows(*args))
+    layout = _layout((1, 4, 4), (1, 16, 20))
+    x, cos, sin = _inputs(layout.num_patches, generator)
+    replays = runner.stats()["replays"]
+    out = runner.run(x, layout, cos, sin)
+    assert runner.stats()["replays"] == replays + 1 and padded_copies == []
+    padded = runner._padding.padded(layout)
+    entry = runner._graphs[next(key for key in runner._graphs if key[0] == padded.graph_key)]
+    eager = runner._eager(tuple(pad_rows(t, layout.num_patches, padded.num_patches) for t in (x, cos, sin)), padded)
+    assert torch.equal(entry.output, eager) and torch.equal(out, eager[: layout.num_patches])
+
+
 def _with(layout: AttentionLayout, generator: torch.Generator) -> tuple:
     x, cos, sin = _inputs(layout.num_patches, generator)
     return x, layout, cos, sin

@@ -81,9 +81,14 @@ class Padding:
         return PaddedLayout(layout, bucket)
 
 
+def padded_shape(tensor: torch.Tensor, tokens: int, padded_tokens: int) -> torch.Size:
+    """The shape of ``tensor`` (rows in proportion to ``tokens``) padded for ``padded_tokens``."""
+    return torch.Size((tensor.shape[0] * padded_tokens // tokens, *tensor.shape[1:]))
+
+
 def pad_rows(tensor: torch.Tensor, tokens: int, padded_tokens: int) -> torch.Tensor:
     """``tensor`` (rows in proportion to ``tokens``) with zero rows appended for ``padded_tokens``."""
-    rows = tensor.shape[0] * padded_tokens // tokens
+    rows = padded_shape(tensor, tokens, padded_tokens)[0]
     return F.pad(tensor, (0, 0) * (tensor.dim() - 1) + (0, rows - tensor.shape[0]))
 
 

@@ -38,7 +38,7 @@ import torch
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
-from rocm_vit.graphs.padding import Padding, pad_rows, real_rows
+from rocm_vit.graphs.padding import Padding, pad_rows, padded_shape, real_rows
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MIN_HITS
 
@@ -171,14 +171,19 @@ class _Staging:
         return tuple(buffer[: given.shape[0]] for buffer, given in zip(self.inputs, tensors, strict=True))
 
     def fill(self, views: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...], immutable: bool) -> None:
+        """Copy ``tensors`` into ``views``; a tensor with fewer rows than its view (a padded graph's
+        call) fills the first rows, and the rest, its padding, is zeroed, as ``pad_rows`` pads."""
         # x (index 0) is the caller's per-call data: always copied.
         for index, (view, given) in enumerate(zip(views, tensors, strict=True)):
             keep = immutable and index > 0
             if keep and self.sources[index] is given:
                 continue
             self.sources[index] = None  # no claim on the buffer while its copy is not enqueued
-            view.copy_(given)
-            if keep:
+            rows = given.shape[0]
+            view[:rows].copy_(given)
+            if rows < view.shape[0]:
+                view[rows:].zero_()
+            elif keep:  # a claim only where the given tensor fills the view
                 self.sources[index] = given
 
 
@@ -339,8 +344,12 @@ class ViTGraphRunner:
         """
         tensors = (x, cos, sin, *inputs)
         _check_inputs(tensors, layout)
-        # A padded call's inputs are fresh tensors: never immutable.
-        return self._as_padded(tensors, layout, lambda rows, ran: self._run(rows, ran, immutable and ran is layout))
+        padded = self._padding.padded(layout) if self._padding is not None else None
+        if padded is None:
+            return self._run(tensors, layout, immutable)
+        # Padded in staging where replayed, else padded copies (``_run``): never immutable.
+        tokens, padded_tokens = layout.num_patches, padded.num_patches
+        return real_rows(self._run(tensors, padded, immutable=False, real_tokens=tokens), tokens, padded_tokens)
 
     def run_eager(
         self, x: torch.Tensor, layout: AttentionLayout, cos: torch.Tensor, sin: torch.Tensor, *inputs: torch.Tensor
@@ -366,20 +375,33 @@ class ViTGraphRunner:
         output = run(tuple(pad_rows(tensor, tokens, padded_tokens) for tensor in tensors), padded)
         return real_rows(output, tokens, padded_tokens)
 
-    def _run(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout, immutable: bool) -> torch.Tensor:
+    def _run(
+        self,
+        tensors: tuple[torch.Tensor, ...],
+        layout: AttentionLayout,
+        immutable: bool,
+        real_tokens: int | None = None,
+    ) -> torch.Tensor:
+        """``real_tokens``: ``layout`` is a padded layout and ``tensors`` have rows for this many of
+        its tokens. A replay pads them in staging, filling the padding rows with zeros; any other
+        run takes padded copies (``pad_rows``), as ``run_eager`` does."""
         x = tensors[0]
-        # Exact shapes and dtypes: cheap to build on every call (the staging signature is derived
-        # from them only when a capture is due).
-        key = (layout.graph_key, tuple((t.dtype, t.shape) for t in tensors))
         if layout.offsets_per_call:
             with self._counts_lock:
                 self._padded_calls += 1
+        # Exact shapes and dtypes: cheap to build on every call (the staging signature is derived
+        # from them only when a capture is due).
+        shapes = tuple(
+            (t.dtype, t.shape if real_tokens is None else padded_shape(t, real_tokens, layout.num_patches))
+            for t in tensors
+        )
+        key = (layout.graph_key, shapes)
         if not self._lock.acquire(blocking=False):
             if self._queue.capturing.is_set():  # a deferred capture holds the runner: do not wait for it
                 with self._counts_lock:
                     self._eager_runs["capturing"] += 1
                 # Not timed: the capture thread slows this call's launches (the GIL, the device).
-                return self._timed_eager(tensors, layout, timed=False)
+                return self._timed_eager(_padded(tensors, real_tokens, layout), layout, timed=False)
             self._lock.acquire()
         pending: _Pending | None = None
         try:
@@ -389,6 +411,7 @@ class ViTGraphRunner:
                 self._graphs.move_to_end(key)
                 self._uses[key] += 1
                 return self._replay(entry, layout, tensors, immutable)
+            tensors = _padded(tensors, real_tokens, layout)
             reason = self._admission(key, layout, x.device)
             if reason is None:
                 signature = _signature(tensors, layout.num_patches)
@@ -1027,6 +1050,15 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _padded(
+    tensors: tuple[torch.Tensor, ...], real_tokens: int | None, layout: AttentionLayout
+) -> tuple[torch.Tensor, ...]:
+    """``tensors`` as ``layout`` takes them: padded copies where they have rows for ``real_tokens``."""
+    if real_tokens is None:
+        return tensors
+    return tuple(pad_rows(tensor, real_tokens, layout.num_patches) for tensor in tensors)
 
 
 def _buffer_shapes(signature: Signature, max_tokens: int) -> list[tuple[torch.dtype, tuple[int, ...]]]:
