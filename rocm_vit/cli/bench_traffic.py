@@ -34,6 +34,10 @@ REPEATED_SHARE_TARGET = 0.80  # 6 x 640x360 in one call
 MEAN_SLOWER_LIMIT = 1.01  # no stream slower than all-eager on the mean
 P90_SLOWER_LIMIT = 1.02
 _LIMITS = f"{MEAN_SLOWER_LIMIT - 1:.0%}, {P90_SLOWER_LIMIT - 1:.0%}"
+# A deferred capture's wait beyond its layout's eager launches: checking its first replay (11 ms)
+# and reading the pool's size. The H200 waited 35-39 ms a capture on hosts that launched a chat
+# call in 15-23 ms (docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`", session 19).
+CAPTURE_CHECK_MS = 18.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,11 +166,14 @@ def _charge_contention(
     idle_ms: float = 0.0,
 ) -> list[float]:
     """Each call's ms, the host work of the capture a call deferred (``capture_launches`` eager calls
-    of its layout: the capture's, and a warm-up's) charged to the calls behind it by
-    ``spread_capture_work``."""
+    of its layout: the capture's, and a warm-up's; then ``CAPTURE_CHECK_MS``) charged to the calls
+    behind it by ``spread_capture_work``."""
     eager = [host.eager_ms(lens) for lens in run_lens]
     served = [_charge(host, kind, lens) for kind, lens in zip(kinds, run_lens, strict=True)]
-    work = [launches * ms for launches, ms in zip(capture_launches, eager, strict=True)]
+    work = [
+        launches * ms + (CAPTURE_CHECK_MS if launches else 0.0)
+        for launches, ms in zip(capture_launches, eager, strict=True)
+    ]
     return spread_capture_work(served, eager, work, idle_ms)[0]
 
 
