@@ -63,13 +63,8 @@ def measure_tower(
             tower.disable_graphs()
             graphed, charged = spread_capture_work(timed.graphs, timed.eager, timed.capture, idle_ms)
             kinds = list(zip(timed.served, charged, strict=True))
-            possible, oracle = None, [[] for _ in stream.calls]
-            if oracle_calls > 0 and device.type == "cuda":  # a CPU has no graphs to time
-                sampled = random.Random(seed).choices(range(len(stream.calls)), k=oracle_calls)
-                replay_ms = _oracle_replay_ms(tower, [stream.calls[index] for index in sampled], seed)
-                for index in sampled:
-                    oracle[index].append(max(0.0, timed.eager[index] - replay_ms[stream.calls[index]]))
-                possible = _mean_saving(oracle)
+            oracle = _oracle_savings(tower, stream.calls, timed.eager, oracle_calls, seed)
+            possible = _mean_saving(oracle)
             counts = {k: stats[k] for k in ("replays", "captures")}
             eager = timed.eager
             results.append(
@@ -98,6 +93,22 @@ def measure_tower(
                 }
             )
     return {"mode": "tower", "preset": preset_name, "device": str(device), "idle_ms": idle_ms, "streams": results}
+
+
+def _oracle_savings(
+    tower: Any, grids: Sequence[tuple[GridTHW, ...]], eager: Sequence[float], oracle_calls: int, seed: int
+) -> list[list[float]]:
+    """Per call, the oracle's saving each time it was sampled (``oracle_calls`` draws): its paired
+    eager ms less the median replay of its own graph (``_oracle_replay_ms``), at least 0. None
+    sampled on a CPU, which has no graphs to time."""
+    savings: list[list[float]] = [[] for _ in grids]
+    if oracle_calls <= 0 or tower.device.type != "cuda":
+        return savings
+    sampled = random.Random(seed).choices(range(len(grids)), k=oracle_calls)
+    replay_ms = _oracle_replay_ms(tower, [grids[index] for index in sampled], seed)
+    for index in sampled:
+        savings[index].append(max(0.0, eager[index] - replay_ms[grids[index]]))
+    return savings
 
 
 def _mean_saving(oracle: Sequence[Sequence[float]]) -> float | None:
