@@ -275,3 +275,42 @@ def test_a_backend_that_needs_host_lengths_is_never_padded() -> None:
     assert runner._padding is None
     with pytest.raises(ValueError, match="needs host segment lengths"):
         SdpaAttention().per_call_args(torch.zeros(2, dtype=torch.int32), 4)
+
+
+def test_bucket_grids_give_one_image_per_bucket_the_rule_pads_one_image_to() -> None:
+    padding = Padding(MODEL, 8192)
+    grids = padding.bucket_grids(merge=2)
+    reached = [padding.padded(VisionLayout.from_grid_thw([grid]).attention) for grid in grids]
+    buckets = [padded.num_patches for padded in reached]
+    assert buckets == sorted(set(buckets)) and buckets[0] == padding.buckets[0]  # one each, in order
+    for (_, rows, columns), padded in zip(grids, reached, strict=True):
+        assert rows % 2 == columns % 2 == 0 and max(rows, columns) <= 4 * min(rows, columns)
+        assert padded.graph_key == ("padded", padded.num_patches, 2)  # the image and its padding
+    # Every bucket a one-image layout is padded to has its grid: none is left for a first request.
+    rng = random.Random(0)
+    for _ in range(300):
+        layout = _layout((1, 2 * rng.randint(1, 40), 2 * rng.randint(1, 40)))
+        padded = padding.padded(layout)
+        assert padded is None or padded.num_patches in buckets
+
+
+def test_a_tower_captures_its_padded_buckets_before_serving_and_its_first_requests_replay_them(generator) -> None:
+    config = preset("tiny")
+    tower = tower_class(config)(config, attention_backend="sdpa").eval()
+    assert tower.capture_padded_buckets() == 0  # no graphs yet
+    tower.attention = _DeviceOffsetsSdpa()
+    for block in tower.blocks:
+        block.attn.backend = tower.attention
+    runner = tower.enable_graphs(mechanism=StandInGraphs())
+    with torch.no_grad():  # as the calls after it
+        captured = tower.capture_padded_buckets()
+    assert captured == len(runner.padding.bucket_grids(2)) == runner.stats()["captures"] > 0
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    grid = [(1, 14, 14)]  # 196 tokens: a bucket's, not a grid bucket_grids picked
+    pixels = torch.randn(196, width, generator=generator)
+    with torch.no_grad():
+        out = tower(pixels, grid)
+        assert runner.stats()["replays"] == 1 and runner.stats()["captures"] == captured
+        assert torch.equal(out, tower(pixels, grid, use_graphs=False))
+    tower.enable_graphs(by_benefit=False, mechanism=StandInGraphs())  # exact layouts only: no buckets
+    assert tower.capture_padded_buckets() == 0

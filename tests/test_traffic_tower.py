@@ -173,3 +173,33 @@ def test_the_tower_record_tells_how_each_call_was_served() -> None:
     # A stream's second half is compared with the oracle on its own sampled calls, not the stream's.
     assert traffic_tower._mean_saving(oracle) == 3.0 and traffic_tower._mean_saving(oracle[1:]) == 5.0
     assert traffic_tower._mean_saving([[], []]) is None
+
+
+def test_with_buckets_first_a_streams_calls_replay_graphs_captured_before_it_and_count_none_of_them(
+    monkeypatch,
+) -> None:
+    """A tower that pads: one-image calls of one bucket replay the graph captured before the stream
+    from their first call; the stream's counts leave out the calls and captures before it."""
+    from test_graph_runner import StandInGraphs
+    from test_padding import _DeviceOffsetsSdpa
+
+    def padding_tower(*args, **kwargs):
+        tower = _standin_tower(monkeypatch, StandInGraphs())
+        tower.attention = _DeviceOffsetsSdpa()
+        for block in tower.blocks:
+            block.attn.backend = tower.attention
+        return tower
+
+    stream = repeated_stream("6 x 640x360 per call", 1, 128, 96, 4)
+    monkeypatch.setattr(traffic_tower, "standard_streams", lambda calls, seed: [stream])
+    monkeypatch.setattr(traffic_tower, "build_tower", padding_tower)
+    reports = {}
+    with torch.inference_mode():
+        for first in (False, True):
+            (reports[first],) = traffic_tower.measure_tower("tiny", 4, 0, [stream.name], 0, 0.0, first)["streams"]
+    lazily, captured_first = reports[False], reports[True]
+    assert lazily["captured_first"] == 0 and lazily["graphs"]["captures"] == 1
+    assert captured_first["captured_first"] > 1
+    assert (captured_first["graphs"]["captures"], captured_first["graphs"]["replays"]) == (0, 4)
+    assert captured_first["eager_runs"] == {} and captured_first["runner_capture_ms"] == 0
+    assert [(row["kind"], row["calls"]) for row in captured_first["by_kind"]] == [("padded replay", 4)]

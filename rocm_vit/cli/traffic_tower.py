@@ -35,6 +35,7 @@ def measure_tower(
     names: Sequence[str] = TOWER_STREAMS,
     oracle_calls: int = 100,
     idle_ms: float = 0.0,
+    buckets_first: bool = False,
 ) -> dict[str, Any]:
     """Each stream in ``names``, every call timed twice in a row: all-eager on a twin tower (the same
     weights, no runner) and under the serving defaults (a fresh runner per stream), in alternating
@@ -45,7 +46,9 @@ def measure_tower(
     time charged to the calls behind it (``spread_capture_work``, as the simulation charges it).
     Then the oracle on ``oracle_calls`` sampled calls (``_oracle_replay_ms``). The second half of
     each stream is also given alone: the runner's steady state. ``idle_ms``: the caller sleeps that
-    long before each timed call, which a capture takes first."""
+    long before each timed call, which a capture takes first. ``buckets_first``: each runner
+    captures its padded buckets before the stream (``VisionTower.capture_padded_buckets``), as a
+    server would at startup; the stream's counts leave those calls and captures out."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tower = build_tower(preset_name, device, dtype, None, seed=seed)
@@ -57,9 +60,11 @@ def measure_tower(
             for grid, pixels in _calls(tower, progress(list(stream.calls), f"{stream.name}, compiles", "call"), seed):
                 _timed(tower, pixels, grid)
             runner = tower.enable_graphs()
+            captured_first = tower.capture_padded_buckets() if buckets_first else 0
+            first = runner.stats()
             half = len(stream.calls) // 2
             timed = _paired_calls(tower, twin, stream.calls, seed, idle_ms, f"{stream.name}, paired")
-            at_half, stats = timed.stats_at_half, runner.stats()
+            at_half, stats = _since(first, timed.stats_at_half), _since(first, runner.stats())
             tower.disable_graphs()
             graphed, charged = spread_capture_work(timed.graphs, timed.eager, timed.capture, idle_ms)
             kinds = list(zip(timed.served, charged, strict=True))
@@ -71,6 +76,7 @@ def measure_tower(
                 {
                     "stream": stream.name,
                     "calls": len(stream.calls),
+                    "captured_first": captured_first,
                     **_compared(eager, graphed, counts, possible),
                     "second_half": _compared(
                         eager[half:],
@@ -92,7 +98,18 @@ def measure_tower(
                     "second_half_by_kind": by_kind(eager[half:], graphed[half:], kinds[half:], oracle[half:]),
                 }
             )
-    return {"mode": "tower", "preset": preset_name, "device": str(device), "idle_ms": idle_ms, "streams": results}
+    return {"mode": "tower", "preset": preset_name, "device": str(device), "idle_ms": idle_ms,
+            "buckets_first": buckets_first, "streams": results}  # fmt: skip
+
+
+def _since(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """The runner's ``stats()`` counted from ``first`` on: its counters and times less ``first``'s
+    (``eager_runs`` by reason), the rest as in ``last``."""
+    since = dict(last)
+    for name in ("replays", "captures", "capture_seconds", "verify_seconds", "pool_releases", "evictions"):
+        since[name] = last[name] - first[name]
+    since["eager_runs"] = {reason: runs - first["eager_runs"][reason] for reason, runs in last["eager_runs"].items()}
+    return since
 
 
 def _oracle_savings(
@@ -292,6 +309,7 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
         f"{stream['stream']}: {stream['graphs']['captures']} captures, {stream['capture_ms']:.0f} ms waited for "
         f"after their calls (the runner: {stream['runner_capture_ms']:.0f} ms capturing, "
         f"{stream['runner_verify_ms']:.0f} ms checking first replays), charged to the calls behind them"
+        + (f"; {stream['captured_first']} captured before the stream" if stream.get("captured_first") else "")
         for stream in report["streams"]
     ]
     kinds = []
@@ -312,6 +330,8 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
     kinds_header = ["stream", "second half: served as", "calls", "eager mean", "graphs mean", "over 10 % slower",
                     "oracle saves (samples)"]  # fmt: skip
     idle = f", {report['idle_ms']:g} ms idle between calls" if report.get("idle_ms") else ""
+    if report.get("buckets_first"):
+        idle += ", padded buckets captured first"
     title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']}{idle} (measured)"
     notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
-from rocm_vit.layout import AttentionLayout, PaddedLayout
+from rocm_vit.layout import AttentionLayout, GridTHW, PaddedLayout, VisionLayout
 
 # Bucket sizes: from FIRST_BUCKET, each at most LADDER_RATIO times the last (or one GRANULE more), in
 # whole GRANULEs. 1.3 and 0.7 below: within 2 points of the best share of chat's possible saving in
@@ -32,6 +32,7 @@ MIN_KEPT_SAVING = 0.7
 # reach the device once, not at every call. Bounded so endless new sizes stay flat.
 _DECISIONS_KEPT = 4096
 _UNDECIDED = object()
+_MAX_ASPECT = 4  # of the grids ``bucket_grids`` picks: as elongated as a panorama photo
 
 
 def bucket_ladder(max_tokens: int) -> tuple[int, ...]:
@@ -79,6 +80,36 @@ class Padding:
         if saving <= MIN_SAVING_SHARE * eager_ms or saving < MIN_KEPT_SAVING * model.saving_ms(seq_lens):
             return None
         return PaddedLayout(layout, bucket)
+
+    def bucket_grids(self, merge: int) -> list[GridTHW]:
+        """One image's patch grid for each bucket this rule pads a one-image layout to: the grid of
+        whole ``merge`` blocks, at most ``_MAX_ASPECT`` from square, with the most tokens below the
+        bucket (the least padding, so the likeliest padded). A call of each captures every
+        one-image bucket graph before serving (``VisionTower.capture_padded_buckets``)."""
+        grids, below = [], 0
+        for bucket in self.buckets:
+            block = merge * merge
+            for tokens in range((bucket - 1) // block * block, below, -block):
+                grid = _squarest_grid(tokens, merge)
+                if grid is None:
+                    continue
+                # The largest fitting grid decides: a smaller one pads more and keeps less saving.
+                padded = self._decide(VisionLayout.from_grid_thw([grid], merge).attention)
+                if padded is not None and padded.num_patches == bucket:
+                    grids.append(grid)
+                break
+            below = bucket
+        return grids
+
+
+def _squarest_grid(tokens: int, merge: int) -> GridTHW | None:
+    """A one-frame grid of ``tokens`` patches in whole ``merge`` blocks, closest to square, or ``None``
+    where every such grid is over ``_MAX_ASPECT`` from square."""
+    blocks = tokens // (merge * merge)
+    rows = max((r for r in range(1, math.isqrt(blocks) + 1) if blocks % r == 0), default=0)
+    if rows == 0 or blocks // rows > _MAX_ASPECT * rows:
+        return None
+    return (1, rows * merge, blocks // rows * merge)
 
 
 def padded_shape(tensor: torch.Tensor, tokens: int, padded_tokens: int) -> torch.Size:

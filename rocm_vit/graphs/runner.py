@@ -441,6 +441,11 @@ class ViTGraphRunner:
             self._hand_over(pending)
         return output
 
+    @property
+    def padding(self) -> Padding | None:
+        """The static rule of which layouts run padded (``None``: none do)."""
+        return self._padding
+
     def wait_for_captures(self, timeout: float | None = None) -> bool:
         """Block until no deferred capture is pending or running; ``False`` if ``timeout`` passed first."""
         queue = self._queue

@@ -221,6 +221,29 @@ class VisionTower(nn.Module, ABC):
         )
         return self._graph_runner
 
+    def capture_padded_buckets(self) -> int:
+        """Capture now, before serving, the graph of each bucket the runner pads one image to: one call
+        of random pixels per bucket (``Padding.bucket_grids``), each capture waited for. A server's
+        first requests then neither wait for these captures nor share the host with them. Call it
+        under the grad mode the server's calls run in (``torch.no_grad()`` or
+        ``torch.inference_mode()``): the staging buffers made here serve them, and tensors made
+        under inference mode cannot be written outside it. Returns how many graphs were captured
+        (0 without graphs or padding)."""
+        runner = self._graph_runner
+        if runner is None or runner.padding is None:
+            return 0
+        config, captures = self.config, runner.stats()["captures"]
+        width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        for frames, rows, columns in runner.padding.bucket_grids(config.spatial_merge_size):
+            patches = frames * rows * columns
+            pixels = torch.randn(patches, width, generator=generator, device=self.device, dtype=self.dtype)
+            self(pixels, [(frames, rows, columns)])
+            runner.wait_for_captures()
+        captured = runner.stats()["captures"] - captures
+        logger.info("captured %d padded bucket graphs before serving", captured)
+        return captured
+
     def _apply(self, fn: Callable, recurse: bool = True) -> VisionTower:
         # .to() / .cuda() / .half() replace parameters and buffers: prepared layouts hold tensors
         # of the old device and dtype, and captured graphs read the old weights' memory.
