@@ -86,9 +86,8 @@ class Padding:
         whole ``merge`` blocks, at most ``_MAX_ASPECT`` from square, with the most tokens below the
         bucket (the least padding, so the likeliest padded). A call of each captures every
         one-image bucket graph before serving (``VisionTower.capture_padded_buckets``)."""
-        grids, below = [], 0
+        grids, below, block = [], 0, merge * merge
         for bucket in self.buckets:
-            block = merge * merge
             for tokens in range((bucket - 1) // block * block, below, -block):
                 grid = _squarest_grid(tokens, merge)
                 if grid is None:

@@ -39,7 +39,7 @@ from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.graphs.padding import Padding, pad_rows, padded_shape, real_rows
-from rocm_vit.layout import AttentionLayout
+from rocm_vit.layout import AttentionLayout, PaddedLayout
 from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MIN_HITS
 
 if TYPE_CHECKING:  # the policy imports this package: no import back at run time
@@ -180,11 +180,13 @@ class _Staging:
                 continue
             self.sources[index] = None  # no claim on the buffer while its copy is not enqueued
             rows = given.shape[0]
-            view[:rows].copy_(given)
-            if rows < view.shape[0]:
+            if rows == view.shape[0]:  # every exact graph's call: no slicing on the replay path
+                view.copy_(given)
+                if keep:  # a claim only where the given tensor fills the view
+                    self.sources[index] = given
+            else:
+                view[:rows].copy_(given)
                 view[rows:].zero_()
-            elif keep:  # a claim only where the given tensor fills the view
-                self.sources[index] = given
 
 
 @dataclass
@@ -344,7 +346,7 @@ class ViTGraphRunner:
         """
         tensors = (x, cos, sin, *inputs)
         _check_inputs(tensors, layout)
-        padded = self._padding.padded(layout) if self._padding is not None else None
+        padded = self._padded_layout(layout)
         if padded is None:
             return self._run(tensors, layout, immutable)
         # Padded in staging where replayed, else padded copies (``_run``): never immutable.
@@ -358,22 +360,15 @@ class ViTGraphRunner:
         padded here too, so this is the eager reference a replay equals bit for bit."""
         tensors = (x, cos, sin, *inputs)
         _check_inputs(tensors, layout)
-        return self._as_padded(tensors, layout, self._eager)
-
-    def _as_padded(
-        self,
-        tensors: tuple[torch.Tensor, ...],
-        layout: AttentionLayout,
-        run: Callable[[tuple[torch.Tensor, ...], AttentionLayout], torch.Tensor],
-    ) -> torch.Tensor:
-        """``run(tensors, layout)``, or, for a layout ``padding`` pads, ``run`` on the tensors padded
-        with zero rows to its bucket, the real tokens' rows of the output back."""
-        padded = self._padding.padded(layout) if self._padding is not None else None
+        padded = self._padded_layout(layout)
         if padded is None:
-            return run(tensors, layout)
-        tokens, padded_tokens = layout.num_patches, padded.num_patches
-        output = run(tuple(pad_rows(tensor, tokens, padded_tokens) for tensor in tensors), padded)
-        return real_rows(output, tokens, padded_tokens)
+            return self._eager(tensors, layout)
+        tokens = layout.num_patches
+        return real_rows(self._eager(_padded(tensors, tokens, padded), padded), tokens, padded.num_patches)
+
+    def _padded_layout(self, layout: AttentionLayout) -> PaddedLayout | None:
+        """The layout ``padding`` runs ``layout`` as, or ``None`` to run it as it is."""
+        return self._padding.padded(layout) if self._padding is not None else None
 
     def _run(
         self,
