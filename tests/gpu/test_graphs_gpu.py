@@ -498,6 +498,30 @@ def test_padded_graphs_equal_their_padded_eager_calls_bitwise_and_stay_as_close_
     assert sum(errors) <= 1.2 * sum(unpadded_errors), (errors, unpadded_errors)
 
 
+@torch.inference_mode()
+def test_buckets_captured_before_serving_replay_the_first_one_image_requests_equal_to_eager() -> None:
+    """A server that captures its padded buckets first serves its first one-image requests from them:
+    no capture during the stream, and each replay equals the padded eager call bit for bit."""
+    tower = _tower("qwen3-vl-8b", depth=2, deepstack_visual_indexes=[0])
+    runner = tower.enable_graphs()
+    captured = tower.capture_padded_buckets()
+    assert captured == len(runner.padding.bucket_grids(tower.config.spatial_merge_size)) > 0
+    rng = torch.Generator().manual_seed(5)
+    mismatched, padded = [], 0
+    for index in range(30):
+        rows, columns = (2 * int(side) for side in torch.randint(4, 40, (2,), generator=rng))
+        grid = [(1, rows, columns)]
+        if runner.padding.padded(VisionLayout.from_grid_thw(grid).attention) is None:
+            continue
+        padded += 1
+        pixels = _pixels(tower, grid, index)
+        if not torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False)):
+            mismatched.append(grid)
+    stats = runner.stats()
+    assert mismatched == [] and padded > 10
+    assert stats["captures"] == captured and stats["replays"] == padded
+
+
 class _CountedWarmUps(CudaGraphs):
     def __init__(self) -> None:
         super().__init__()
