@@ -35,6 +35,7 @@ ENV_NAMES: dict[str, str] = {
     "graph_memory_budget_mb": "SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB",
     "graph_padding": "SGLANG_VIT_CUDA_GRAPH_PADDING",
     "graph_defer_captures": "SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES",
+    "graph_capture_buckets": "SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS",
 }
 
 # SGLang's readers of its boolean variables: get_bool_env_var (sglang.srt.utils.common) and
@@ -69,6 +70,7 @@ class Settings:
     graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
     graph_padding: bool = True  # small layouts padded to shared buckets (docs/design.md, "Padding")
     graph_defer_captures: bool = True  # captures on the runner's own thread (docs/design.md, "Hazards")
+    graph_capture_buckets: bool = True  # padded buckets captured at server start (docs/sglang.md)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

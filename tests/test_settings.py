@@ -32,6 +32,7 @@ def test_defaults_without_environment() -> None:
         "graph_memory_budget_mb": None,
         "graph_padding": True,
         "graph_defer_captures": True,
+        "graph_capture_buckets": True,
     }
 
 

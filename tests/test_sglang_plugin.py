@@ -67,6 +67,7 @@ def test_load_plugins_finds_rocm_vit_and_hooks_land_on_sglangs_objects(report: d
         "runner_in_qwen2_5_vl",
         "qwen2_5_vl_init",
         "tp_worker",
+        "init_cuda_graphs",
     ):
         assert targets[key].startswith(OURS), (key, targets[key])
     assert targets["tp_worker_in_runtime"] == targets["tp_worker"]  # rebound where it was imported
@@ -421,6 +422,53 @@ def test_padded_graphs_through_the_adapter_equal_the_runners_padded_eager_calls(
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
     assert graphs["captures"] < report["graph_vs_eager"]["captures"] and graphs["replays"] == 12
     assert graphs["max_difference_from_sglangs_eager"] < 1e-5
+
+
+@needs_sglang
+def test_padded_buckets_captured_at_server_start_serve_the_first_requests_bit_for_bit(report: dict[str, Any]) -> None:
+    """After SGLang's own graphs, each bucket of SGLang's tower is captured once; the first one-image
+    requests then replay those graphs, capture nothing, and equal the padded eager calls."""
+    buckets = report["buckets_at_start"]
+    assert buckets["captured"] == buckets["bucket_grids"] == buckets["captures_at_start"] > 0
+    assert buckets["captures_while_serving"] == 0 and buckets["replays"] == buckets["requests"]
+    assert all(buckets["bitwise_equal"]) and len(buckets["bitwise_equal"]) == buckets["requests"]
+    assert buckets["bucket_grids"] > 1
+    assert buckets["switched_off"] == [0, 0]  # SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS=0: none at start
+
+
+def test_bucket_captures_follow_sglangs_graphs_and_a_failure_never_stops_the_server(caplog) -> None:
+    from rocm_vit.integrations.sglang import graph_runner, startup
+
+    calls = []
+
+    class Tower(torch.nn.Module):
+        pass
+
+    class FailingAdapter:  # stands for an adapter whose tower raises in SGLang's forward
+        captures_buckets_at_start = True
+
+        def __init__(self, vit: torch.nn.Module) -> None:
+            self.vit = vit
+
+        def capture_padded_buckets(self) -> int:
+            calls.append("buckets")
+            raise RuntimeError("a forward that fails")
+
+    def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True) -> None:
+        calls.append(("sglang", capture_decode_cuda_graph))
+
+    model, elsewhere = torch.nn.ModuleDict({"visual": Tower()}), Tower()
+    adapters = [FailingAdapter(model["visual"]), FailingAdapter(elsewhere)]  # only the first is the model's
+    graph_runner._ADAPTERS.update(adapters)
+    try:
+        hooked = startup.capture_buckets_after(init_cuda_graphs)
+        assert list(inspect.signature(hooked).parameters) == ["self", "capture_decode_cuda_graph"]
+        with caplog.at_level(logging.ERROR, logger=startup.__name__):
+            hooked(types.SimpleNamespace(model=model), capture_decode_cuda_graph=False)
+    finally:
+        graph_runner._ADAPTERS.difference_update(adapters)
+    assert calls == [("sglang", False), "buckets"]
+    assert "capturing the padded buckets of Tower at start failed" in caplog.text
 
 
 @needs_sglang

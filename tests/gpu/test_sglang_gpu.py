@@ -56,6 +56,10 @@ def _assert_graph_equals_eager(report: dict, attention: str) -> None:
     # 6 images in 4 attention layouts, twice: 4 captures, every call a replay.
     assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 12), graphs
     assert sum(graphs["eager_runs"].values()) == 0, graphs["eager_runs"]
+    # The padded buckets captured as the server starts serve the first one-image requests.
+    buckets = report["buckets_at_start"]
+    assert buckets["captured"] == buckets["bucket_grids"] > 1 and buckets["captures_while_serving"] == 0, buckets
+    assert all(buckets["bitwise_equal"]) and buckets["replays"] == buckets["requests"], buckets
 
 
 def test_sglang_tower_with_triton_attn_graph_equals_eager_bitwise(tmp_path: Path) -> None:

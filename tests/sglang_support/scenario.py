@@ -23,7 +23,8 @@ CPU steps, in order (each can only happen once per process):
    (step 2 checks it with the plugin excluded).
 
 GPU (``--device cuda``): SGLang's tower with ``--attention`` (``triton_attn``; ``aiter_attn`` on
-ROCm) under real CUDA/HIP graphs, graph == eager.
+ROCm) under real CUDA/HIP graphs, graph == eager, exact and padded, and the padded buckets captured
+as the server starts.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ SGLANG_TARGETS = {
     "tp_worker": ("sglang.srt.disaggregation.encoder.server", "launch_encoder"),
     "tp_worker_in_runtime": ("sglang.srt.disaggregation.encoder.runtime", "launch_encoder"),
     "dp_worker": ("sglang.srt.disaggregation.encoder.runtime", "launch_dp_worker"),
+    "init_cuda_graphs": ("sglang.srt.model_executor.model_runner", "ModelRunner.init_cuda_graphs"),
     # The same function objects serve the language models' rotary: they must stay SGLang's.
     "llm_rotary": ("sglang.srt.layers.rotary_embedding.utils", "apply_rotary_pos_emb_native"),
     "llm_rotary_eager": ("sglang.srt.layers.rotary_embedding.utils", "apply_rotary_pos_emb_native_eager"),
@@ -197,6 +199,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     report["graph_vs_eager_deferred"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), defer=True)
     report["graph_vs_eager_padded"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), padding=True)
     report["deferral_by_setting"] = _deferral_by_setting(model)
+    report["buckets_at_start"] = _buckets_at_start(model, _stand_in_mechanism())
     report["adapter_safety"] = _adapter_safety(model, inputs, eager)
     report["tuned"] = _tuned_aiter_slot(state, inputs, eager_before)
 
@@ -261,6 +264,7 @@ def _gpu_scenario(report: dict[str, Any], records: list[logging.LogRecord], atte
     eager = _run(model, inputs, graphs=False)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, None)
     report["graph_vs_eager_padded"] = _graph_vs_eager(model, inputs, eager, None, padding=True)
+    report["buckets_at_start"] = _buckets_at_start(model, None)
 
 
 def _init_sglang(device: str) -> None:
@@ -443,6 +447,46 @@ def _graph_vs_eager(
         "graphs": stats["graphs"],
         "staging_bytes": stats["staging_bytes"],
         **{name: stats[name] for name in ("capacity", "min_hits", "max_tokens", "budget_bytes")},
+    }
+
+
+def _buckets_at_start(model: torch.nn.Module, mechanism: Any) -> dict[str, Any]:
+    """What ``ModelRunner.init_cuda_graphs`` (rocm-vit's hook) does after SGLang's graphs, on a model
+    holding SGLang's tower: the padded buckets captured, and one-image requests of those buckets
+    then served from them, each equal to the runner's padded eager call (capacity 0) bit for bit.
+    Staging for 1,024 tokens here: several buckets."""
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+    from rocm_vit.integrations.sglang.startup import capture_vit_buckets
+
+    generator = torch.Generator().manual_seed(7)
+    grids = [[(1, 4, 8)], [(1, 6, 4)], [(1, 12, 6)], [(1, 14, 14)], [(1, 20, 20)], [(1, 24, 30)], [(1, 16, 36)]]
+    requests = [(torch.randn(_patches(grid), PATCH_DIM, generator=generator), grid) for grid in grids]
+    holder = torch.nn.ModuleDict({"visual": model})  # as SGLang's Qwen3VLForConditionalGeneration holds it
+
+    def adapter_with(**environ: str) -> ViTGraphRunnerAdapter:
+        environ = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS": "1024", **environ}
+        with _environment(environ):
+            model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism)
+        return model.graph_runners
+
+    adapter_with(SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="0")
+    eager_padded = _run(model, requests, graphs=True)
+    switched_off = adapter_with(SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS="0")
+    switched_off_captured = capture_vit_buckets(holder)
+    adapter = adapter_with()
+    captured = capture_vit_buckets(holder)
+    at_start = adapter.stats()
+    served = _run(model, requests, graphs=True)
+    stats = adapter.stats()
+    return {
+        "captured": captured,
+        "bucket_grids": len(adapter._runner.padding.bucket_grids(model.spatial_merge_size)),
+        "captures_at_start": at_start["captures"],
+        "captures_while_serving": stats["captures"] - at_start["captures"],
+        "replays": stats["replays"] - at_start["replays"],
+        "requests": len(requests),
+        "bitwise_equal": [torch.equal(a, b) for a, b in zip(served, eager_padded, strict=True)],
+        "switched_off": [switched_off_captured, switched_off.stats()["captures"]],
     }
 
 

@@ -17,7 +17,9 @@ import functools
 import inspect
 import itertools
 import logging
+import math
 import operator
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -43,6 +45,10 @@ _RUNNER_MODULE = "sglang.srt.multimodal.vit_cuda_graph_runner"
 
 # Host layouts kept per tower: building one is cheap, but a server repeats a few sizes endlessly.
 _LAYOUT_CACHE_SIZE = 256
+
+# Every adapter of this process, for the captures at server start (startup.py): SGLang builds them
+# inside its towers' constructors and keeps no list of its own.
+_ADAPTERS: weakref.WeakSet[ViTGraphRunnerAdapter] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,8 @@ class ViTGraphRunnerAdapter:
         self._deferred_stats: dict[str, Any] = {}  # the runner's last counters, once it stopped serving
         self._runner: ViTGraphRunner | None = None
         settings = _settings()
+        self.captures_buckets_at_start = settings.vit_cuda_graph and settings.graph_capture_buckets
+        _ADAPTERS.add(self)
         eager_problem = eager_unsupported_reason(vit)
         self._serves_eagerly = eager_problem is None
         if self._serves_eagerly:
@@ -228,6 +236,30 @@ class ViTGraphRunnerAdapter:
             )
             return self._eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
+
+    def capture_padded_buckets(self) -> int:
+        """Capture now the graph of each bucket the runner pads one image to (``Padding.bucket_grids``):
+        one call of random pixels per bucket through SGLang's own ``forward_with_cuda_graph``, so each
+        graph has a request's shapes and dtypes, each capture waited for. Call it under the grad mode
+        of the server's calls, or under ``torch.no_grad()``, whose tensors inference mode may write
+        too. Returns how many graphs were captured: 0 where the runner pads nothing (padding off,
+        Qwen2.5-VL's windows), stopped serving, or is not the one its tower holds (SGLang's forward
+        reaches that one)."""
+        runner, vit = self._runner, self.vit
+        width = _pixel_width(vit)
+        if runner is None or runner.padding is None or self._windowed or width is None:
+            return 0
+        if not any(value is self for value in vars(vit).values()):
+            return 0
+        generator = torch.Generator(device=vit.device).manual_seed(0)
+        captures = runner.stats()["captures"]
+        for grid in runner.padding.bucket_grids(vit.spatial_merge_size):
+            pixels = torch.randn(math.prod(grid), width, generator=generator, device=vit.device, dtype=vit.dtype)
+            vit.forward_with_cuda_graph(pixels, torch.tensor([grid], dtype=torch.int32))
+            if self._runner is not runner:  # it failed, and SGLang's eager blocks serve from now on
+                return 0
+            runner.wait_for_captures()
+        return runner.stats()["captures"] - captures
 
     def wait_for_captures(self, timeout: float | None = None) -> bool:
         """``ViTGraphRunner.wait_for_captures``; ``True`` at once without a runner."""
@@ -421,6 +453,23 @@ def _tensor_parallel_agreement(vit: nn.Module) -> AgreeMax | None:
     if getattr(tp_group, "world_size", 1) <= 1:
         return None
     return group_max(tp_group.cpu_group)
+
+
+def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
+    """This process's adapters whose tower is a module of ``model``."""
+    towers = {id(module) for module in model.modules()}
+    return [adapter for adapter in list(_ADAPTERS) if id(adapter.vit) in towers]
+
+
+def _pixel_width(vit: nn.Module) -> int | None:
+    """The width of one patch's pixels ``vit`` takes (``in_channels * temporal_patch_size * patch_size²``),
+    or ``None`` for a tower without SGLang's patch embedding or graph entry point."""
+    embed = getattr(vit, "patch_embed", None)
+    sizes = [getattr(embed, name, None) for name in ("in_channels", "temporal_patch_size", "patch_size")]
+    if not all(isinstance(size, int) for size in sizes) or not callable(getattr(vit, "forward_with_cuda_graph", None)):
+        return None
+    in_channels, temporal_patch_size, patch_size = sizes
+    return in_channels * temporal_patch_size * patch_size**2
 
 
 def _longest(offsets: tuple[int, ...] | None) -> int | None:

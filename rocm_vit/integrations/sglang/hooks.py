@@ -23,6 +23,7 @@ _QWEN3_VL = "sglang.srt.models.qwen3_vl"
 _QWEN2_5_VL = "sglang.srt.models.qwen2_5_vl"
 _ENCODER_SERVER = "sglang.srt.disaggregation.encoder.server"
 _ENCODER_RUNTIME = "sglang.srt.disaggregation.encoder.runtime"
+_MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,13 @@ def _install_qwen2_5_vl_graph_gate(qwen2_5_vl: ModuleType) -> None:
 
     tower = qwen2_5_vl.Qwen2_5_VisionTransformer
     replace_attribute(tower, "__init__", lift_graph_gate(tower.__init__))
+
+
+def _install_bucket_captures(model_runner: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.startup import capture_buckets_after
+
+    runner_class = model_runner.ModelRunner
+    replace_attribute(runner_class, "init_cuda_graphs", capture_buckets_after(runner_class.init_cuda_graphs))
 
 
 def _install_tp_worker(server: ModuleType) -> None:
@@ -203,6 +211,13 @@ HOOKS: tuple[Hook, ...] = (
             "envs.SGLANG_VIT_ENABLE_CUDA_GRAPH": None,
         },
         install=_install_qwen2_5_vl_graph_gate,
+    ),
+    Hook(
+        name="vit_buckets_at_start",
+        module=_MODEL_RUNNER,
+        targets=(f"{_MODEL_RUNNER}.ModelRunner.init_cuda_graphs",),
+        signatures={"ModelRunner.init_cuda_graphs": ("self", "capture_decode_cuda_graph")},
+        install=_install_bucket_captures,
     ),
     Hook(
         name="encoder_tp_worker",

@@ -1,0 +1,65 @@
+"""The ViT's padded buckets captured while SGLang starts, after its own graphs.
+
+Without this, the first request that lands in each bucket waits for that bucket's capture, or shares
+the host with it (docs/design.md, "Buckets before traffic"). ``ModelRunner.init_cuda_graphs`` runs
+after the weights are loaded and the KV cache is sized, on every TP rank in step, under
+``torch.no_grad()``: the bucket graphs come out of the same budget and reserve as the graphs captured
+while serving, and every rank captures the same list.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from rocm_vit.integrations.sglang.graph_runner import adapters_in
+
+logger = logging.getLogger(__name__)
+
+
+def capture_buckets_after(original_init_cuda_graphs: Callable[..., None]) -> Callable[..., None]:
+    """``ModelRunner.init_cuda_graphs`` that then captures the padded buckets of the model's ViTs.
+
+    Same parameters as ``original_init_cuda_graphs`` (the version gate checks them through
+    ``__wrapped__``).
+    """
+
+    def init_cuda_graphs(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init_cuda_graphs(self, *args, **kwargs)
+        model = getattr(self, "model", None)
+        if isinstance(model, nn.Module):
+            capture_vit_buckets(model)
+
+    functools.update_wrapper(init_cuda_graphs, original_init_cuda_graphs, assigned=("__doc__",))
+    return init_cuda_graphs
+
+
+@torch.no_grad()  # as SGLang's own captures: inference mode may write these tensors, not the reverse
+def capture_vit_buckets(model: nn.Module) -> int:
+    """Capture the padded buckets of each ViT in ``model`` whose runner is to
+    (``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``, on by default with ViT graphs). Never raises: a
+    tower whose captures fail here captures its buckets when requests reach them. Returns how many
+    graphs were captured."""
+    captured = 0
+    for adapter in adapters_in(model):
+        if not adapter.captures_buckets_at_start:
+            continue
+        tower, started = type(adapter.vit).__name__, time.perf_counter()
+        try:
+            graphs = adapter.capture_padded_buckets()
+        except Exception:  # server start must go on; the runner captures on demand instead
+            logger.exception("rocm-vit: capturing the padded buckets of %s at start failed", tower)
+            continue
+        if graphs:
+            held_mib = adapter.stats().get("bytes_held", 0) / 2**20
+            seconds = time.perf_counter() - started
+            logger.info("rocm-vit: %d padded bucket graphs of %s captured at start in %.1f s (%.0f MiB held)",
+                        graphs, tower, seconds, held_mib)  # fmt: skip
+        captured += graphs
+    return captured
