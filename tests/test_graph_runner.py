@@ -1328,3 +1328,53 @@ def test_device_bound_eager_runs_do_not_teach_the_launch_time(generator: torch.G
         _run_checked(runner, _layout((1, 2, 2)), generator)
     runner._launch_ms()
     assert runner.stats()["launch_ms"] == 12.0
+
+
+_SEGMENTS = [
+    {"segment_pool_id": (0, 7), "device": 0, "total_size": 2 << 20},
+    {"segment_pool_id": (0, 7), "device": 0, "total_size": 4 << 20},
+    {"segment_pool_id": (0, 7), "device": 1, "total_size": 8 << 20},  # another device's
+    {"segment_pool_id": (0, 0), "device": 0, "total_size": 16 << 20},  # the ordinary cache
+]
+snapshot_calls: list[dict[str, Any]] = []
+
+
+def _whole_snapshot() -> list[dict]:  # torch before mempool_id
+    snapshot_calls.append({})
+    return _SEGMENTS
+
+
+def _pool_snapshot(mempool_id=None) -> list[dict]:
+    snapshot_calls.append({"mempool_id": mempool_id})
+    return _SEGMENTS
+
+
+def _pool_snapshot_without_traces(mempool_id=None, include_traces=True) -> list[dict]:
+    snapshot_calls.append({"mempool_id": mempool_id, "include_traces": include_traces})
+    return _SEGMENTS
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "expected_call"),
+    [
+        (_whole_snapshot, {}),
+        (_pool_snapshot, {"mempool_id": (0, 7)}),
+        (_pool_snapshot_without_traces, {"mempool_id": (0, 7), "include_traces": False}),
+    ],
+)
+def test_a_pools_bytes_are_read_from_its_own_snapshot_where_torch_can_take_one(
+    monkeypatch: pytest.MonkeyPatch, snapshot, expected_call: dict
+) -> None:
+    """After each capture the runner reads its pools' bytes on the capture thread: a whole-process
+    snapshot walks every segment of a server, so the pool's alone (without traces) where this torch
+    allows, and on any torch only the pool's segments on the runner's device count."""
+    from rocm_vit.graphs import capture
+
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
+    snapshot_calls.clear()
+    capture._snapshot_options.cache_clear()
+    try:
+        assert CudaGraphs.pool_bytes(CudaGraphs.__new__(CudaGraphs), [0, 7], torch.device("cuda", 0)) == 6 << 20
+    finally:
+        capture._snapshot_options.cache_clear()
+    assert snapshot_calls == [expected_call]

@@ -8,6 +8,8 @@ a warm-up allocates in its capture's pool; pools are released by emptying the ca
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -156,7 +158,7 @@ class CudaGraphs:
         pool_id = tuple(pool)
         return sum(
             segment["total_size"]
-            for segment in torch.cuda.memory_snapshot()
+            for segment in _pool_snapshot(pool_id)
             if tuple(segment.get("segment_pool_id", ())) == pool_id and segment["device"] == device.index
         )
 
@@ -169,6 +171,24 @@ class CudaGraphs:
                 torch._C._cuda_releasePool(device.index, pool_id)
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+def _pool_snapshot(pool_id: tuple[int, int]) -> list[dict[str, Any]]:
+    """The allocator's segments of ``pool_id`` (and maybe others), read after every capture on the
+    capture thread. A whole-process snapshot lists every segment and block of a server (its weights,
+    its KV cache, with their traces where memory history is recorded) under the GIL, so the pool's
+    alone where this torch takes ``mempool_id``, without traces where it can."""
+    options = _snapshot_options()
+    if "mempool_id" not in options:
+        return torch.cuda.memory_snapshot()
+    if "include_traces" in options:
+        return torch.cuda.memory_snapshot(mempool_id=pool_id, include_traces=False)
+    return torch.cuda.memory_snapshot(mempool_id=pool_id)
+
+
+@functools.cache
+def _snapshot_options() -> frozenset[str]:
+    return frozenset(inspect.signature(torch.cuda.memory_snapshot).parameters)
 
 
 def prime_blas(device: torch.device) -> None:
