@@ -61,6 +61,9 @@ def test_bench_traffic_prints_every_stream_and_fails_on_a_missed_target(capsys) 
     report = json.loads(capsys.readouterr().out)
     assert [stream["stream"] for stream in report["streams"]][:2] == ["chat, 1.3 MP cap", "chat"]
     assert status == 1  # 40 calls: too few for chat's share
+    assert report["buckets_first"]  # as the SGLang plugin serves, by default
+    main(["bench-traffic", "--calls", "40", "--json", "--stream", "chat", "--no-buckets-first"])
+    assert json.loads(capsys.readouterr().out)["buckets_first"] is False
 
 
 def test_padding_takes_chats_saving_where_exact_graphs_cannot() -> None:

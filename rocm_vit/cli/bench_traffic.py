@@ -68,9 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--buckets-first",
-        action="store_true",
-        help="capture the padded buckets of one image before each stream, as a server would at startup "
-        "(charged nothing; the stream's counts leave them out)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="capture the padded buckets of one image before each stream, as the SGLang plugin does at "
+        "server start (charged nothing; the stream's counts leave them out; default on)",
     )
     parser.add_argument(
         "--oracle-calls",
