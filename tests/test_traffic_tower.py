@@ -116,6 +116,31 @@ def test_a_streams_second_half_is_compared_with_the_oracle_on_its_own_sampled_ca
     assert sum(row["oracle_samples"] for row in rows) == 5 + 3
 
 
+def test_the_oracles_saving_is_split_by_whether_a_graph_of_an_earlier_call_could_take_it() -> None:
+    """A policy that captures a layout before replaying it cannot take a layout's first call exactly,
+    nor a call over the memory guard: the split bounds what any such policy realizes. (1, 8, 4) has
+    (1, 4, 8)'s segments, so it repeats that layout; 96 patches are over a guard of 64."""
+    grids = [((1, 4, 8),), ((1, 8, 4),), ((1, 8, 12),), ((1, 4, 8),), ((1, 8, 12),), ((1, 6, 6),)]
+    sampled = [[2.0], [1.0, 1.0], [4.0], [], [8.0], [4.0]]
+    split = traffic_tower.oracle_by_sighting(grids, sampled, max_tokens=64)
+    assert split == {
+        "repeats": 2 / 20,
+        "first sightings": 6 / 20,
+        "repeats over the guard": 8 / 20,
+        "first sightings over the guard": 4 / 20,
+    }
+    assert traffic_tower.oracle_by_sighting(grids, [[] for _ in grids], max_tokens=64) is None
+    report = {"preset": "tiny", "device": "cuda", "streams": []}
+    stream = {"stream": "chat", "calls": 6, "eager": {"mean_ms": 9.0, "p90_ms": 9.0}, "possible_saving_ms": 3.0}
+    stream |= {"graphs": {"mean_ms": 6.0, "p90_ms": 9.0, "replays": 3, "captures": 1}, "share": 1.0}
+    stream |= {"second_half": stream.copy(), "capture_ms": 0, "runner_capture_ms": 0, "runner_verify_ms": 0}
+    report["streams"].append(stream | {"second_half_by_kind": [], "oracle_by_sighting": split})
+    lines = traffic_tower.format_tower_table(report)
+    assert "chat: the oracle's saving lies 10% on repeats, 30% on first sightings, 40% on repeats over " in "\n".join(
+        lines
+    )
+
+
 def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
     """On a CPU, through the runner's stand-in mechanism; with the real mechanism a CPU serves
     everything eagerly, which the oracle must not take for a replay."""

@@ -274,7 +274,7 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warm
 
 def table_lines(header: Sequence[str], cells: Sequence[Sequence[str]], left: bool = False) -> list[str]:
     """A header line and one line per row, columns two spaces apart, right-aligned unless ``left``."""
-    widths = [max(len(title), *(len(line[i]) for line in cells)) for i, title in enumerate(header)]
+    widths = [max([len(title), *(len(line[i]) for line in cells)]) for i, title in enumerate(header)]
     if left:
         return ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *cells]]
     return ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in [header, *cells]]
