@@ -44,7 +44,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     path = tmp_path_factory.mktemp("sglang") / "report.json"
     env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
     # SGLang's eager rotary is torch.compile'd: Inductor would spend a minute building C++ on a CPU.
-    env.update(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
+    env.update(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", ROCM_VIT_PROFILE="off")
     # Capture every layout at its first call, and size staging for the scenario's small layouts.
     env.update(SGLANG_VIT_CUDA_GRAPH_MIN_HITS="1", SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS=str(STAGING_TOKENS))
     env.update(SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB=str(BUDGET_MB), SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="16")
