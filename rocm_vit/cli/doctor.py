@@ -174,8 +174,9 @@ def _policy() -> dict[str, Any]:
 
 
 def _padding_report(cost_model: CostModel, max_tokens: int) -> dict[str, Any]:
-    """The buckets padded layouts run at, and what the static rule decides for a few layouts (with
-    ``graph_cost``; a tower or the SGLang adapter scales it to its own blocks)."""
+    """The buckets padded layouts run at, the one-image grids captured before serving (Qwen-VL's
+    merge of 2; ``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``), and what the static rule decides for a
+    few layouts (with ``graph_cost``; a tower or the SGLang adapter scales it to its own blocks)."""
     from rocm_vit.graphs.padding import Padding
     from rocm_vit.layout import AttentionLayout, Segmentation
 
@@ -184,7 +185,9 @@ def _padding_report(cost_model: CostModel, max_tokens: int) -> dict[str, Any]:
     for label, seq_lens in _PADDING_EXAMPLES.items():
         padded = padding.padded(AttentionLayout({"full": Segmentation.from_lengths(seq_lens)}))
         per_layout[label] = "as it is" if padded is None else f"padded to {padded.num_patches}"
-    return {"buckets": ", ".join(map(str, padding.buckets)), "per_layout": per_layout}
+    grids = padding.bucket_grids(merge=2)
+    at_start = f"{len(grids)} one-image grids (patches): " + ", ".join(f"{h}x{w}" for _, h, w in grids)
+    return {"buckets": ", ".join(map(str, padding.buckets)), "captured_at_start": at_start, "per_layout": per_layout}
 
 
 def _verdict(missing: str | None, head_dims: tuple[int, ...] | None) -> str:
