@@ -134,3 +134,11 @@ def test_buckets_captured_first_leave_the_stream_fewer_captures_and_more_of_its_
     assert first["benefit"]["capture"] < lazily["benefit"]["capture"]
     assert first["benefit"]["share"] > lazily["benefit"]["share"]
     assert first["benefit, exact"] == lazily["benefit, exact"]  # no padding: nothing to capture first
+
+
+def test_the_simulated_oracle_is_split_by_sighting_as_the_towers_is() -> None:
+    """Four calls of one launch-bound layout: the first is its first sighting, and each saves the same."""
+    stream = repeated_stream("6 x 640x360 per call", 6, 640, 360, 4)
+    split = bench_traffic.simulate(stream, CostModel().with_launch_ms(12.0))["oracle_by_sighting"]
+    assert split == pytest.approx({"repeats": 0.75, "first sightings": 0.25, "repeats over the guard": 0.0,
+                                   "first sightings over the guard": 0.0})  # fmt: skip

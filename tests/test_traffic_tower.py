@@ -10,7 +10,7 @@ import torch
 
 from rocm_vit.cli import traffic_tower
 from rocm_vit.cli.main import main
-from rocm_vit.cli.traffic import repeated_stream
+from rocm_vit.cli.traffic import oracle_by_sighting, repeated_stream
 from rocm_vit.cli.workload import build_tower
 
 
@@ -122,14 +122,14 @@ def test_the_oracles_saving_is_split_by_whether_a_graph_of_an_earlier_call_could
     (1, 4, 8)'s segments, so it repeats that layout; 96 patches are over a guard of 64."""
     grids = [((1, 4, 8),), ((1, 8, 4),), ((1, 8, 12),), ((1, 4, 8),), ((1, 8, 12),), ((1, 6, 6),)]
     sampled = [[2.0], [1.0, 1.0], [4.0], [], [8.0], [4.0]]
-    split = traffic_tower.oracle_by_sighting(grids, sampled, max_tokens=64)
+    split = oracle_by_sighting(grids, sampled, max_tokens=64)
     assert split == {
         "repeats": 2 / 20,
         "first sightings": 6 / 20,
         "repeats over the guard": 8 / 20,
         "first sightings over the guard": 4 / 20,
     }
-    assert traffic_tower.oracle_by_sighting(grids, [[] for _ in grids], max_tokens=64) is None
+    assert oracle_by_sighting(grids, [[] for _ in grids], max_tokens=64) is None
     report = {"preset": "tiny", "device": "cuda", "streams": []}
     stream = {"stream": "chat", "calls": 6, "eager": {"mean_ms": 9.0, "p90_ms": 9.0}, "possible_saving_ms": 3.0}
     stream |= {"graphs": {"mean_ms": 6.0, "p90_ms": 9.0, "replays": 3, "captures": 1}, "share": 1.0}

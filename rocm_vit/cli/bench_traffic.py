@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from rocm_vit.cli.traffic import Stream, latency_summary, spread_capture_work, standard_streams
+from rocm_vit.cli.traffic import (
+    Stream,
+    latency_summary,
+    oracle_by_sighting,
+    sighting_lines,
+    spread_capture_work,
+    standard_streams,
+)
 from rocm_vit.cli.traffic_tower import TOWER_STREAMS, format_tower_table, measure_tower
 from rocm_vit.cli.workload import progress, segment_lengths, table_lines
 from rocm_vit.graphs import ViTGraphRunner
@@ -127,6 +134,8 @@ def simulate(stream: Stream, host: CostModel, idle_ms: float = 0.0, buckets_firs
     oracle = [min(host.eager_ms(lens), host.replay_ms(lens)) for lens in seq_lens]
     result: dict[str, Any] = {"stream": stream.name, "calls": len(stream.calls), "eager": latency_summary(eager)}
     result["oracle"] = latency_summary(oracle)
+    savings = [[e - o] for e, o in zip(eager, oracle, strict=True)]
+    result["oracle_by_sighting"] = oracle_by_sighting(stream.calls, savings, _BENEFIT["max_tokens"])
     for name, options in POLICIES.items():
         mechanism = _InstantGraphs()
         runner = ViTGraphRunner(_toy_blocks, _no_attention, mechanism=mechanism, clock=_host_clock(host), **options)
@@ -345,6 +354,7 @@ def format_table(report: dict[str, Any]) -> list[str]:
     host = f"host launch {report['launch_ms']} ms{idle}{first}"
     lines = [f"rocm-vit bench-traffic: Qwen3-VL-8B cost model, {host} (simulated)", ""]
     lines += table_lines(header, cells)
+    lines += ["", *sighting_lines(report)]
     lines += [
         "",
         *table_lines(

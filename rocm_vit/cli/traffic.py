@@ -11,8 +11,9 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from rocm_vit.cli.workload import GridTHW
+from rocm_vit.cli.workload import GridTHW, segment_lengths
 
 PATCH = 16
 FACTOR = 32  # patch x spatial merge
@@ -138,3 +139,40 @@ def spread_capture_work(
         charged.append(left > 0)
         left += work - beside
     return times, charged
+
+
+SIGHTINGS = ("repeats", "first sightings", "repeats over the guard", "first sightings over the guard")
+
+
+def oracle_by_sighting(
+    grids: Sequence[tuple[GridTHW, ...]], oracle: Sequence[Sequence[float]], max_tokens: int
+) -> dict[str, float] | None:
+    """The share of the oracle's saving (its sampled savings) on each of ``SIGHTINGS``: calls whose
+    exact layout came earlier in the stream, which a graph captured from that call can serve, and a
+    layout's first call, which only a padded graph can; within the memory guard of ``max_tokens``
+    patches or over it. The oracle counts them all, so this bounds what any policy that captures a
+    layout before it replays it can realize. ``None`` where nothing was sampled."""
+    seen: set[tuple[int, ...]] = set()
+    totals = dict.fromkeys(SIGHTINGS, 0.0)
+    for grid, samples in zip(grids, oracle, strict=True):
+        lengths = segment_lengths(grid)
+        sighting = "repeats" if lengths in seen else "first sightings"
+        seen.add(lengths)
+        if sum(lengths) > max_tokens:
+            sighting += " over the guard"
+        totals[sighting] += sum(samples)
+    total = sum(totals.values())
+    return {sighting: saving / total for sighting, saving in totals.items()} if total else None
+
+
+def sighting_lines(report: dict[str, Any]) -> list[str]:
+    """Per stream of ``report``, where the oracle's saving lies (``oracle_by_sighting``), and what a
+    first sighting is; no lines where nothing was sampled."""
+    lines = [
+        f"{stream['stream']}: the oracle's saving lies "
+        + ", ".join(f"{share:.0%} on {sighting}" for sighting, share in stream["oracle_by_sighting"].items())
+        for stream in report["streams"]
+        if stream.get("oracle_by_sighting")
+    ]
+    note = "(a first sighting: a layout's first call, which a graph of an earlier call cannot serve, a padded one can)"
+    return [*lines, note] if lines else []

@@ -15,8 +15,15 @@ from typing import Any
 
 import torch
 
-from rocm_vit.cli.traffic import GridTHW, latency_summary, spread_capture_work, standard_streams
-from rocm_vit.cli.workload import build_tower, progress, segment_lengths, table_lines
+from rocm_vit.cli.traffic import (
+    GridTHW,
+    latency_summary,
+    oracle_by_sighting,
+    sighting_lines,
+    spread_capture_work,
+    standard_streams,
+)
+from rocm_vit.cli.workload import build_tower, progress, table_lines
 from rocm_vit.graphs import EAGER_REASONS
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE
 
@@ -127,30 +134,6 @@ def _oracle_savings(
     for index in sampled:
         savings[index].append(max(0.0, eager[index] - replay_ms[grids[index]]))
     return savings
-
-
-SIGHTINGS = ("repeats", "first sightings", "repeats over the guard", "first sightings over the guard")
-
-
-def oracle_by_sighting(
-    grids: Sequence[tuple[GridTHW, ...]], oracle: Sequence[Sequence[float]], max_tokens: int
-) -> dict[str, float] | None:
-    """The share of the oracle's saving (its sampled savings) on each of ``SIGHTINGS``: calls whose
-    exact layout came earlier in the stream, which a graph captured from that call can serve, and a
-    layout's first call, which only a padded graph can; within the memory guard of ``max_tokens``
-    patches or over it. The oracle counts them all, so this bounds what any policy that captures a
-    layout before it replays it can realize. ``None`` where nothing was sampled."""
-    seen: set[tuple[int, ...]] = set()
-    totals = dict.fromkeys(SIGHTINGS, 0.0)
-    for grid, samples in zip(grids, oracle, strict=True):
-        lengths = segment_lengths(grid)
-        sighting = "repeats" if lengths in seen else "first sightings"
-        seen.add(lengths)
-        if sum(lengths) > max_tokens:
-            sighting += " over the guard"
-        totals[sighting] += sum(samples)
-    total = sum(totals.values())
-    return {sighting: saving / total for sighting, saving in totals.items()} if total else None
 
 
 def _mean_saving(oracle: Sequence[Sequence[float]]) -> float | None:
@@ -337,12 +320,6 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
         + (f"; {stream['captured_first']} captured before the stream" if stream.get("captured_first") else "")
         for stream in report["streams"]
     ]
-    sightings = [
-        f"{stream['stream']}: the oracle's saving lies "
-        + ", ".join(f"{share:.0%} on {sighting}" for sighting, share in stream["oracle_by_sighting"].items())
-        for stream in report["streams"]
-        if stream.get("oracle_by_sighting")
-    ]
     kinds = []
     for stream in report["streams"]:
         for row in stream["second_half_by_kind"]:
@@ -367,7 +344,5 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
     notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",
              "its last N: the stream's second half, the runner's steady state"]  # fmt: skip
-    sightings_note = ["(a first sighting is a layout's first call: a graph captured from an earlier call cannot "
-                      "serve it, a padded one can)"] if sightings else []  # fmt: skip
-    return [title, "", *table_lines(header, cells), *notes, "", *captures, "", *sightings, *sightings_note, "",
+    return [title, "", *table_lines(header, cells), *notes, "", *captures, "", *sighting_lines(report), "",
             *table_lines(kinds_header, kinds)]  # fmt: skip
