@@ -277,6 +277,8 @@ def _graph_memory(document: dict[str, Any]) -> list[str]:
 
 
 def _graph_admission(document: dict[str, Any]) -> list[str]:
+    from rocm_vit.cli.traffic import sighting_lines
+
     section = document["sections"]["graph_admission"]
     data = section.get("data")
     if not (isinstance(data, dict) and data.get("streams")):
@@ -305,7 +307,8 @@ def _graph_admission(document: dict[str, Any]) -> list[str]:
             )
     header = ["stream", "replays / captures", "eager mean / p90", "graphs mean / p90", "graphs / eager", "share",
               "launch ms learned"]  # fmt: skip
-    return lines + _table(header, rows)
+    sightings = sighting_lines(data)
+    return lines + _table(header, rows) + (["", *(f"- {line}" for line in sightings)] if sightings else [])
 
 
 def _logs(document: dict[str, Any]) -> list[str]:
