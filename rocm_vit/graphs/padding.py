@@ -9,6 +9,7 @@ compute the same function. The ladder and the margins: docs/design.md, "Padding"
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +100,17 @@ class Padding:
                 break
             below = bucket
         return grids
+
+
+def bucket_calls(
+    grids: list[GridTHW], width: int, device: torch.device, dtype: torch.dtype
+) -> Iterator[tuple[GridTHW, torch.Tensor]]:
+    """Each of ``grids`` (``Padding.bucket_grids``) with random pixels for it, ``width`` per patch
+    (seed 0): the calls that capture a tower's buckets before serving, in rocm-vit's towers and in
+    the SGLang adapter alike."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    for grid in grids:
+        yield grid, torch.randn(math.prod(grid), width, generator=generator, device=device, dtype=dtype)
 
 
 def _squarest_grid(tokens: int, merge: int) -> GridTHW | None:

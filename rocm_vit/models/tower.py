@@ -30,7 +30,7 @@ from torch import nn
 from rocm_vit.attention import AttentionBackend, AttnArgs, LayerArgs, get_backend
 from rocm_vit.fusion import add_norm
 from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MIN_HITS, ViTGraphRunner
-from rocm_vit.graphs.padding import Padding
+from rocm_vit.graphs.padding import Padding, bucket_calls
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.models.config import TowerConfig
 from rocm_vit.policy import active_policy
@@ -234,11 +234,9 @@ class VisionTower(nn.Module, ABC):
             return 0
         config, captures = self.config, runner.stats()["captures"]
         width = config.in_channels * config.temporal_patch_size * config.patch_size**2
-        generator = torch.Generator(device=self.device).manual_seed(0)
-        for frames, rows, columns in runner.padding.bucket_grids(config.spatial_merge_size):
-            patches = frames * rows * columns
-            pixels = torch.randn(patches, width, generator=generator, device=self.device, dtype=self.dtype)
-            self(pixels, [(frames, rows, columns)])
+        grids = runner.padding.bucket_grids(config.spatial_merge_size)
+        for grid, pixels in bucket_calls(grids, width, self.device, self.dtype):
+            self(pixels, [grid])
             runner.wait_for_captures()
         captured = runner.stats()["captures"] - captures
         logger.info("captured %d padded bucket graphs before serving", captured)

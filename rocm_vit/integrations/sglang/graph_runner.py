@@ -17,7 +17,6 @@ import functools
 import inspect
 import itertools
 import logging
-import math
 import operator
 import weakref
 from collections import OrderedDict
@@ -31,7 +30,7 @@ from torch import nn
 from rocm_vit.attention import VarlenArgs
 from rocm_vit.graphs import DEFAULT_MAX_TOKENS, GraphMechanism, ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
-from rocm_vit.graphs.padding import Padding
+from rocm_vit.graphs.padding import Padding, bucket_calls
 from rocm_vit.graphs.ranks import group_max
 from rocm_vit.graphs.runner import AgreeMax
 from rocm_vit.integrations.sglang.imports import original
@@ -249,12 +248,13 @@ class ViTGraphRunnerAdapter:
         width = _pixel_width(vit)
         if runner is None or runner.padding is None or self._windowed or width is None:
             return 0
+        if not callable(getattr(vit, "forward_with_cuda_graph", None)):
+            return 0
         if not any(value is self for value in vars(vit).values()):
             return 0
-        generator = torch.Generator(device=vit.device).manual_seed(0)
         captures = runner.stats()["captures"]
-        for grid in runner.padding.bucket_grids(vit.spatial_merge_size):
-            pixels = torch.randn(math.prod(grid), width, generator=generator, device=vit.device, dtype=vit.dtype)
+        grids = runner.padding.bucket_grids(vit.spatial_merge_size)
+        for grid, pixels in bucket_calls(grids, width, vit.device, vit.dtype):
             vit.forward_with_cuda_graph(pixels, torch.tensor([grid], dtype=torch.int32))
             if self._runner is not runner:  # it failed, and SGLang's eager blocks serve from now on
                 return 0
@@ -463,10 +463,10 @@ def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
 
 def _pixel_width(vit: nn.Module) -> int | None:
     """The width of one patch's pixels ``vit`` takes (``in_channels * temporal_patch_size * patch_size²``),
-    or ``None`` for a tower without SGLang's patch embedding or graph entry point."""
+    or ``None`` for a tower without SGLang's patch embedding."""
     embed = getattr(vit, "patch_embed", None)
     sizes = [getattr(embed, name, None) for name in ("in_channels", "temporal_patch_size", "patch_size")]
-    if not all(isinstance(size, int) for size in sizes) or not callable(getattr(vit, "forward_with_cuda_graph", None)):
+    if not all(isinstance(size, int) for size in sizes):
         return None
     in_channels, temporal_patch_size, patch_size = sizes
     return in_channels * temporal_patch_size * patch_size**2
