@@ -136,15 +136,41 @@ def _launch(
         part_o,
         part_ml,
         None if plan is None else plan.first_tail_block,
+        1 if plan is None else plan.splits,
         HEAD_DIM=head_dim,
         BLOCK_N=BLOCK_N,
         NUM_STAGES=NUM_STAGES,
         CONSUMER_REGS=CONSUMER_REGS[consumers],
         LOADER_REGS=LOADER_REGS,
-        SPLITS=1 if plan is None else plan.splits,
+        SPLIT=plan is not None,
         CONSUMERS=consumers,
         num_warps=4,
     )
+
+
+def variant_layouts(
+    heads: int, device: torch.device, three_consumer_waves: float | None = None
+) -> list[tuple[int, int]]:
+    """``(segments, tokens each)`` of calls that together launch every compiled variant of this
+    kernel a call with ``heads`` heads can launch on ``device``: two or three consumers, each whole
+    and tail split (with the merge). Triton compiles a variant at its first launch, seconds inside a
+    request; ``GluonAttention.prepare`` makes these calls before serving. One image each where one
+    can (up to ``_LONGEST_VARIANT_IMAGE`` tokens), else a video's equal frames."""
+    sms = _sm_count(device.index or 0)
+    waves = THREE_CONSUMER_WAVES if three_consumer_waves is None else three_consumer_waves
+    first: dict[tuple[int, bool], tuple[int, int]] = {}
+    for segments in (1, 2, 4, 8, 16, 32, 64):
+        for tokens in range(BLOCK_N, _LONGEST_VARIANT_IMAGE // segments + 1, BLOCK_N):
+            consumers = consumer_warpgroups(tokens, heads * segments, sms, waves)
+            split = plan_tail_split(tokens, consumers * CONSUMER_ROWS, BLOCK_N, heads * segments, sms) is not None
+            first.setdefault((consumers, split), (segments, tokens))
+            if len(first) == 4:
+                return sorted(first.values())
+    return sorted(first.values())
+
+
+# The most tokens ``variant_layouts`` tries in one call: 64 MP of patches, past what a checkpoint's limits let in.
+_LONGEST_VARIANT_IMAGE = 65536
 
 
 def consumer_warpgroups(longest_segment: int, programs_per_block: int, sms: int, three_from_waves: float) -> int:
@@ -221,24 +247,26 @@ def _shared_layout(rows: int, width: int, dtype: torch.dtype) -> gl.NVMMASharedL
 # fmt: off
 
 
-@gluon.jit
+# The split's count and first block are arguments, unspecialized: a kernel variant per split plan
+# compiled inside the requests that first needed it (docs/design.md, "Compiles before serving").
+@gluon.jit(do_not_specialize=["first_tail_block", "splits"])
 def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_seqlens, stride_on, stride_oh,
-              qk_scale_log2, part_o, part_ml, first_tail_block, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-              NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-              SPLITS: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Whole programs (``SPLITS`` 1: grid ``(query blocks, heads, segments)``, into ``out``) or a tail
-    split's (grid ``(tail blocks x SPLITS, heads, segments)``: key range ``split`` of query block
+              qk_scale_log2, part_o, part_ml, first_tail_block, splits, HEAD_DIM: gl.constexpr,
+              BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+              LOADER_REGS: gl.constexpr, SPLIT: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Whole programs (``SPLIT`` false: grid ``(query blocks, heads, segments)``, into ``out``) or a
+    tail split's (grid ``(tail blocks x splits, heads, segments)``: key range ``split`` of query block
     ``first_tail_block + tail block``, into ``part_o``/``part_ml``; backends/tail_split.py). A query
     block is ``CONSUMERS`` x 64 rows."""
     HAS_TAIL: gl.constexpr = HEAD_DIM > 64
     ROWS: gl.constexpr = 64  # per consumer warpgroup
     # program_id(0) is read first. Read after the cu_seqlens loads, it moved into the partitions in
     # the PTX and the kernel ran 20 % slower (H200, Triton 3.6, 1x12800: 2.18 against 1.77 ms).
-    if SPLITS == 1:
+    if not SPLIT:
         row_start = gl.program_id(0) * (CONSUMERS * ROWS)
     else:
-        split = gl.program_id(0) % SPLITS
-        tail_block = gl.program_id(0) // SPLITS
+        split = gl.program_id(0) % splits
+        tail_block = gl.program_id(0) // splits
         row_start = (first_tail_block + tail_block) * (CONSUMERS * ROWS)
     head = gl.program_id(1)
     seq = gl.program_id(2)
@@ -247,14 +275,14 @@ def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_
     if row_start >= seq_len:
         return
     n_tiles = gl.cdiv(seq_len, BLOCK_N)
-    if SPLITS == 1:
+    if not SPLIT:
         tile0 = 0
         part_row0 = 0
     else:
         # Key tiles tile0 .. tile0 + n_tiles of the segment; partial rows part_row0 .. + CONSUMERS x 64.
-        tile0 = split * n_tiles // SPLITS
-        n_tiles = (split + 1) * n_tiles // SPLITS - tile0
-        tail_blocks = gl.num_programs(0) // SPLITS
+        tile0 = split * n_tiles // splits
+        n_tiles = (split + 1) * n_tiles // splits - tile0
+        tail_blocks = gl.num_programs(0) // splits
         part_row0 = ((split * gl.num_programs(2) + seq) * tail_blocks + tail_block) * (CONSUMERS * ROWS)
 
     dtype: gl.constexpr = k_desc0.dtype
@@ -288,10 +316,10 @@ def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_
         gl.warp_specialize([
             (_consumer, (0, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
                          v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, True)),
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLIT, True)),
             (_consumer, (1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
                          v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, True)),
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLIT, True)),
             (_loader, (q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem,
                        v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, tile0,
                        n_tiles, HAS_TAIL, BLOCK_N, NUM_STAGES, CONSUMERS)),
@@ -300,13 +328,13 @@ def _attn_fwd(q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, out_ptr, cu_
         gl.warp_specialize([
             (_consumer, (0, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
                          v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, False)),
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLIT, False)),
             (_consumer, (1, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
                          v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, False)),
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLIT, False)),
             (_consumer, (2, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free,
                          v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
-                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLITS, False)),
+                         tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM, BLOCK_N, NUM_STAGES, SPLIT, False)),
             (_loader, (q_desc0, q_desc1, k_desc0, k_desc1, v_desc0, v_desc1, q0_smem, q1_smem, k0_smem, k1_smem,
                        v0_smem, v1_smem, q_ready, k_ready, v_ready, k_free, v_free, seq_row0, row_start, head, tile0,
                        n_tiles, HAS_TAIL, BLOCK_N, NUM_STAGES, CONSUMERS)),
@@ -349,7 +377,7 @@ def _load_rows(desc0, desc1, smem0, smem1, ready, row, head, ROWS: gl.constexpr,
 def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_smem, q_ready, k_ready, v_ready,
               k_free, v_free, out_ptr, seq_row0, seq_len, row_start, head, stride_on, stride_oh, qk_scale_log2,
               tile0, n_tiles, part_o, part_ml, part_row0, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-              NUM_STAGES: gl.constexpr, SPLITS: gl.constexpr, OVERLAP: gl.constexpr):
+              NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr, OVERLAP: gl.constexpr):
     """Consumer warpgroup ``c``: query rows ``row_start + 64 c ..`` against key tiles ``tile0 ..
     tile0 + n_tiles`` of the segment (ring slots and phases count from ``tile0``). ``OVERLAP``: QK of
     a tile runs with PV of the one before (``_step``)."""
@@ -399,7 +427,7 @@ def _consumer(c: gl.constexpr, q0_smem, q1_smem, k0_smem, k1_smem, v0_smem, v1_s
     o0_token, o1_token = _pv(p_in, v0_smem, v1_smem, slot, o0, o1, p1_layout, HAS_TAIL, BLOCK_N)
     o0, o1 = _pv_wait(o0_token, o1_token, HAS_TAIL)
 
-    if SPLITS == 1:
+    if not SPLIT:
         rows_start = row_start + c * 64
         _store(out_ptr, o0, l_i, rows_start, seq_len, seq_row0, head, stride_on, stride_oh, 0, HEAD_DIM, o0_layout,
                64)

@@ -93,7 +93,7 @@ def merge_tail(
         out.stride(1),
         first_tail_row,
         rows,
-        SPLITS=splits,
+        splits,
         WIDTH=width,
         HEAD_DIM=head_dim,
         BLOCK_D=next_power_of_2(head_dim),
@@ -102,7 +102,9 @@ def merge_tail(
     )
 
 
-@triton.jit
+# The split count and the rows are arguments, unspecialized: one compiled variant serves every plan,
+# so no image size compiles a new one inside a request (docs/design.md, "Compiles before serving").
+@triton.jit(do_not_specialize=["first_tail_row", "tail_rows", "splits"])
 def _merge_kernel(
     part_o,
     part_ml,
@@ -112,7 +114,7 @@ def _merge_kernel(
     stride_oh,
     first_tail_row,
     tail_rows,
-    SPLITS: tl.constexpr,
+    splits,
     WIDTH: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -129,13 +131,13 @@ def _merge_kernel(
     row_ok = (rows < tail_rows) & (first_tail_row + rows < seq_len)
     # The largest row max first, so every weight is at most 1; then the sums, split by split.
     m_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for split in tl.static_range(SPLITS):
+    for split in range(splits):
         entry = ((split * segments + seq) * tail_rows + rows) * heads + head
         m_max = tl.maximum(m_max, tl.load(part_ml + 2 * entry, mask=row_ok, other=0.0))
     o_mask = row_ok[:, None] & (cols < HEAD_DIM)[None, :]
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     l_sum = tl.zeros([BLOCK_R], tl.float32)
-    for split in tl.static_range(SPLITS):
+    for split in range(splits):
         entry = ((split * segments + seq) * tail_rows + rows) * heads + head
         weight = tl.exp2(tl.load(part_ml + 2 * entry, mask=row_ok, other=0.0) - m_max)
         l_sum += tl.load(part_ml + 2 * entry + 1, mask=row_ok, other=1.0) * weight

@@ -119,7 +119,7 @@ def _launches(gluon_attn: Any, tokens: int, offsets: list[int], max_seqlen: int,
 def _kernel_name(fn: Any, kwargs: dict) -> str:
     if fn.fn.__name__ == "_merge_kernel":
         return "merge"
-    return "attention" if kwargs["SPLITS"] == 1 else "attention, tail split"
+    return "attention, tail split" if kwargs["SPLIT"] else "attention"
 
 
 def _compile(fn: Any, args: tuple, kwargs: dict, kernel: str, consumers: int, dtype_name: str, head_dim: int) -> Record:

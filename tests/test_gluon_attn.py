@@ -204,7 +204,7 @@ def test_launches_split_the_last_wave_only_where_the_host_knows_the_work(
 
 
 def _recorded_launches(monkeypatch, offsets: list[int], max_seqlen: int, **kwargs) -> list[tuple]:
-    """``(kernel, grid, SPLITS, CONSUMERS)`` of each launch of one call on 132 SMs, nothing run."""
+    """``(kernel, grid, splits, CONSUMERS)`` of each launch of one call on 132 SMs, nothing run."""
     from triton.runtime.jit import JITFunction
 
     launches = []
@@ -214,7 +214,7 @@ def _recorded_launches(monkeypatch, offsets: list[int], max_seqlen: int, **kwarg
         JITFunction,
         "run",
         lambda self, *args, grid, warmup, **kw: launches.append(
-            (self.fn.__name__, grid, kw.get("SPLITS"), kw.get("CONSUMERS"))
+            (self.fn.__name__, grid, dict(zip(self.arg_names, args, strict=False))["splits"], kw.get("CONSUMERS"))
         ),
     )
     q, k, v = torch.empty(offsets[-1], 3, 16, 72, dtype=torch.bfloat16).unbind(1)
