@@ -157,6 +157,20 @@ def triton_varlen_attention(
     return out
 
 
+def variant_layouts(
+    heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, *, arch: str | None = None
+) -> list[tuple[int, int]]:
+    """``(segments, tokens each)`` of calls that together launch every tile configuration
+    (``default_config``) a call with ``heads`` heads can get on ``arch`` (``None``: ``device``'s):
+    Triton compiles each at its first launch, seconds inside a request; ``TritonAttention.prepare``
+    makes these calls before serving."""
+    arch = arch or _device_arch(device)
+    first: dict[TritonAttnConfig, tuple[int, int]] = {}
+    for tiles in range(1, 2 * _FEW_QUERY_TILES + 2):
+        first.setdefault(default_config(head_dim, dtype, tiles * heads, arch=arch), (1, tiles * 128))
+    return sorted(first.values())
+
+
 def _device_arch(device: torch.device) -> str:
     """``"gfx942"``, ``"sm_90"``, ...: the architecture of a GPU ``device``; ``"cpu"`` off the GPU."""
     if device.type != "cuda":

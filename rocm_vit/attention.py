@@ -210,6 +210,23 @@ class _VarlenAttention(AttentionBackend):
     ) -> torch.Tensor:
         return self._attend(q, k, v, attn_args.cu_seqlens, attn_args.max_seqlen, scale)
 
+    def _compile_variants(
+        self,
+        layouts: list[tuple[int, int]],
+        head_dim: int,
+        heads: int,
+        kv_heads: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        """One call per ``(segments, tokens each)`` of ``layouts``, on q, k, v views of one fused
+        tensor as the towers and SGLang pass them: each compiles the kernel variant it launches."""
+        for segments, tokens in layouts:
+            qkv = torch.randn(segments * tokens, heads + 2 * kv_heads, head_dim, device=device, dtype=dtype)
+            q, k, v = qkv.split((heads, kv_heads, kv_heads), dim=1)
+            offsets = torch.arange(0, segments * tokens + 1, tokens, dtype=torch.int32, device=device)
+            self._attend(q, k, v, offsets, tokens, head_dim**-0.5)
+
 
 class AiterAttention(_VarlenAttention):
     """aiter's ``flash_attn_varlen_func`` (ROCm): ``aiter`` is imported at the first call."""
@@ -262,7 +279,17 @@ class TritonAttention(_VarlenAttention):
         from rocm_vit.backends.triton_attn import triton_varlen_attention
 
         # The platform's arch picks the tiles: under ROCm emulation an NVIDIA GPU runs the HIP ones.
-        self._attend = functools.partial(triton_varlen_attention, arch=platform_info().arch or None)
+        self._arch = platform_info().arch or None
+        self._attend = functools.partial(triton_varlen_attention, arch=self._arch)
+
+    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Compile every tile configuration a call of this shape can launch (``variant_layouts``)."""
+        from rocm_vit.backends.triton_attn import variant_layouts
+
+        device = torch.device(device)
+        if device.type == "cuda":
+            layouts = variant_layouts(heads, head_dim, dtype, device, arch=self._arch)
+            self._compile_variants(layouts, head_dim, heads, kv_heads, dtype, device)
 
     def attn_args_from_tensor(
         self,
@@ -290,8 +317,18 @@ class GluonAttention(TritonAttention):
         from rocm_vit.backends.gluon_attn import gluon_varlen_attention
 
         # Where three consumer warpgroups start to pay: the tuned profile's crossover, else the kernel's.
-        waves = active_policy().gluon_consumers.value
-        self._attend = functools.partial(gluon_varlen_attention, three_consumer_waves=waves)
+        self._waves = active_policy().gluon_consumers.value
+        self._attend = functools.partial(gluon_varlen_attention, three_consumer_waves=self._waves)
+
+    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Compile every variant a call of this shape can launch (``variant_layouts``): in a stream of
+        300 chat calls on the H200, nine compiled inside requests, 3-5 s each (docs/benchmarks.md)."""
+        from rocm_vit.backends.gluon_attn import variant_layouts
+
+        device = torch.device(device)
+        if device.type == "cuda":
+            layouts = variant_layouts(heads, device, self._waves)
+            self._compile_variants(layouts, head_dim, heads, kv_heads, dtype, device)
 
 
 class TorchVarlenAttention(_VarlenAttention):

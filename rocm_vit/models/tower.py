@@ -221,6 +221,14 @@ class VisionTower(nn.Module, ABC):
         )
         return self._graph_runner
 
+    def prepare_kernels(self) -> None:
+        """Compile now, before serving, every attention kernel variant a call can launch
+        (``AttentionBackend.prepare``): Triton compiles a variant at its first launch, 3-5 s inside a
+        request on the H200 (docs/design.md, "Compiles before serving"). The tower's other kernels
+        take no size-dependent variants: its first call compiles them."""
+        config = self.config
+        self.attention.prepare(config.head_dim, config.num_heads, config.num_heads, self.dtype, self.device)
+
     def capture_padded_buckets(self) -> int:
         """Capture now, before serving, the graph of each bucket the runner pads one image to: one call
         of random pixels per bucket (``Padding.bucket_grids``), each capture waited for. A server's
@@ -228,7 +236,8 @@ class VisionTower(nn.Module, ABC):
         under the grad mode the server's calls run in (``torch.no_grad()`` or
         ``torch.inference_mode()``): the staging buffers made here serve them, and tensors made
         under inference mode cannot be written outside it. Returns how many graphs were captured
-        (0 without graphs or padding)."""
+        (0 without graphs or padding). Compiles the attention kernels first (``prepare_kernels``)."""
+        self.prepare_kernels()
         runner = self._graph_runner
         if runner is None or runner.padding is None:
             return 0

@@ -327,3 +327,30 @@ def test_gluon_tail_split_replays_bitwise_and_syncs_nothing(monkeypatch):
         again = attend(q, k, v, cu_seqlens, seq_len, scale)
         torch.cuda.synchronize()
         assert torch.equal(out, eager) and torch.equal(eager, again), f"seed {seed}"
+
+
+def _compiled_variants(*kernels) -> int:
+    """Variants compiled in this process so far, of each kernel on every device (Triton's own cache)."""
+    return sum(len(cache[0]) for kernel in kernels for cache in kernel.device_caches.values())
+
+
+@pytest.mark.parametrize("name", ["triton_attn", "gluon_attn"])
+def test_prepare_compiles_every_variant_a_stream_of_serving_layouts_launches(name):
+    from rocm_vit.backends import gluon_attn, tail_split, triton_attn
+
+    backend = _backend(name)
+    backend.prepare(72, HEADS, HEADS, torch.bfloat16, DEVICE)
+    kernels = (triton_attn._varlen_attn_fwd, gluon_attn._attn_fwd, tail_split._merge_kernel)
+    prepared = _compiled_variants(*kernels)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(60):  # one image, several, a video's frames: up to 16,384 tokens
+        kind = int(torch.randint(3, (), generator=generator))
+        count = 1 if kind == 0 else int(torch.randint(2, 9, (), generator=generator))
+        longest = 16384 // count // 4
+        lengths = [4 * int(torch.randint(16, longest, (), generator=generator))] * count
+        if kind == 1:
+            lengths = [4 * int(torch.randint(16, longest, (), generator=generator)) for _ in range(count)]
+        q, k, v = torch.randn(sum(lengths), 3, HEADS, 72, device=DEVICE, dtype=torch.bfloat16).unbind(1)
+        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+        backend(q, k, v, VarlenArgs(offsets, max(lengths)), 72**-0.5)
+    assert _compiled_variants(*kernels) == prepared
