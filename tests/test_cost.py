@@ -59,3 +59,4 @@ def test_a_shallower_tower_launches_proportionally_faster() -> None:
     model = CostModel().for_blocks(9)
     assert model.launch_ms == pytest.approx(CostModel().launch_ms / 3)
     assert model.device_ms([1024]) == pytest.approx(CostModel().device_ms([1024]) / 3)
+    assert model.capture_ms == pytest.approx(CostModel().capture_ms / 3)  # it launches the forward too

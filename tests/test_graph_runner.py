@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
 from rocm_vit.graphs import runner as runner_module
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import ScratchBounds
-from rocm_vit.graphs.runner import LayoutArgs
+from rocm_vit.graphs.runner import PAYBACK_SHARE, LayoutArgs
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
 
@@ -337,11 +337,16 @@ def test_replays_read_their_own_offsets_which_nothing_writes_after_capture(gener
     assert {id(offsets) for offsets in layout_args.built_on} == graphs_offsets and len(graphs_offsets) == 3
 
 
+def _free_captures() -> CostModel:
+    """The default model with captures that cost nothing: every layout that saves repays one at once."""
+    return CostModel(capture_ms=0.0)
+
+
 def test_at_capacity_the_least_used_graph_makes_way_only_for_a_layout_called_more(
     generator: torch.Generator,
 ) -> None:
     """One-offs must not flush graphs that are used (W-TinyLFU's admission, in front of the LRU)."""
-    runner, _ = _runner(capacity=2, cost_model=CostModel(), clock=_launches_taking(10.0))
+    runner, _ = _runner(capacity=2, cost_model=_free_captures(), clock=_launches_taking(10.0))
     a, b, c, d = (_layout((1, 2, 2 * i)) for i in range(1, 5))
     for layout in (a, b, a, c):  # c called once, as often as b, the least used: eager
         _run_checked(runner, layout, generator)
@@ -363,7 +368,7 @@ def test_at_capacity_the_least_used_graph_makes_way_only_for_a_layout_called_mor
 
 
 def test_call_counts_age_so_that_old_popularity_fades(generator: torch.Generator) -> None:
-    runner, _ = _runner(capacity=1, cost_model=CostModel(), clock=_launches_taking(10.0))
+    runner, _ = _runner(capacity=1, cost_model=_free_captures(), clock=_launches_taking(10.0))
     old, new = _layout((1, 2, 2)), _layout((1, 2, 4))
     for _ in range(20):
         _run_checked(runner, old, generator)  # counted 20, halved at the 16th call (16 per graph): 12
@@ -931,8 +936,11 @@ def test_tower_refuses_bad_pixels_before_anything_runs(pixels: torch.Tensor, mes
 
 
 def _per_token_model() -> CostModel:
-    """One block whose device time is one millisecond per token: the launch time decides."""
-    return CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0)
+    """One block whose device time is one millisecond per token: the launch time decides. A capture
+    costs 10 ms: any layout that saves repays a fifth of it (``PAYBACK_SHARE``) at its first call."""
+    return CostModel(
+        blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0, capture_ms=10.0
+    )
 
 
 def test_a_layout_is_captured_only_where_a_replay_is_predicted_to_save_time(generator: torch.Generator) -> None:
@@ -944,6 +952,26 @@ def test_a_layout_is_captured_only_where_a_replay_is_predicted_to_save_time(gene
     stats = runner.stats()
     assert (stats["captures"], stats["replays"], stats["eager_runs"]["no_saving"]) == (1, 2, 3)
     assert stats["launch_ms"] == 10.0  # the model's until enough eager runs were timed
+
+
+def test_an_exact_layout_waits_until_its_calls_predicted_savings_repay_a_share_of_a_capture(
+    generator: torch.Generator,
+) -> None:
+    """A one-off must not be captured for a sliver, nor a repeated layout be kept waiting: capture once
+    ``PAYBACK_SHARE`` of a 100 ms capture (20 ms) is repaid, at 8.9 ms a call for one token (the third
+    call) and 6.1 for four (the fourth)."""
+    model = replace(_per_token_model(), capture_ms=100.0)
+    runner, _ = _runner(min_hits=2, cost_model=model, clock=_launches_taking(10.0))
+    one, four = VisionLayout.from_grid_thw([(1, 1, 1)], spatial_merge_size=1).attention, _layout((1, 2, 2))
+    captures, waiting = [], []
+    for _ in range(4):
+        for layout in (one, four):
+            _run_checked(runner, layout, generator)
+            captures.append(runner.stats()["captures"])
+            waiting.append(runner.stats()["eager_runs"]["below_payback"])
+    assert PAYBACK_SHARE * model.capture_ms == 20.0
+    assert captures == [0, 0, 0, 0, 1, 1, 1, 2]
+    assert waiting == [0, 0, 1, 2, 2, 3, 3, 3]  # from each layout's second call, its min_hits met
 
 
 def test_the_launch_time_is_learned_from_this_hosts_eager_runs(generator: torch.Generator) -> None:
@@ -1122,10 +1150,11 @@ def test_a_deferred_capture_runs_in_the_callers_grad_mode(mode: str, generator: 
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     grid = [(1, 4, 6), (1, 2, 4)]
     pixels = torch.randn(32, width, generator=generator)
-    runner = tower.enable_graphs(min_hits=1, mechanism=StandInGraphs())  # the serving defaults
+    runner = tower.enable_graphs(mechanism=StandInGraphs())  # the serving defaults
     with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
         expected = tower(pixels, grid, use_graphs=False)
-        assert torch.equal(tower(pixels, grid), expected)  # served eagerly, captured off its path
+        for _ in range(2):  # served eagerly; the second call repays a capture, made off its path
+            assert torch.equal(tower(pixels, grid), expected)
         assert runner.wait_for_captures(timeout=30)
         assert torch.equal(tower(pixels, grid), expected)
     stats = runner.stats()

@@ -147,9 +147,10 @@ def test_graph_path_through_the_adapter_equals_eager_bitwise(report: dict[str, A
     graphs = report["graph_vs_eager"]
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
     assert graphs["first_output_survives_replays"]
-    # Equal token counts with other boundaries get their own graph; every call replays.
-    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 12)
-    assert sum(graphs["eager_runs"].values()) == 0
+    # Equal token counts with other boundaries get their own graph. A layout's first call runs eagerly:
+    # what it saves does not yet repay a fifth of a capture (PAYBACK_SHARE); every later call replays.
+    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 8)
+    assert {reason: count for reason, count in graphs["eager_runs"].items() if count} == {"below_payback": 4}
 
 
 @needs_sglang
@@ -158,8 +159,9 @@ def test_captures_off_the_requests_path_through_the_adapter_serve_the_same_bits(
     captured on the runner's thread; the next call of that layout replays it."""
     graphs = report["graph_vs_eager_deferred"]
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
-    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 8)
-    assert {reason: count for reason, count in graphs["eager_runs"].items() if count} == {"capture_deferred": 4}
+    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 4)
+    eager_runs = {reason: count for reason, count in graphs["eager_runs"].items() if count}
+    assert eager_runs == {"below_payback": 4, "capture_deferred": 4}
 
 
 @needs_sglang
@@ -265,8 +267,9 @@ def test_qwen2_5_vl_windowed_graph_path_through_the_adapter_equals_eager_bitwise
     graphs = report["qwen2_5_vl"]["graph_vs_eager"]
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 14
     # 7 grids, 6 attention layouts: (1, 4, 8) and (1, 8, 4) share one graph, each its own window order.
-    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (6, 6, 14)
-    assert sum(graphs["eager_runs"].values()) == 0
+    # Each layout's first call runs eagerly, until its savings repay a fifth of a capture.
+    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (6, 6, 8)
+    assert {reason: count for reason, count in graphs["eager_runs"].items() if count} == {"below_payback": 6}
 
 
 @needs_sglang

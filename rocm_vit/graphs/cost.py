@@ -41,8 +41,10 @@ class CostModel:
     capture_ms: float = 60.0
 
     def for_blocks(self, blocks: int) -> CostModel:
-        """The same per-block costs for a tower of ``blocks`` blocks (launch time scales with them)."""
-        return replace(self, blocks=blocks, launch_ms=self.launch_ms * blocks / self.blocks)
+        """The same per-block costs for a tower of ``blocks`` blocks (launch time and a capture, which
+        launches the forward and checks a replay, scale with them)."""
+        scale = blocks / self.blocks
+        return replace(self, blocks=blocks, launch_ms=self.launch_ms * scale, capture_ms=self.capture_ms * scale)
 
     def with_launch_ms(self, launch_ms: float) -> CostModel:
         return replace(self, launch_ms=launch_ms)

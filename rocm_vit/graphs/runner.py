@@ -65,11 +65,19 @@ EAGER_REASONS = (
     "capture_deferred",
     "capturing",
     "below_min_hits",
+    "below_payback",
     "over_budget",
     "capture_failed",
     "capture_unverified",
 )
 
+# An exact layout is captured once the savings predicted for its calls so far add up to this share of
+# a capture's cost (``CostModel.capture_ms``): a layout seen n times is taken to come back at least
+# 1 / PAYBACK_SHARE times as often again, so one that saves little waits for the calls that repay its
+# capture, and a one-off is not captured for a sliver. Fitted in `bench-traffic` over 0.1-1 at launch
+# times of 10-22 ms (docs/benchmarks.md, "Admission by payback"); a padded graph is captured at
+# its bucket's first call, as it serves every layout of that bucket.
+PAYBACK_SHARE = 0.2
 # A memory guard, not where graphs stop paying (the cost model decides that): staging is allocated
 # at this many patches (88 MB for Qwen3-VL-8B), and larger calls run eagerly.
 DEFAULT_MAX_TOKENS = 8192
@@ -521,8 +529,9 @@ class ViTGraphRunner:
             return "over_capacity"
         if tokens > self.max_tokens:
             return "over_max_tokens"
-        if self._cost_model is not None and not self._saves_time(layout):
-            return "no_saving"
+        saving_ms = self._predicted_saving_ms(layout)
+        if saving_ms is not None and saving_ms <= 0:
+            return "no_saving"  # under MIN_SAVING_SHARE of the eager call: the model's error margin
         hits = self._hits.pop(key, 0) + 1
         self._hits[key] = hits
         if len(self._hits) > _MAX_TRACKED_LAYOUTS:
@@ -530,6 +539,9 @@ class ViTGraphRunner:
         # A padded graph serves every layout of its bucket: worth capturing at the bucket's first call.
         if hits < (1 if layout.offsets_per_call else self.min_hits):
             return "below_min_hits"
+        exact = saving_ms is not None and not layout.offsets_per_call
+        if exact and hits * saving_ms < PAYBACK_SHARE * self._cost_model.capture_ms:
+            return "below_payback"
         if (
             self._cost_model is not None
             and len(self._graphs) >= self.capacity
@@ -546,10 +558,15 @@ class ViTGraphRunner:
                 logger.info("graph memory budget %.0f MiB (1/64 of %s)", self._budget_bytes / 2**20, device)
         return None
 
-    def _saves_time(self, layout: AttentionLayout) -> bool:
+    def _predicted_saving_ms(self, layout: AttentionLayout) -> float | None:
+        """What a replay of ``layout`` saves on an eager call at this host's launch time by the cost
+        model, 0 where that is under ``MIN_SAVING_SHARE`` of the call; ``None`` without a model."""
+        if self._cost_model is None:
+            return None
         model = self._cost_model.with_launch_ms(self._launch_ms())
         seq_lens = layout.segmentations["full"].seq_lens
-        return model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
+        saving = model.saving_ms(seq_lens)
+        return saving if saving > MIN_SAVING_SHARE * model.eager_ms(seq_lens) else 0.0
 
     def _recent_runs(self, layout: AttentionLayout, host_ms: float) -> Sequence[float]:
         """The host ms of ``layout``'s last runs, this one included (bounded, by layout)."""

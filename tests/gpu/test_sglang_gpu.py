@@ -53,9 +53,11 @@ def _assert_graph_equals_eager(report: dict, attention: str) -> None:
     graphs = report["graph_vs_eager"]
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12, graphs
     assert graphs["first_output_survives_replays"]
-    # 6 images in 4 attention layouts, twice: 4 captures, every call a replay.
-    assert (graphs["captures"], graphs["graphs"], graphs["replays"]) == (4, 4, 12), graphs
-    assert sum(graphs["eager_runs"].values()) == 0, graphs["eager_runs"]
+    # 6 images in 4 attention layouts, twice: 4 captures; a layout's calls run eagerly until their
+    # savings repay a fifth of a capture (at most its first, at this host's launch time), then replay.
+    assert (graphs["captures"], graphs["graphs"]) == (4, 4) and graphs["replays"] >= 8, graphs
+    eager_runs = {reason: count for reason, count in graphs["eager_runs"].items() if count}
+    assert set(eager_runs) <= {"below_payback"} and graphs["replays"] + sum(eager_runs.values()) == 12, graphs
     # The padded buckets captured as the server starts serve the first one-image requests.
     buckets = report["buckets_at_start"]
     assert buckets["captured"] == buckets["bucket_grids"] > 1 and buckets["captures_while_serving"] == 0, buckets
