@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from rocm_vit.backend_requirements import REQUIREMENTS, backend_unavailable_reason
-from rocm_vit.graphs.cost import CostModel, fit_cost_model
+from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, fit_cost_model
 from rocm_vit.graphs.runner import DEFAULT_MAX_TOKENS
 from rocm_vit.platform import PlatformName, platform_info
 from rocm_vit.profile import (
@@ -505,6 +505,7 @@ def _cost_report(model: CostModel) -> dict[str, float]:
         **dataclasses.asdict(model),
         "replay_ms_1x1024": round(model.replay_ms([1024]), 2),
         "replay_ms_6x880": round(model.replay_ms([880] * 6), 2),
+        "payback_ms": round(PAYBACK_SHARE * model.capture_ms, 1),  # a layout's savings before its capture
     }
 
 

@@ -27,9 +27,9 @@ import torch
 from rocm_vit.attention import AttnArgs, SegmentLengths, VarlenArgs, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
 from rocm_vit.graphs import runner as runner_module
-from rocm_vit.graphs.cost import CostModel
+from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
 from rocm_vit.graphs.memory import ScratchBounds
-from rocm_vit.graphs.runner import PAYBACK_SHARE, LayoutArgs
+from rocm_vit.graphs.runner import LayoutArgs
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
 

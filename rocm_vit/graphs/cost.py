@@ -19,6 +19,13 @@ import torch
 
 # A graph must be predicted to save at least this share of the eager call (the model's error margin).
 MIN_SAVING_SHARE = 0.05
+# An exact layout is captured once the savings predicted for its calls so far add up to this share of
+# a capture's cost (``CostModel.capture_ms``): a layout seen n times is taken to come back at least
+# 1 / PAYBACK_SHARE times as often again, so one that saves little waits for the calls that repay its
+# capture, and a one-off is not captured for a sliver. Fitted in `bench-traffic` over 0.1-1 at launch
+# times of 10-22 ms (docs/benchmarks.md, "Admission by payback"). The runner applies it to exact
+# layouts; a padded graph is captured at its bucket's first call, as it serves a whole bucket.
+PAYBACK_SHARE = 0.2
 # Qwen3-VL-8B on an H200, 27 blocks (docs/benchmarks.md, "Eager against replay by patch count").
 _H200_8B_BLOCKS = 27
 _SOFT_MAX_POWER = 3  # of the eager time's soft maximum of launch and device time

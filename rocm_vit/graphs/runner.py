@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
-from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
+from rocm_vit.graphs.cost import MIN_SAVING_SHARE, PAYBACK_SHARE, CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.graphs.padding import Padding, pad_rows, padded_shape, real_rows
 from rocm_vit.layout import AttentionLayout, PaddedLayout
@@ -71,13 +71,6 @@ EAGER_REASONS = (
     "capture_unverified",
 )
 
-# An exact layout is captured once the savings predicted for its calls so far add up to this share of
-# a capture's cost (``CostModel.capture_ms``): a layout seen n times is taken to come back at least
-# 1 / PAYBACK_SHARE times as often again, so one that saves little waits for the calls that repay its
-# capture, and a one-off is not captured for a sliver. Fitted in `bench-traffic` over 0.1-1 at launch
-# times of 10-22 ms (docs/benchmarks.md, "Admission by payback"); a padded graph is captured at
-# its bucket's first call, as it serves every layout of that bucket.
-PAYBACK_SHARE = 0.2
 # A memory guard, not where graphs stop paying (the cost model decides that): staging is allocated
 # at this many patches (88 MB for Qwen3-VL-8B), and larger calls run eagerly.
 DEFAULT_MAX_TOKENS = 8192

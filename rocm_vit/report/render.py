@@ -346,7 +346,8 @@ def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callab
         return row["patches"] <= max_tokens and model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
 
     why = (
-        f"The policy replays a layout seen twice, up to {max_tokens} patches, where its cost model predicts a "
+        f"The policy replays a layout called often enough (twice, and until the savings predicted for its calls "
+        f"repay a fifth of a capture), up to {max_tokens} patches, where its cost model predicts a "
         f"saving of at least {MIN_SAVING_SHARE:.0%} at this host's launch time ({launch_ms:.1f} ms, from the "
         "smallest layout's eager call and replay); its pick is in bold."
     )
