@@ -210,6 +210,16 @@ class _VarlenAttention(AttentionBackend):
     ) -> torch.Tensor:
         return self._attend(q, k, v, attn_args.cu_seqlens, attn_args.max_seqlen, scale)
 
+    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Compile every kernel variant a call of this shape can launch: one call per ``(segments,
+        tokens each)`` of ``_variant_layouts``, on q, k, v views of one fused tensor as the towers
+        and SGLang pass them. Triton compiles a variant at its first launch: 3-5 s inside a request
+        on the H200 (docs/design.md, "Compiles before serving")."""
+        device = torch.device(device)
+        if device.type == "cuda":
+            layouts = self._variant_layouts(heads, head_dim, dtype, device)
+            self._compile_variants(layouts, head_dim, heads, kv_heads, dtype, device)
+
     def _compile_variants(
         self,
         layouts: list[tuple[int, int]],
@@ -219,13 +229,18 @@ class _VarlenAttention(AttentionBackend):
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        """One call per ``(segments, tokens each)`` of ``layouts``, on q, k, v views of one fused
-        tensor as the towers and SGLang pass them: each compiles the kernel variant it launches."""
         for segments, tokens in layouts:
             qkv = torch.randn(segments * tokens, heads + 2 * kv_heads, head_dim, device=device, dtype=dtype)
             q, k, v = qkv.split((heads, kv_heads, kv_heads), dim=1)
             offsets = torch.arange(0, segments * tokens + 1, tokens, dtype=torch.int32, device=device)
             self._attend(q, k, v, offsets, tokens, head_dim**-0.5)
+
+    def _variant_layouts(
+        self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> list[tuple[int, int]]:
+        """Calls that launch every compiled variant of this kernel: none where its first call compiles
+        all it will (torch's and aiter's)."""
+        return []
 
 
 class AiterAttention(_VarlenAttention):
@@ -282,14 +297,12 @@ class TritonAttention(_VarlenAttention):
         self._arch = platform_info().arch or None
         self._attend = functools.partial(triton_varlen_attention, arch=self._arch)
 
-    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Compile every tile configuration a call of this shape can launch (``variant_layouts``)."""
+    def _variant_layouts(
+        self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> list[tuple[int, int]]:
         from rocm_vit.backends.triton_attn import variant_layouts
 
-        device = torch.device(device)
-        if device.type == "cuda":
-            layouts = variant_layouts(heads, head_dim, dtype, device, arch=self._arch)
-            self._compile_variants(layouts, head_dim, heads, kv_heads, dtype, device)
+        return variant_layouts(heads, head_dim, dtype, device, arch=self._arch)
 
     def attn_args_from_tensor(
         self,
@@ -320,15 +333,12 @@ class GluonAttention(TritonAttention):
         self._waves = active_policy().gluon_consumers.value
         self._attend = functools.partial(gluon_varlen_attention, three_consumer_waves=self._waves)
 
-    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Compile every variant a call of this shape can launch (``variant_layouts``): in a stream of
-        300 chat calls on the H200, nine compiled inside requests, 3-5 s each (docs/benchmarks.md)."""
+    def _variant_layouts(
+        self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> list[tuple[int, int]]:
         from rocm_vit.backends.gluon_attn import variant_layouts
 
-        device = torch.device(device)
-        if device.type == "cuda":
-            layouts = variant_layouts(heads, device, self._waves)
-            self._compile_variants(layouts, head_dim, heads, kv_heads, dtype, device)
+        return variant_layouts(heads, device, self._waves)
 
 
 class TorchVarlenAttention(_VarlenAttention):
