@@ -142,3 +142,25 @@ def test_the_simulated_oracle_is_split_by_sighting_as_the_towers_is() -> None:
     split = bench_traffic.simulate(stream, CostModel().with_launch_ms(12.0))["oracle_by_sighting"]
     assert split == pytest.approx({"repeats": 0.75, "first sightings": 0.25, "repeats over the guard": 0.0,
                                    "first sightings over the guard": 0.0})  # fmt: skip
+
+
+def test_the_admission_bound_takes_per_layout_the_better_of_padding_and_its_own_graph() -> None:
+    """One block at 10 ms a launch and 1 ms a token: 100 tokens pad to 128 (128 ms a replay: eager
+    is faster), 20 pad to 256; its own graph costs one eager call and the check to capture."""
+    host = CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0)
+    buckets, check = (128, 256), bench_traffic.CAPTURE_CHECK_MS
+    small, once, large = [4], [8], [100]
+    times, captures = bench_traffic.admission_bound([small] * 6 + [once] + [large] * 3, host, buckets, 8192)
+    eager, own = host.eager_ms(small), host.replay_ms(small)
+    assert captures == 1  # six calls of 4 tokens repay a capture; the one-off and the large ones do not
+    assert times[:6] == pytest.approx([eager, own + eager + check, own, own, own, own])
+    assert times[6] == pytest.approx(min(host.eager_ms(once), host.replay_ms([8, 120])))
+    assert times[7:] == pytest.approx([host.eager_ms(large)] * 3)  # device-bound: padding would cost more
+    assert bench_traffic.admission_bound([small] * 6, host, buckets, max_tokens=2)[1] == 0  # over the guard
+
+
+def test_no_policy_realizes_more_than_the_admission_bound() -> None:
+    simulated = bench_traffic.simulate(chat_stream(400, seed=0), CostModel().with_launch_ms(17.0), buckets_first=True)
+    bound = simulated["bound"]["share"]
+    assert 0 < bound <= 1
+    assert all(simulated[name]["share"] <= bound for name in bench_traffic.POLICIES)
