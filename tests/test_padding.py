@@ -302,9 +302,14 @@ def test_a_tower_captures_its_padded_buckets_before_serving_and_its_first_reques
     for block in tower.blocks:
         block.attn.backend = tower.attention
     runner = tower.enable_graphs(mechanism=StandInGraphs())
+    prepared = []
+    tower.attention.prepare = lambda *shape: prepared.append(shape)
     with torch.no_grad():  # as the calls after it
         captured = tower.capture_padded_buckets()
     assert captured == len(runner.padding.bucket_grids(2)) == runner.stats()["captures"] > 0
+    # The attention kernels' variants compile first, for the tower's shape (prepare_kernels).
+    heads = config.num_heads
+    assert prepared == [(config.head_dim, heads, heads, tower.dtype, tower.device)]
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     grid = [(1, 14, 14)]  # 196 tokens: a bucket's, not a grid bucket_grids picked
     pixels = torch.randn(196, width, generator=generator)
