@@ -194,8 +194,8 @@ def admission_bound(
         padded = eager if bucket is None else min(eager, host.replay_ms((*lengths, bucket - tokens)))
         own = min(eager, host.replay_ms(lengths))
         capture_ms = eager + CAPTURE_CHECK_MS
-        repays = len(indexes) > 1 and tokens <= max_tokens
-        repays = repays and eager + (len(indexes) - 1) * own + capture_ms < len(indexes) * padded
+        with_own_graph = eager + (len(indexes) - 1) * own + capture_ms
+        repays = len(indexes) > 1 and tokens <= max_tokens and with_own_graph < len(indexes) * padded
         for order, index in enumerate(indexes):
             times[index] = (own if order else eager) if repays else padded
         if repays:
