@@ -159,13 +159,17 @@ def variant_layouts(
     sms = _sm_count(device.index or 0)
     waves = THREE_CONSUMER_WAVES if three_consumer_waves is None else three_consumer_waves
     first: dict[tuple[int, bool], tuple[int, int]] = {}
-    for segments in (1, 2, 4, 8, 16, 32, 64):
-        for tokens in range(BLOCK_N, _LONGEST_VARIANT_IMAGE // segments + 1, BLOCK_N):
-            consumers = consumer_warpgroups(tokens, heads * segments, sms, waves)
-            split = plan_tail_split(tokens, consumers * CONSUMER_ROWS, BLOCK_N, heads * segments, sms) is not None
-            first.setdefault((consumers, split), (segments, tokens))
-            if len(first) == 4:
-                return sorted(first.values())
+    candidates = (
+        (segments, tokens)
+        for segments in (1, 2, 4, 8, 16, 32, 64)
+        for tokens in range(BLOCK_N, _LONGEST_VARIANT_IMAGE // segments + 1, BLOCK_N)
+    )
+    for segments, tokens in candidates:
+        consumers = consumer_warpgroups(tokens, heads * segments, sms, waves)
+        split = plan_tail_split(tokens, consumers * CONSUMER_ROWS, BLOCK_N, heads * segments, sms) is not None
+        first.setdefault((consumers, split), (segments, tokens))
+        if len(first) == 4:  # two and three consumers, whole and split: every variant there is
+            break
     return sorted(first.values())
 
 

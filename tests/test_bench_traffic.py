@@ -148,7 +148,11 @@ def test_the_admission_bound_takes_per_layout_the_better_of_padding_and_its_own_
     """One block at 10 ms a launch and 1 ms a token: 100 tokens pad to 128 (128 ms a replay: eager
     is faster), 20 pad to 256; its own graph costs one eager call and the check to capture."""
     host = CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0)
-    buckets, check = (128, 256), bench_traffic.CAPTURE_CHECK_MS
+    check = bench_traffic.CAPTURE_CHECK_MS
+
+    def buckets(tokens: int) -> int | None:
+        return next((size for size in (128, 256) if size > tokens), None)
+
     small, once, large = [4], [8], [100]
     times, captures = bench_traffic.admission_bound([small] * 6 + [once] + [large] * 3, host, buckets, 8192)
     eager, own = host.eager_ms(small), host.replay_ms(small)

@@ -136,14 +136,8 @@ def simulate(stream: Stream, host: CostModel, idle_ms: float = 0.0, buckets_firs
     result["oracle"] = latency_summary(oracle)
     savings = [[e - o] for e, o in zip(eager, oracle, strict=True)]
     result["oracle_by_sighting"] = oracle_by_sighting(stream.calls, savings, _BENEFIT["max_tokens"])
-    bound, captures = admission_bound(seq_lens, host, POLICIES["benefit"]["padding"].buckets, _BENEFIT["max_tokens"])
-    half = len(bound) // 2
-    result["bound"] = {
-        **latency_summary(bound),
-        "capture": captures,
-        "share": _share(eager, oracle, bound),
-        "second_half_share": _share(eager[half:], oracle[half:], bound[half:]),
-    }
+    bound, captures = admission_bound(seq_lens, host, POLICIES["benefit"]["padding"].bucket_for, _BENEFIT["max_tokens"])
+    result["bound"] = {**latency_summary(bound), "capture": captures, **_shares(eager, oracle, bound)}
     for name, options in POLICIES.items():
         mechanism = _InstantGraphs()
         runner = ViTGraphRunner(_toy_blocks, _no_attention, mechanism=mechanism, clock=_host_clock(host), **options)
@@ -165,32 +159,26 @@ def simulate(stream: Stream, host: CostModel, idle_ms: float = 0.0, buckets_firs
         counts["capture"] = runner.stats()["captures"] - captured_first  # on the requests' path or not
         counts["padded"] = sum(len(ran) != len(lens) for ran, lens in zip(run_lens, seq_lens, strict=True))
         times = _charge_contention(host, kinds, run_lens, capture_launches, idle_ms)
-        half = len(times) // 2  # the steady state, most captures behind it, as tower mode shows it
-        result[name] = {
-            **latency_summary(times),
-            **counts,
-            "share": _share(eager, oracle, times),
-            "second_half_share": _share(eager[half:], oracle[half:], times[half:]),
-        }
+        result[name] = {**latency_summary(times), **counts, **_shares(eager, oracle, times)}
     return result
 
 
 def admission_bound(
-    seq_lens: Sequence[Sequence[int]], host: CostModel, buckets: Sequence[int], max_tokens: int
+    seq_lens: Sequence[Sequence[int]], host: CostModel, bucket_for: Callable[[int], int | None], max_tokens: int
 ) -> tuple[list[float], int]:
     """Per call, the ms of the best admission with these graphs that knows every layout's calls in
     advance, and its captures: for each layout the better of two choices the static rule could make,
-    every call padded to the ladder's next bucket (bucket graphs free, taken where they beat eager),
-    or its first call eager and the rest replayed from its own graph (within ``max_tokens``), the
-    capture charged one eager call and ``CAPTURE_CHECK_MS`` at the second call. No contention, no
-    capacity: a ceiling on what any admission policy realizes with this mechanism."""
+    every call padded to its bucket (``bucket_for``: ``Padding.bucket_for``; bucket graphs free, taken
+    where they beat eager), or its first call eager and the rest replayed from its own graph (within
+    ``max_tokens``), the capture charged one eager call and ``CAPTURE_CHECK_MS`` at the second call.
+    No contention, no capacity: a ceiling on what any admission policy realizes with this mechanism."""
     calls: dict[tuple[int, ...], list[int]] = {}
     for index, lengths in enumerate(seq_lens):
         calls.setdefault(tuple(lengths), []).append(index)
     times, captures = [0.0] * len(seq_lens), 0
     for lengths, indexes in calls.items():
         eager, tokens = host.eager_ms(lengths), sum(lengths)
-        bucket = next((size for size in buckets if size > tokens), None)
+        bucket = bucket_for(tokens)
         padded = eager if bucket is None else min(eager, host.replay_ms((*lengths, bucket - tokens)))
         own = min(eager, host.replay_ms(lengths))
         capture_ms = eager + CAPTURE_CHECK_MS
@@ -246,6 +234,16 @@ def _charge(host: CostModel, kind: str, seq_lens: Sequence[int]) -> float:
     if kind == "replay":
         return host.replay_ms(seq_lens)
     return host.eager_ms(seq_lens) + host.capture_ms + host.replay_ms(seq_lens)  # on the call's own path
+
+
+def _shares(eager: list[float], oracle: list[float], times: list[float]) -> dict[str, float | None]:
+    """The share of the oracle's saving ``times`` realize over the stream and over its second half
+    (the steady state, most captures behind it, as tower mode shows it)."""
+    half = len(times) // 2
+    return {
+        "share": _share(eager, oracle, times),
+        "second_half_share": _share(eager[half:], oracle[half:], times[half:]),
+    }
 
 
 def _share(eager: list[float], oracle: list[float], times: list[float]) -> float | None:

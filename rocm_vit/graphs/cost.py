@@ -73,6 +73,12 @@ class CostModel:
         """Eager minus replay: negative where the device is the bottleneck."""
         return self.eager_ms(seq_lens) - self.replay_ms(seq_lens)
 
+    def capturable_saving_ms(self, seq_lens: Sequence[int]) -> float:
+        """``saving_ms`` where it is over ``MIN_SAVING_SHARE`` of the eager call, else 0: what
+        admission counts a graph of this layout to save."""
+        saving = self.saving_ms(seq_lens)
+        return saving if saving > MIN_SAVING_SHARE * self.eager_ms(seq_lens) else 0.0
+
 
 def fit_cost_model(timings: Sequence[tuple[int, float, float]], blocks: int) -> CostModel | None:
     """The model fitted to one-image ``(patches, eager_ms, graph_ms)`` timings; ``None`` with fewer than three."""

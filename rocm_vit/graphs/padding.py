@@ -68,9 +68,13 @@ class Padding:
         self._decided[key] = decision
         return decision
 
+    def bucket_for(self, tokens: int) -> int | None:
+        """The smallest bucket with room for ``tokens`` and a padding token, ``None`` past the ladder."""
+        return next((size for size in self.buckets if size > tokens), None)
+
     def _decide(self, layout: AttentionLayout) -> PaddedLayout | None:
         tokens = layout.num_patches
-        bucket = next((size for size in self.buckets if size > tokens), None)
+        bucket = self.bucket_for(tokens)
         if bucket is None:
             return None
         seq_lens = layout.segmentations["full"].seq_lens

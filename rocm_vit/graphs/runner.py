@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
-from rocm_vit.graphs.cost import MIN_SAVING_SHARE, PAYBACK_SHARE, CostModel
+from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.graphs.padding import Padding, pad_rows, padded_shape, real_rows
 from rocm_vit.layout import AttentionLayout, PaddedLayout
@@ -552,14 +552,12 @@ class ViTGraphRunner:
         return None
 
     def _predicted_saving_ms(self, layout: AttentionLayout) -> float | None:
-        """What a replay of ``layout`` saves on an eager call at this host's launch time by the cost
-        model, 0 where that is under ``MIN_SAVING_SHARE`` of the call; ``None`` without a model."""
+        """What a replay of ``layout`` saves at this host's launch time by the cost model
+        (``capturable_saving_ms``); ``None`` without a model."""
         if self._cost_model is None:
             return None
         model = self._cost_model.with_launch_ms(self._launch_ms())
-        seq_lens = layout.segmentations["full"].seq_lens
-        saving = model.saving_ms(seq_lens)
-        return saving if saving > MIN_SAVING_SHARE * model.eager_ms(seq_lens) else 0.0
+        return model.capturable_saving_ms(layout.segmentations["full"].seq_lens)
 
     def _recent_runs(self, layout: AttentionLayout, host_ms: float) -> Sequence[float]:
         """The host ms of ``layout``'s last runs, this one included (bounded, by layout)."""

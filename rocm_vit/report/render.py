@@ -343,7 +343,7 @@ def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callab
     def saves(row: dict) -> bool:
         (workload,) = parse_layouts(row["layout"], config)
         seq_lens = segment_lengths(workload.grid_thw)
-        return row["patches"] <= max_tokens and model.saving_ms(seq_lens) > MIN_SAVING_SHARE * model.eager_ms(seq_lens)
+        return row["patches"] <= max_tokens and model.capturable_saving_ms(seq_lens) > 0
 
     why = (
         f"The policy replays a layout called often enough (twice, and until the savings predicted for its calls "
