@@ -1407,3 +1407,60 @@ def test_a_pools_bytes_are_read_from_its_own_snapshot_where_torch_can_take_one(
     finally:
         capture._snapshot_options.cache_clear()
     assert snapshot_calls == [expected_call]
+
+
+class _RecordingCUDAGraph:
+    """``torch.cuda.CUDAGraph`` without a GPU: the capture's begin and end only."""
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        pass
+
+    def capture_end(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_no_cyclic_collection_runs_inside_a_capture(monkeypatch: pytest.MonkeyPatch, enabled_before: bool) -> None:
+    """A collection on the capturing thread that destroys a graph (a dropped tower's) invalidates the
+    capture: the collector is off while ``fn`` is captured, and as the caller had it afterwards."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _RecordingCUDAGraph)
+    seen = []
+
+    def fn() -> torch.Tensor:
+        seen.append(gc.isenabled())
+        return torch.zeros(1)
+
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        CudaGraphs().capture(fn, pool=(0, 1), stream=None)
+        after = gc.isenabled()
+    finally:
+        gc.enable()
+    assert seen == [False]
+    assert after == enabled_before
+
+
+def test_the_collector_stays_off_until_the_last_of_overlapping_captures_ends() -> None:
+    """Two runners' capture threads may capture at once: the first to end must not turn the
+    collector back on under the other."""
+    from rocm_vit.graphs.capture import _no_cyclic_collection
+
+    first_in, second_done = threading.Event(), threading.Event()
+    seen = []
+
+    def first() -> None:
+        with _no_cyclic_collection():
+            first_in.set()
+            second_done.wait(10)
+            seen.append(gc.isenabled())
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert first_in.wait(10)
+    with _no_cyclic_collection():
+        pass
+    seen.append(gc.isenabled())
+    second_done.set()
+    thread.join(10)
+    assert seen == [False, False]
+    assert gc.isenabled()

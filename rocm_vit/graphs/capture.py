@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -133,7 +135,7 @@ class CudaGraphs:
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
         # torch.cuda.graph's body minus its synchronize() and empty_cache(): on_stream already orders it.
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), _no_cyclic_collection():
             graph.capture_begin(pool=pool, capture_error_mode=self.capture_error_mode)
             try:
                 output = fn()
@@ -171,6 +173,39 @@ class CudaGraphs:
                 torch._C._cuda_releasePool(device.index, pool_id)
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+class _CollectionPause:
+    """Python's cyclic garbage collection off while any thread captures, on again after the last.
+
+    A collection runs on whichever thread allocates, the capturing one too; one there that destroys a
+    graph (garbage in a cycle: a dropped tower and its runner refer to each other) invalidates the
+    capture ("operation failed due to a previous error during capture"; docs/design.md, "Hazards").
+    Reference counting frees everything else as usual; the collector's garbage waits for the next
+    collection after the capture."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._captures = 0
+        self._was_enabled = False
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._captures == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._captures += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._captures -= 1
+                if self._captures == 0 and self._was_enabled:
+                    gc.enable()
+
+
+_no_cyclic_collection = _CollectionPause()
 
 
 def _pool_snapshot(pool_id: tuple[int, int]) -> list[dict[str, Any]]:

@@ -533,6 +533,45 @@ class _CountedWarmUps(CudaGraphs):
 
 
 @torch.inference_mode()
+def test_no_collection_runs_inside_a_capture_while_a_dropped_tower_with_graphs_awaits_the_collector() -> None:
+    """A dropped tower with graphs waits for the cyclic collector (it and its runner refer to each
+    other), and a collection that destroys its graphs on the capturing thread invalidated a capture
+    (docs/design.md, "Hazards"). With the collector run at nearly every allocation, a new tower's
+    deferred captures must all hold, and no collection may start on a capturing stream."""
+    dropped = _tower()
+    _capture_at_once(dropped)
+    grid = [(1, 8, 8)]
+    dropped(_pixels(dropped, grid, 0), grid)
+    del dropped
+    tower = _tower()
+    runner = _capture_at_once(tower)
+    runner._defer = True  # on the capture thread, as by_benefit does
+    grids = [list(workload.grid_thw) for workload in _workloads(tower, 6, seed=7)]
+    on_capturing_stream = []
+
+    def on_collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            on_capturing_stream.append(torch.cuda.is_current_stream_capturing())
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(on_collection)
+    gc.set_threshold(1, 1, 1)
+    try:
+        for index, grid in enumerate(grids):
+            pixels = _pixels(tower, grid, index)
+            tower(pixels, grid)
+            assert runner.wait_for_captures(timeout=120)
+            assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(on_collection)
+    stats = runner.stats()
+    assert stats["eager_runs"]["capture_failed"] == 0
+    assert stats["captures"] == len({str(grid) for grid in grids})
+    assert on_capturing_stream and not any(on_capturing_stream)
+
+
+@torch.inference_mode()
 @pytest.mark.parametrize(
     ("name", "overrides"),
     [("tiny", {}), ("qwen3-vl-8b", {"depth": 4, "deepstack_visual_indexes": [1]}), QWEN25_TRIMMED],
