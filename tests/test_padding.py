@@ -277,21 +277,28 @@ def test_a_backend_that_needs_host_lengths_is_never_padded() -> None:
         SdpaAttention().per_call_args(torch.zeros(2, dtype=torch.int32), 4)
 
 
-def test_bucket_grids_give_one_image_per_bucket_the_rule_pads_one_image_to() -> None:
+def test_bucket_call_grids_give_one_image_and_two_per_bucket_the_rule_pads_them_to() -> None:
     padding = Padding(MODEL, 8192)
-    grids = padding.bucket_grids(merge=2)
-    reached = [padding.padded(VisionLayout.from_grid_thw([grid]).attention) for grid in grids]
-    buckets = [padded.num_patches for padded in reached]
-    assert buckets == sorted(set(buckets)) and buckets[0] == padding.buckets[0]  # one each, in order
-    for (_, rows, columns), padded in zip(grids, reached, strict=True):
-        assert rows % 2 == columns % 2 == 0 and max(rows, columns) <= 4 * min(rows, columns)
-        assert padded.graph_key == ("padded", padded.num_patches, 2)  # the image and its padding
-    # Every bucket a one-image layout is padded to has its grid: none is left for a first request.
+    calls = padding.bucket_call_grids(merge=2)
+    reached = {}  # images per call -> buckets, in order
+    for grids in calls:
+        padded = padding.padded(VisionLayout.from_grid_thw(grids).attention)
+        for _, rows, columns in grids:
+            assert rows % 2 == columns % 2 == 0 and max(rows, columns) <= 4 * min(rows, columns)
+        assert padded.graph_key == ("padded", padded.num_patches, len(grids) + 1)  # the images and the padding
+        reached.setdefault(len(grids), []).append(padded.num_patches)
+    assert set(reached) == {1, 2}
+    for buckets in reached.values():
+        assert buckets == sorted(set(buckets))  # one each, in order
+    assert reached[1][0] == padding.buckets[0]
+    # Every bucket a layout of one image or two is padded to has its call: none is left for a first
+    # request, where chat's calls of two images would otherwise capture several in the stream.
     rng = random.Random(0)
-    for _ in range(300):
-        layout = _layout((1, 2 * rng.randint(1, 40), 2 * rng.randint(1, 40)))
-        padded = padding.padded(layout)
-        assert padded is None or padded.num_patches in buckets
+    for _ in range(1000):
+        for images in (1, 2):
+            grids = [(1, 2 * rng.randint(1, 40), 2 * rng.randint(1, 40)) for _ in range(images)]
+            padded = padding.padded(_layout(*grids))
+            assert padded is None or padded.num_patches in reached[images]
 
 
 def test_a_tower_captures_its_padded_buckets_before_serving_and_its_first_requests_replay_them(generator) -> None:
@@ -306,12 +313,12 @@ def test_a_tower_captures_its_padded_buckets_before_serving_and_its_first_reques
     tower.attention.prepare = lambda *shape: prepared.append(shape)
     with torch.no_grad():  # as the calls after it
         captured = tower.capture_padded_buckets()
-    assert captured == len(runner.padding.bucket_grids(2)) == runner.stats()["captures"] > 0
+    assert captured == len(runner.padding.bucket_call_grids(2)) == runner.stats()["captures"] > 0
     # The attention kernels' variants compile first, for the tower's shape (prepare_kernels).
     heads = config.num_heads
     assert prepared == [(config.head_dim, heads, heads, tower.dtype, tower.device)]
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
-    grid = [(1, 14, 14)]  # 196 tokens: a bucket's, not a grid bucket_grids picked
+    grid = [(1, 14, 14)]  # 196 tokens: a bucket's, not a grid bucket_call_grids picked
     pixels = torch.randn(196, width, generator=generator)
     with torch.no_grad():
         out = tower(pixels, grid)

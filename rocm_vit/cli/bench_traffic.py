@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--buckets-first",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="capture the padded buckets of one image before each stream, as the SGLang plugin does at "
+        help="capture the padded buckets of one image and of two before each stream, as the SGLang plugin does at "
         "server start (charged nothing; the stream's counts leave them out; default on)",
     )
     parser.add_argument(
@@ -127,7 +127,7 @@ POLICIES: dict[str, dict[str, Any]] = {
 def simulate(stream: Stream, host: CostModel, idle_ms: float = 0.0, buckets_first: bool = False) -> dict[str, Any]:
     """``stream`` under all-eager, the oracle and each of ``POLICIES``: per-call times and counts;
     ``idle_ms`` of host time between calls (``_charge_contention``). ``buckets_first``: a policy
-    that pads first serves one call per one-image bucket (``Padding.bucket_grids``), charged nothing
+    that pads first serves the calls that capture its buckets (``Padding.bucket_call_grids``), charged nothing
     and left out of its counts, as a server's startup would."""
     seq_lens = [segment_lengths(grid) for grid in stream.calls]
     eager = [host.eager_ms(lens) for lens in seq_lens]
@@ -143,8 +143,8 @@ def simulate(stream: Stream, host: CostModel, idle_ms: float = 0.0, buckets_firs
         runner = ViTGraphRunner(_toy_blocks, _no_attention, mechanism=mechanism, clock=_host_clock(host), **options)
         padding = options.get("padding")
         if buckets_first and padding is not None:
-            for grid in padding.bucket_grids(MERGE):
-                _call(runner, VisionLayout.from_grid_thw([grid], MERGE).attention)  # charged nothing
+            for grids in padding.bucket_call_grids(MERGE):
+                _call(runner, VisionLayout.from_grid_thw(grids, MERGE).attention)  # charged nothing
         captured_first = runner.stats()["captures"]
         kinds, run_lens, capture_launches = [], [], []
         for grid in progress(list(stream.calls), f"{stream.name}, {name}", "call"):

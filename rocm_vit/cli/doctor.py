@@ -174,7 +174,7 @@ def _policy() -> dict[str, Any]:
 
 
 def _padding_report(cost_model: CostModel, max_tokens: int) -> dict[str, Any]:
-    """The buckets padded layouts run at, the one-image grids captured before serving (Qwen-VL's
+    """The buckets padded layouts run at, the calls (one image or two) that capture them before serving (Qwen-VL's
     merge of 2; ``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``), and what the static rule decides for a
     few layouts (with ``graph_cost``; a tower or the SGLang adapter scales it to its own blocks)."""
     from rocm_vit.graphs.padding import Padding
@@ -185,8 +185,9 @@ def _padding_report(cost_model: CostModel, max_tokens: int) -> dict[str, Any]:
     for label, seq_lens in _PADDING_EXAMPLES.items():
         padded = padding.padded(AttentionLayout({"full": Segmentation.from_lengths(seq_lens)}))
         per_layout[label] = "as it is" if padded is None else f"padded to {padded.num_patches}"
-    grids = padding.bucket_grids(merge=2)
-    at_start = f"{len(grids)} one-image grids (patches): " + ", ".join(f"{h}x{w}" for _, h, w in grids)
+    calls = padding.bucket_call_grids(merge=2)
+    shown = (" + ".join(f"{h}x{w}" for _, h, w in grids) for grids in calls)
+    at_start = f"{len(calls)} calls (patches): " + ", ".join(shown)
     return {"buckets": ", ".join(map(str, padding.buckets)), "captured_at_start": at_start, "per_layout": per_layout}
 
 

@@ -33,7 +33,7 @@ MIN_KEPT_SAVING = 0.7
 # reach the device once, not at every call. Bounded so endless new sizes stay flat.
 _DECISIONS_KEPT = 4096
 _UNDECIDED = object()
-_MAX_ASPECT = 4  # of the grids ``bucket_grids`` picks: as elongated as a panorama photo
+_MAX_ASPECT = 4  # of the grids ``bucket_call_grids`` picks: as elongated as a panorama photo
 
 
 def bucket_ladder(max_tokens: int) -> tuple[int, ...]:
@@ -86,35 +86,57 @@ class Padding:
             return None
         return PaddedLayout(layout, bucket)
 
-    def bucket_grids(self, merge: int) -> list[GridTHW]:
-        """One image's patch grid for each bucket this rule pads a one-image layout to: the grid of
-        whole ``merge`` blocks, at most ``_MAX_ASPECT`` from square, with the most tokens below the
-        bucket (the least padding, so the likeliest padded). A call of each captures every
-        one-image bucket graph before serving (``VisionTower.capture_padded_buckets``)."""
-        grids, below, block = [], 0, merge * merge
+    def bucket_call_grids(self, merge: int) -> list[list[GridTHW]]:
+        """The ``grid_thw`` of each call that captures a bucket graph before serving
+        (``VisionTower.capture_padded_buckets``): for each bucket, one image with the most tokens
+        below it in whole ``merge`` blocks, at most ``_MAX_ASPECT`` from square (the least padding,
+        so the likeliest padded), and that image cut in two side by side, each where this rule pads
+        it to that bucket. A graph's key carries its segment count, so one image and two are graphs
+        of their own; calls of three images or more, rare in chat, are captured when they come
+        (docs/design.md, "Padding")."""
+        calls, below = [], 0
         for bucket in self.buckets:
-            for tokens in range((bucket - 1) // block * block, below, -block):
-                grid = _squarest_grid(tokens, merge)
-                if grid is None:
-                    continue
-                # The largest fitting grid decides: a smaller one pads more and keeps less saving.
-                padded = self._decide(VisionLayout.from_grid_thw([grid], merge).attention)
-                if padded is not None and padded.num_patches == bucket:
-                    grids.append(grid)
-                break
+            grid = _top_grid(bucket, below, merge)
             below = bucket
-        return grids
+            if grid is None:
+                continue
+            for grids in ([grid], _cut_in_two(grid, merge)):
+                if not grids:
+                    continue
+                padded = self._decide(VisionLayout.from_grid_thw(grids, merge).attention)
+                if padded is not None and padded.num_patches == bucket:
+                    calls.append(grids)
+        return calls
 
 
 def bucket_calls(
-    grids: list[GridTHW], width: int, device: torch.device, dtype: torch.dtype
-) -> Iterator[tuple[GridTHW, torch.Tensor]]:
-    """Each of ``grids`` (``Padding.bucket_grids``) with random pixels for it, ``width`` per patch
-    (seed 0): the calls that capture a tower's buckets before serving, in rocm-vit's towers and in
-    the SGLang adapter alike."""
+    call_grids: list[list[GridTHW]], width: int, device: torch.device, dtype: torch.dtype
+) -> Iterator[tuple[list[GridTHW], torch.Tensor]]:
+    """Each call of ``call_grids`` (``Padding.bucket_call_grids``) with random pixels for it,
+    ``width`` per patch (seed 0): the calls that capture a tower's buckets before serving, in
+    rocm-vit's towers and in the SGLang adapter alike."""
     generator = torch.Generator(device=device).manual_seed(0)
-    for grid in grids:
-        yield grid, torch.randn(math.prod(grid), width, generator=generator, device=device, dtype=dtype)
+    for grids in call_grids:
+        patches = sum(math.prod(grid) for grid in grids)
+        yield grids, torch.randn(patches, width, generator=generator, device=device, dtype=dtype)
+
+
+def _top_grid(bucket: int, below: int, merge: int) -> GridTHW | None:
+    """The one-frame grid (``_squarest_grid``) with the most tokens under ``bucket`` and over ``below``."""
+    block = merge * merge
+    for tokens in range((bucket - 1) // block * block, below, -block):
+        grid = _squarest_grid(tokens, merge)
+        if grid is not None:
+            return grid
+    return None
+
+
+def _cut_in_two(grid: GridTHW, merge: int) -> list[GridTHW]:
+    """``grid`` cut into two images of whole ``merge`` blocks side by side; empty where it is one
+    block wide."""
+    frames, rows, columns = grid
+    left = columns // merge // 2 * merge
+    return [(frames, rows, left), (frames, rows, columns - left)] if left else []
 
 
 def _squarest_grid(tokens: int, merge: int) -> GridTHW | None:

@@ -230,8 +230,8 @@ class VisionTower(nn.Module, ABC):
         self.attention.prepare(config.head_dim, config.num_heads, config.num_heads, self.dtype, self.device)
 
     def capture_padded_buckets(self) -> int:
-        """Capture now, before serving, the graph of each bucket the runner pads one image to: one call
-        of random pixels per bucket (``Padding.bucket_grids``), each capture waited for. A server's
+        """Capture now, before serving, the graph of each bucket the runner pads one image or two to:
+        one call of random pixels each (``Padding.bucket_call_grids``), each capture waited for. A server's
         first requests then neither wait for these captures nor share the host with them. Call it
         under the grad mode the server's calls run in (``torch.no_grad()`` or
         ``torch.inference_mode()``): the staging buffers made here serve them, and tensors made
@@ -243,9 +243,9 @@ class VisionTower(nn.Module, ABC):
             return 0
         config, captures = self.config, runner.stats()["captures"]
         width = config.in_channels * config.temporal_patch_size * config.patch_size**2
-        grids = runner.padding.bucket_grids(config.spatial_merge_size)
-        for grid, pixels in bucket_calls(grids, width, self.device, self.dtype):
-            self(pixels, [grid])
+        call_grids = runner.padding.bucket_call_grids(config.spatial_merge_size)
+        for grids, pixels in bucket_calls(call_grids, width, self.device, self.dtype):
+            self(pixels, grids)
             runner.wait_for_captures()
         captured = runner.stats()["captures"] - captures
         logger.info("captured %d padded bucket graphs before serving", captured)

@@ -480,7 +480,7 @@ def _buckets_at_start(model: torch.nn.Module, mechanism: Any) -> dict[str, Any]:
     stats = adapter.stats()
     return {
         "captured": captured,
-        "bucket_grids": len(adapter._runner.padding.bucket_grids(model.spatial_merge_size)),
+        "bucket_calls": len(adapter._runner.padding.bucket_call_grids(model.spatial_merge_size)),
         "captures_at_start": at_start["captures"],
         "captures_while_serving": stats["captures"] - at_start["captures"],
         "replays": stats["replays"] - at_start["replays"],

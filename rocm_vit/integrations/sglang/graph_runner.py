@@ -237,9 +237,10 @@ class ViTGraphRunnerAdapter:
         return merged if output_indices is None else merged.index_select(0, output_indices)
 
     def capture_padded_buckets(self) -> int:
-        """Capture now the graph of each bucket the runner pads one image to (``Padding.bucket_grids``):
-        one call of random pixels per bucket through SGLang's own ``forward_with_cuda_graph``, so each
-        graph has a request's shapes and dtypes, each capture waited for. Call it under the grad mode
+        """Capture now the graph of each bucket the runner pads one image or two to
+        (``Padding.bucket_call_grids``): one call of random pixels each through SGLang's own
+        ``forward_with_cuda_graph``, so each graph has a request's shapes and dtypes, each capture
+        waited for. Call it under the grad mode
         of the server's calls, or under ``torch.no_grad()``, whose tensors inference mode may write
         too. Returns how many graphs were captured: 0 where the runner pads nothing (padding off,
         Qwen2.5-VL's windows), stopped serving, or is not the one its tower holds (SGLang's forward
@@ -253,9 +254,9 @@ class ViTGraphRunnerAdapter:
         if not any(value is self for value in vars(vit).values()):
             return 0
         captures = runner.stats()["captures"]
-        grids = runner.padding.bucket_grids(vit.spatial_merge_size)
-        for grid, pixels in bucket_calls(grids, width, vit.device, vit.dtype):
-            vit.forward_with_cuda_graph(pixels, torch.tensor([grid], dtype=torch.int32))
+        call_grids = runner.padding.bucket_call_grids(vit.spatial_merge_size)
+        for grids, pixels in bucket_calls(call_grids, width, vit.device, vit.dtype):
+            vit.forward_with_cuda_graph(pixels, torch.tensor(grids, dtype=torch.int32))
             if self._runner is not runner:  # it failed, and SGLang's eager blocks serve from now on
                 return 0
             runner.wait_for_captures()
