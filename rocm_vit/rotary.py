@@ -5,6 +5,7 @@ Invariant: the choice is the policy's, fixed for the process and independent of 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import types
@@ -65,7 +66,8 @@ def _compiled() -> RotaryFn:
             rotated = compiled[pattern] = _compile_for_one_pattern()
         if rotated is not None:
             try:
-                q_rotated, k_rotated = rotated(q, k, cos, sin)
+                with _one_mode_without_grad():
+                    q_rotated, k_rotated = rotated(q, k, cos, sin)
             except Exception as error:  # a compiler failure must not fail the request
                 compiled[pattern] = None
                 logger.warning(
@@ -86,6 +88,14 @@ def _compiled() -> RotaryFn:
 _NOT_YET = object()
 
 
+def _one_mode_without_grad() -> contextlib.AbstractContextManager:
+    """Inference mode wherever grad is off: Dynamo guards on the grad mode, so a helper compiled
+    while a server starts under ``no_grad`` (SGLang's default, and its captures) would compile
+    again inside the first request of a server that runs under ``inference_mode``
+    (``SGLANG_ENABLE_TORCH_INFERENCE_MODE``). Its outputs only feed the copies into q and k."""
+    return contextlib.nullcontext() if torch.is_grad_enabled() else torch.inference_mode()
+
+
 def _compile_for_one_pattern() -> Callable:
     """``rope_torch.rotated_native`` under ``torch.compile`` (fullgraph, dynamic), a code object of its own.
 
@@ -104,6 +114,5 @@ def _call_pattern(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
         tuple(t.dtype for t in tensors),
         tuple(tuple(t.shape[1:]) for t in tensors),
         tuple(t.stride() for t in tensors),
-        torch.is_inference_mode_enabled(),
-        torch.is_grad_enabled(),
+        torch.is_grad_enabled(),  # without grad, always run in inference mode (_one_mode_without_grad)
     )

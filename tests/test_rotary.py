@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -415,6 +416,34 @@ def test_compiled_helper_rotates_fused_qkv_views_in_place(generator, on_platform
         torch.testing.assert_close(qkv[:, :2].float(), expected[:, :2].float(), atol=0, rtol=2**-7)
         assert torch.equal(qkv[:, 2], expected[:, 2]), "v must not be written"
         assert not torch.equal(qkv[:, :2], original[:, :2]), "q and k must be rotated in place"
+
+
+@pytest.mark.slow
+def test_compiled_helper_compiles_once_for_no_grad_and_inference_mode(generator, on_platform, monkeypatch):
+    """SGLang's server starts (and captures) under ``no_grad`` and may serve under
+    ``inference_mode``: one compile must serve both, with the same bits, or the first request of
+    such a server compiles (seconds, on ROCm's default rotary)."""
+    on_platform("rocm")
+    rotary.implementation.cache_clear()  # no pattern compiled by an earlier test
+    compiles = []
+    compile_for_one_pattern = rotary._compile_for_one_pattern
+
+    def counted() -> Callable:
+        compiles.append(1)
+        return compile_for_one_pattern()
+
+    monkeypatch.setattr(rotary, "_compile_for_one_pattern", counted)
+    qkv, cos, sin = _fused_qkv_args(generator, 11, 4, 72, torch.bfloat16)
+    rotated = []
+    for grad_mode in (torch.no_grad, torch.inference_mode, torch.no_grad):
+        fused = qkv.clone()
+        with grad_mode():
+            q, k, _ = fused.unbind(1)
+            rotary.apply_rotary(q, k, cos, sin)
+        rotated.append(fused)
+    assert len(compiles) == 1
+    assert all(torch.equal(fused, rotated[0]) for fused in rotated)
+    assert not torch.equal(rotated[0], qkv)
 
 
 @pytest.mark.slow
