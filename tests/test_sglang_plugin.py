@@ -439,6 +439,18 @@ def test_padded_buckets_captured_at_server_start_serve_the_first_requests_bit_fo
     assert buckets["switched_off"] == [0, 0]  # SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS=0: none at start
 
 
+@needs_sglang
+def test_with_vit_graphs_off_the_server_start_runs_one_eager_call_that_compiles_what_requests_use(
+    report: dict[str, Any],
+) -> None:
+    """Graphs off, SGLang's eager forward serves the tower, and a compiled rotary (ROCm's default)
+    compiled in the first request: the start's eager call must make every rotary call pattern the
+    requests use, under ``no_grad`` and ``inference_mode`` alike, and capture nothing."""
+    warm_up = report["eager_warm_up_at_start"]
+    assert warm_up["captured"] == 0 and warm_up["patterns_at_start"] >= 1
+    assert warm_up["rotary_calls_in_requests"] > 0 and warm_up["patterns_new_in_requests"] == 0
+
+
 def test_bucket_captures_follow_sglangs_graphs_and_a_failure_never_stops_the_server(caplog) -> None:
     from rocm_vit.integrations.sglang import graph_runner, startup
 
@@ -448,7 +460,7 @@ def test_bucket_captures_follow_sglangs_graphs_and_a_failure_never_stops_the_ser
         pass
 
     class FailingAdapter:  # stands for an adapter whose tower raises in SGLang's forward
-        captures_buckets_at_start = True
+        captures_buckets_at_start, warms_up_at_start = True, False
 
         def __init__(self, vit: torch.nn.Module) -> None:
             self.vit = vit

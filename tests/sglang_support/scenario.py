@@ -200,6 +200,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     report["graph_vs_eager_padded"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), padding=True)
     report["deferral_by_setting"] = _deferral_by_setting(model)
     report["buckets_at_start"] = _buckets_at_start(model, _stand_in_mechanism())
+    report["eager_warm_up_at_start"] = _eager_warm_up_at_start(model)
     report["adapter_safety"] = _adapter_safety(model, inputs, eager)
     report["tuned"] = _tuned_aiter_slot(state, inputs, eager_before)
 
@@ -487,6 +488,44 @@ def _buckets_at_start(model: torch.nn.Module, mechanism: Any) -> dict[str, Any]:
         "requests": len(requests),
         "bitwise_equal": [torch.equal(a, b) for a, b in zip(served, eager_padded, strict=True)],
         "switched_off": [switched_off_captured, switched_off.stats()["captures"]],
+    }
+
+
+def _eager_warm_up_at_start(model: torch.nn.Module) -> dict[str, Any]:
+    """With ViT graphs off, rocm-vit's hook at ``init_cuda_graphs`` runs one eager call of SGLang's
+    tower: the rotary call patterns (``rotary._call_pattern``, what a compile depends on) of later
+    requests, under ``no_grad`` and ``inference_mode``, must be among the warm-up's."""
+    from rocm_vit import rotary
+    from rocm_vit.integrations.sglang import attention
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+    from rocm_vit.integrations.sglang.startup import capture_vit_buckets
+
+    patterns = []
+    apply_rotary = attention.apply_rotary
+
+    def recording(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        patterns.append(rotary._call_pattern(q, k, cos, sin))
+        apply_rotary(q, k, cos, sin)
+
+    grid = [(1, 12, 16)]
+    request = (torch.randn(_patches(grid), PATCH_DIM, generator=torch.Generator().manual_seed(9)), grid)
+    attention.apply_rotary = recording
+    try:
+        with _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "0"}):
+            model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
+            captured = capture_vit_buckets(torch.nn.ModuleDict({"visual": model}))
+        at_start = set(patterns)
+        patterns.clear()
+        for grad_mode in (torch.no_grad, torch.inference_mode):
+            with grad_mode():
+                _run(model, [request], graphs=False)
+    finally:
+        attention.apply_rotary = apply_rotary
+    return {
+        "captured": captured,
+        "patterns_at_start": len(at_start),
+        "rotary_calls_in_requests": len(patterns),
+        "patterns_new_in_requests": len(set(patterns) - at_start),
     }
 
 

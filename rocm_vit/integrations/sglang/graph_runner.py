@@ -112,6 +112,7 @@ class ViTGraphRunnerAdapter:
         self._runner: ViTGraphRunner | None = None
         settings = _settings()
         self.captures_buckets_at_start = settings.vit_cuda_graph and settings.graph_capture_buckets
+        self.warms_up_at_start = not settings.vit_cuda_graph  # SGLang's own eager forward serves it
         _ADAPTERS.add(self)
         eager_problem = eager_unsupported_reason(vit)
         self._serves_eagerly = eager_problem is None
@@ -261,6 +262,20 @@ class ViTGraphRunnerAdapter:
                 return 0
             runner.wait_for_captures()
         return runner.stats()["captures"] - captures
+
+    def warm_up(self) -> None:
+        """One call of a small random image (one merge block square, four merged tokens) through
+        SGLang's own ``forward``, for a tower SGLang serves eagerly (ViT graphs off): what its eager
+        path compiles at its first call, rocm-vit's compiled rotary on ROCm (seconds), compiles here
+        instead of in the first request. Under ``torch.no_grad()``: the compiled rotary serves
+        ``inference_mode`` calls too."""
+        vit, width = self.vit, _pixel_width(self.vit)
+        merge = getattr(vit, "spatial_merge_size", None)
+        if width is None or not isinstance(merge, int):
+            return
+        grid = (1, 2 * merge, 2 * merge)
+        for grids, pixels in bucket_calls([[grid]], width, vit.device, vit.dtype):
+            vit(pixels, torch.tensor(grids, dtype=torch.int32))
 
     def wait_for_captures(self, timeout: float | None = None) -> bool:
         """``ViTGraphRunner.wait_for_captures``; ``True`` at once without a runner."""

@@ -1,7 +1,9 @@
-"""The ViT's padded buckets captured while SGLang starts, after its own graphs.
+"""The ViT's padded buckets captured while SGLang starts, after its own graphs; with ViT graphs off,
+one eager call instead.
 
 Without this, the first request that lands in each bucket waits for that bucket's capture, or shares
-the host with it (docs/design.md, "Buckets before traffic"). ``ModelRunner.init_cuda_graphs`` runs
+the host with it (docs/design.md, "Buckets before traffic"); with graphs off, the first request
+compiles what SGLang's eager forward compiles lazily (rocm-vit's rotary on ROCm). ``ModelRunner.init_cuda_graphs`` runs
 after the weights are loaded and the KV cache is sized, on every TP rank in step, under
 ``torch.no_grad()``: the bucket graphs come out of the same budget and reserve as the graphs captured
 while serving, and every rank captures the same list.
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rocm_vit.integrations.sglang.graph_runner import adapters_in
+from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter, adapters_in
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +45,14 @@ def capture_buckets_after(original_init_cuda_graphs: Callable[..., None]) -> Cal
 @torch.no_grad()  # as SGLang's own captures: inference mode may write these tensors, not the reverse
 def capture_vit_buckets(model: nn.Module) -> int:
     """Capture the padded buckets of each ViT in ``model`` whose runner is to
-    (``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``, on by default with ViT graphs). Never raises: a
-    tower whose captures fail here captures its buckets when requests reach them. Returns how many
-    graphs were captured."""
+    (``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``, on by default with ViT graphs); warm up with one
+    eager call each ViT that SGLang serves eagerly (graphs off). Never raises: a tower whose
+    captures fail here captures its buckets when requests reach them, one whose warm-up fails
+    compiles in its first request. Returns how many graphs were captured."""
     captured = 0
     for adapter in adapters_in(model):
+        if adapter.warms_up_at_start:
+            _warm_up(adapter)
         if not adapter.captures_buckets_at_start:
             continue
         tower, started = type(adapter.vit).__name__, time.perf_counter()
@@ -63,3 +68,14 @@ def capture_vit_buckets(model: nn.Module) -> int:
                         graphs, tower, seconds, held_mib)  # fmt: skip
         captured += graphs
     return captured
+
+
+def _warm_up(adapter: ViTGraphRunnerAdapter) -> None:
+    """``adapter.warm_up()``, timed and logged; a failure is logged and the server starts."""
+    tower, started = type(adapter.vit).__name__, time.perf_counter()
+    try:
+        adapter.warm_up()
+    except Exception:  # server start must go on; the first request compiles instead
+        logger.exception("rocm-vit: the eager warm-up of %s at start failed", tower)
+        return
+    logger.info("rocm-vit: %s warmed up with one eager call at start in %.1f s", tower, time.perf_counter() - started)
