@@ -77,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--buckets-first",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="capture the padded buckets of one image and of two before each stream, as the SGLang plugin does at "
-        "server start (charged nothing; the stream's counts leave them out; default on)",
+        help="capture the padded buckets of one image and of two before each stream, as the SGLang plugin "
+        "does at server start (charged nothing; the stream's counts leave them out; default on)",
     )
     parser.add_argument(
         "--oracle-calls",
@@ -127,8 +127,8 @@ POLICIES: dict[str, dict[str, Any]] = {
 def simulate(stream: Stream, host: CostModel, idle_ms: float = 0.0, buckets_first: bool = False) -> dict[str, Any]:
     """``stream`` under all-eager, the oracle and each of ``POLICIES``: per-call times and counts;
     ``idle_ms`` of host time between calls (``_charge_contention``). ``buckets_first``: a policy
-    that pads first serves the calls that capture its buckets (``Padding.bucket_call_grids``), charged nothing
-    and left out of its counts, as a server's startup would."""
+    that pads first serves the calls that capture its buckets (``Padding.bucket_call_grids``),
+    charged nothing and left out of its counts, as a server's startup would."""
     seq_lens = [segment_lengths(grid) for grid in stream.calls]
     eager = [host.eager_ms(lens) for lens in seq_lens]
     oracle = [min(host.eager_ms(lens), host.replay_ms(lens)) for lens in seq_lens]

@@ -174,8 +174,8 @@ def _policy() -> dict[str, Any]:
 
 
 def _padding_report(cost_model: CostModel, max_tokens: int) -> dict[str, Any]:
-    """The buckets padded layouts run at, the calls (one image or two) that capture them before serving (Qwen-VL's
-    merge of 2; ``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``), and what the static rule decides for a
+    """The buckets padded layouts run at, the calls (one image or two) that capture them before
+    serving (Qwen-VL's merge of 2; ``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``), and what the static rule decides for a
     few layouts (with ``graph_cost``; a tower or the SGLang adapter scales it to its own blocks)."""
     from rocm_vit.graphs.padding import Padding
     from rocm_vit.layout import AttentionLayout, Segmentation

@@ -231,8 +231,8 @@ class VisionTower(nn.Module, ABC):
 
     def capture_padded_buckets(self) -> int:
         """Capture now, before serving, the graph of each bucket the runner pads one image or two to:
-        one call of random pixels each (``Padding.bucket_call_grids``), each capture waited for. A server's
-        first requests then neither wait for these captures nor share the host with them. Call it
+        one call of random pixels each (``Padding.bucket_call_grids``), each capture waited for. A
+        server's first requests then neither wait for these captures nor share the host with them. Call it
         under the grad mode the server's calls run in (``torch.no_grad()`` or
         ``torch.inference_mode()``): the staging buffers made here serve them, and tensors made
         under inference mode cannot be written outside it. Returns how many graphs were captured

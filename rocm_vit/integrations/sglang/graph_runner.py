@@ -241,11 +241,10 @@ class ViTGraphRunnerAdapter:
         """Capture now the graph of each bucket the runner pads one image or two to
         (``Padding.bucket_call_grids``): one call of random pixels each through SGLang's own
         ``forward_with_cuda_graph``, so each graph has a request's shapes and dtypes, each capture
-        waited for. Call it under the grad mode
-        of the server's calls, or under ``torch.no_grad()``, whose tensors inference mode may write
-        too. Returns how many graphs were captured: 0 where the runner pads nothing (padding off,
-        Qwen2.5-VL's windows), stopped serving, or is not the one its tower holds (SGLang's forward
-        reaches that one)."""
+        waited for. Call it under the grad mode of the server's calls, or under ``torch.no_grad()``,
+        whose tensors inference mode may write too. Returns how many graphs were captured: 0 where
+        the runner pads nothing (padding off, Qwen2.5-VL's windows), stopped serving, or is not the
+        one its tower holds (SGLang's forward reaches that one)."""
         runner, vit = self._runner, self.vit
         width = _pixel_width(vit)
         if runner is None or runner.padding is None or self._windowed or width is None:
