@@ -33,6 +33,13 @@ from rocm_vit.graphs.runner import LayoutArgs
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
 
+_CAPTURING = threading.local()
+
+
+def stand_in_capturing() -> bool:
+    """Whether this thread is inside a stand-in capture (``torch.cuda.is_current_stream_capturing``)."""
+    return getattr(_CAPTURING, "active", False)
+
 
 @dataclass(eq=False)
 class _StandInGraph:
@@ -41,6 +48,7 @@ class _StandInGraph:
     tokens: int
     pool: _StandInPool
     corrupt: bool
+    replays: int = 0
 
 
 @dataclass(eq=False)
@@ -61,11 +69,16 @@ class StandInGraphs:
     else (HIP before ROCm 7.14 could swallow a capture error). A capture into a pool whose graphs
     were all retired fails, as torch >= 2.11's does (its pinned-host pool died with the last graph).
     ``pool_bytes_offset`` makes this process's allocator report every pool that much larger (ranks
-    whose allocators disagree).
+    whose allocators disagree). ``fail_warm_ups``, ``fail_captures`` and ``fail_replays`` fail that many
+    before they run anything; ``fail_later_replays`` fails that many replays of graphs replayed before
+    (a serving replay, not a new graph's check).
     """
 
+    fail_warm_ups: int = 0
     fail_captures: int = 0
     fail_replays: int = 0
+    fail_later_replays: int = 0
+    fail_retires: int = 0
     corrupt_captures: int = 0
     scratch_bytes_per_token: int = 0  # intermediates a capture needs beside its output
     segment_bytes: int = 1  # pools grow in whole segments of this size
@@ -110,6 +123,9 @@ class StandInGraphs:
     def warm_up(self, fn, pool: _StandInPool, stream) -> torch.Tensor:
         assert stream == "runner-stream"
         self.events.append("warm_up")
+        if self.fail_warm_ups:
+            self.fail_warm_ups -= 1
+            raise RuntimeError("stand-in: the warm-up failed")
         self.warm_up_pools.append(pool)
         output = fn()
         # Allocated in the pool and freed before the capture: the pool keeps its peak reserved.
@@ -125,7 +141,11 @@ class StandInGraphs:
         if self.fail_captures:
             self.fail_captures -= 1
             raise torch.OutOfMemoryError("stand-in: out of memory during capture")
-        output = fn()  # the runner's staging: only the forward's own result and scratch are in the pool
+        _CAPTURING.active = True
+        try:
+            output = fn()  # the runner's staging: only the forward's own result and scratch are in the pool
+        finally:
+            _CAPTURING.active = False
         tokens = output.shape[0]
         self._grow(pool, output.nbytes + self.scratch_bytes_per_token * tokens)
         pool.live_graphs += 1
@@ -141,12 +161,19 @@ class StandInGraphs:
 
     def replay(self, graph: _StandInGraph) -> None:
         self.events.append("replay")
+        graph.replays += 1
+        if self.fail_later_replays and graph.replays > 1:
+            self.fail_later_replays -= 1
+            raise RuntimeError("stand-in: a later replay failed")
         if self.fail_replays:
             self.fail_replays -= 1
             raise RuntimeError("stand-in: the replay failed")
         graph.output.copy_(graph.fn() + 1 if graph.corrupt else graph.fn())
 
     def retire(self, graph: _StandInGraph) -> None:
+        if self.fail_retires:
+            self.fail_retires -= 1
+            raise RuntimeError("stand-in: the graph could not be reset")
         self.retired += 1
         graph.pool.live_graphs -= 1
 
@@ -594,6 +621,21 @@ def test_failed_capture_is_remembered_served_eagerly_and_runner_keeps_working(
     assert "is not used (capture_failed: OutOfMemoryError" in caplog.text
 
 
+def test_a_failure_while_making_room_drops_every_graph_and_serves_the_call(generator: torch.Generator) -> None:
+    """Graphs were evicted before the error on this rank alone: every rank (here one) starts again
+    from none, so the ranks' graphs never differ; the call is served eagerly, the runner goes on."""
+    runner, mechanism = _runner(mechanism=StandInGraphs(), capacity=2)
+    first, second, third = _layout((1, 2, 6)), _layout((1, 4, 4)), _layout((1, 2, 4))
+    _run_checked(runner, first, generator)  # captured
+    _run_checked(runner, second, generator)  # captured
+    mechanism.fail_retires = 1  # evicting one of them for the third layout fails
+    _run_checked(runner, third, generator)
+    stats = runner.stats()
+    assert (stats["graphs"], stats["pool_releases"], stats["eager_runs"]["capture_failed"]) == (0, 1, 1)
+    _run_checked(runner, first, generator)  # captured again
+    assert runner.stats()["graphs"] == 1
+
+
 def test_a_capture_whose_first_replay_differs_from_its_warm_up_is_never_used(
     generator: torch.Generator, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -605,8 +647,10 @@ def test_a_capture_whose_first_replay_differs_from_its_warm_up_is_never_used(
         _run_checked(runner, layout, generator)  # every output equals eager
     stats = runner.stats()
     assert stats["eager_runs"]["capture_unverified"] == 3
-    assert (stats["graphs"], stats["failed_layouts"], stats["captures"], stats["replays"]) == (1, 1, 2, 3)
+    # Replays count the calls a replay served: not the broken graph's check.
+    assert (stats["graphs"], stats["failed_layouts"], stats["captures"], stats["replays"]) == (1, 1, 2, 2)
     assert mechanism.events.count("capture") == 2  # the broken layout is not captured again
+    assert mechanism.events.count("replay") == 3
     assert caplog.text.count("capture_unverified") == 1
     assert stats["verify_seconds"] > 0
 

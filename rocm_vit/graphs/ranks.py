@@ -1,7 +1,8 @@
 """Decisions every rank of a tensor-parallel group takes alike.
 
-Under TP a capture is collective (SGLang's custom all-reduce registers buffers): a rank capturing alone
-hangs the group. What ranks measure differently is agreed on first (docs/design.md, "Hazards").
+Under TP a graph's all-reduces wait for every rank's: a rank that captured, replayed or ran a warm-up
+alone would leave the others waiting. What ranks measure differently is agreed on first
+(docs/design.md, "Ranks").
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import time
 import weakref
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -225,8 +225,13 @@ class _Attempt:
     """A capture's outcome before the ranks agree on it."""
 
     entry: _Graph | None
-    reference: torch.Tensor | None  # what the first replay must equal bit for bit
+    # What the first replay must equal bit for bit: the warm-up's output or the deferring call's.
+    # ``None`` where neither exists: the warm-up did not run here.
+    reference: torch.Tensor | None
     error: Exception | None
+    pool_before: int  # the pool's bytes once room was made, before the capture
+    # Graphs were let go of or pools released before the error: this rank's graphs may differ from the others'.
+    room_failed: bool = False
 
 
 class ViTGraphRunner:
@@ -241,7 +246,9 @@ class ViTGraphRunner:
     worth a graph), ``clock`` (times eager runs), ``defer_captures`` (captures on the runner's thread;
     ignored with ``agree_max``, the element-wise maximum over ranks that must decide alike),
     ``padding`` (runs the layouts it pads padded, eagerly too; ``layout_args`` must then take a
-    ``PaddedLayout``).
+    ``PaddedLayout``), ``prepare_capture`` (called on the runner's stream before each warm-up and
+    capture: what ``forward_blocks`` makes lazily per stream is made there, outside the pool).
+    ``forward_blocks`` is never given the caller's tensors to write: an eager run takes a copy of ``x``.
     """
 
     def __init__(
@@ -253,7 +260,7 @@ class ViTGraphRunner:
         min_hits: int = DEFAULT_MIN_HITS,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         budget_bytes: int | None = None,
-        capture_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+        prepare_capture: Callable[[], None] | None = None,
         mechanism: GraphMechanism | None = None,
         agree_max: AgreeMax | None = None,
         cost_model: CostModel | None = None,
@@ -274,7 +281,7 @@ class ViTGraphRunner:
         self.min_hits = min_hits
         self.max_tokens = max_tokens
         self._budget_bytes = budget_bytes
-        self._capture_context = capture_context or contextlib.nullcontext
+        self._prepare_capture = prepare_capture or _nothing
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
         self._cost_model = cost_model
@@ -416,12 +423,9 @@ class ViTGraphRunner:
                 pending = self._pending_capture(key, signature, layout, tensors)
                 reason = "capture_deferred"
             if reason is None:
-                self._make_room(signature, layout.num_patches)
-                pool_before = self._pool_bytes
-                offsets = self._graph_offsets(layout, x.device)
                 self._bump_capture_marks()
                 try:
-                    output = self._capture_and_verify(key, signature, layout, tensors, offsets, immutable, pool_before)
+                    output, pool_before = self._capture_and_verify(key, signature, layout, tensors, immutable)
                 finally:
                     self._bump_capture_marks()
                 # Here, not inside: a pool is released only once no local holds the warm-up's output.
@@ -640,8 +644,12 @@ class ViTGraphRunner:
     def _evict_least_used(self) -> None:
         key = self._least_used()
         entry = self._graphs.pop(key)
+        try:
+            self._let_go(entry)
+        except BaseException:
+            self._graphs[key] = entry  # still held: the pools are released only once it is retired
+            raise
         del self._uses[key]
-        self._let_go(entry)
         self._evictions += 1
         logger.debug("evicted the graph of %d tokens (least used)", entry.tokens)
 
@@ -702,53 +710,82 @@ class ViTGraphRunner:
         signature: Signature,
         layout: AttentionLayout,
         tensors: tuple[torch.Tensor, ...],
-        offsets: dict[str, torch.Tensor],
         immutable: bool,
-        pool_before: int,
         pending: _Pending | None = None,
-    ) -> torch.Tensor | None:
-        """Capture ``key``, agree on the outcome with the other ranks, keep the graph only if every
-        rank captured it and its first replay equals its eager reference everywhere; serve this call
-        (not a ``pending`` capture's: its call was served already, its output is the reference)."""
+    ) -> tuple[torch.Tensor | None, int]:
+        """Capture ``key``, keep its graph only if every rank captured it and its first replay equals
+        its eager reference everywhere, and serve this call (not a ``pending`` capture's: its call was
+        served already, its output is the reference). Returns the output and the pool's bytes before
+        the capture.
+
+        Ranks never part ways here (docs/design.md, "Ranks"): whatever fails on one rank (making room,
+        the offsets, the warm-up's setup, the capture, the first replay's launch, the check) is caught
+        and agreed before any rank takes a step the others would skip, and a forward that did not
+        run on this rank (a warm-up or replay that failed before launching) runs eagerly in its
+        place, which makes the same all-reduces in the same order. Every rank then runs the same
+        forwards: warm-up, capture, [eager or replay], [eager]."""
         serve = pending is None
         need = self._scratch.bound(layout.num_patches)
         started = time.perf_counter()
-        attempt = self._capture(signature, layout, tensors, offsets, immutable, pending)
-        captured = attempt.entry is not None
-        measured = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._live_pools())
-        failed, self._pool_bytes = self._agree([int(not captured), measured])
+        attempt = self._capture(signature, layout, tensors, immutable, pending)
+        if attempt.reference is None and self._agree_max is not None:
+            self._eager(tensors, layout)  # the warm-up's forward, in its place; raises if eager fails
+        try:
+            measured = sum(self._mechanism.pool_bytes(pool, self._device) for pool in self._live_pools())
+        except Exception as error:  # the allocator cannot be read: treat it as a failed capture
+            attempt, measured = replace(attempt, error=attempt.error or error), self._pool_bytes
+        failed, room_failed, self._pool_bytes = self._agree(
+            [int(attempt.error is not None), int(attempt.room_failed), measured]
+        )
+        if failed and attempt.entry is not None:
+            self._let_go(attempt.entry)
+        if room_failed:  # graphs went on one rank only: every rank starts again from none
+            self._release_pools()
         if failed:
             output = self._eager(tensors, layout) if serve else None  # raises if eager fails too: nothing marked
-            if attempt.entry is not None:
-                self._let_go(attempt.entry)
             why = attempt.error or "another rank's capture failed"
             self._remember_failure(key, layout, "capture_failed", why, served=serve)
-            return output
+            return output, attempt.pool_before
         entry = attempt.entry
         self._graphs[key] = entry
         self._uses[key] = self._hits.pop(key, 1)
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
-        self._account(entry, need, pool_before)
-        try:
-            output = self._replay(entry, layout, tensors, immutable, serves=serve)
-        except Exception as error:
-            if serve:
-                raise  # inline, as before: the caller sees it (the SGLang adapter then serves eagerly for good)
-            self._drop_new_graph(key, entry)
-            self._remember_failure(key, layout, "capture_failed", error, served=False)
-            return None
+        self._account(entry, need, attempt.pool_before)
         verify_started = time.perf_counter()
+        output, replay_error = self._first_replay(entry, layout, tensors, immutable)
         if pending is not None:  # its reference was written on the caller's stream
             self._mechanism.follow(self._mechanism.current_stream(self._device), pending.reference_marker)
-        (unverified,) = self._agree([int(not _bitwise_equal(output, attempt.reference))])
+        differs = output is None or not _bitwise_equal(output, attempt.reference)
+        replay_failed, unverified = self._agree([int(replay_error is not None), int(differs)])
         self._verify_seconds += time.perf_counter() - verify_started
-        if unverified:
+        if replay_failed or unverified:
             self._drop_new_graph(key, entry)
-            why = "its first replay differs from an eager run of its inputs"
-            self._remember_failure(key, layout, "capture_unverified", why, served=serve)
+            if replay_failed:
+                reason, why = "capture_failed", replay_error or "another rank's first replay failed"
+            else:
+                reason, why = "capture_unverified", "its first replay differs from an eager run of its inputs"
             output = self._eager(tensors, layout) if serve else None
-        return output
+            self._remember_failure(key, layout, reason, why, served=serve)
+            return output, attempt.pool_before
+        self._replays += serve  # a deferred capture's check serves no call
+        return (output if serve else None), attempt.pool_before
+
+    def _first_replay(
+        self, entry: _Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
+    ) -> tuple[torch.Tensor | None, Exception | None]:
+        """A new graph's first replay: its output, or the error that stopped it. A replay that raised
+        before its launch runs eagerly in its place under tensor parallelism: the other ranks'
+        replays wait in their all-reduces for this rank's."""
+        launched = False
+        try:
+            self._launch(entry, layout, tensors, immutable)
+            launched = True
+            return self._take_output(entry), None
+        except Exception as error:
+            if not launched and self._agree_max is not None:
+                self._eager(tensors, layout)
+            return None, error
 
     def _drop_new_graph(self, key: tuple, entry: _Graph) -> None:
         del self._graphs[key]
@@ -796,12 +833,8 @@ class ViTGraphRunner:
         try:
             if key in self._graphs or key in self._failed or self._staging_over_budget(signature):
                 return
-            self._make_room(signature, layout.num_patches)
-            pool_before = self._pool_bytes
             with pending.callers_modes():
-                self._capture_and_verify(
-                    key, signature, layout, pending.tensors, pending.offsets, False, pool_before, pending
-                )
+                _, pool_before = self._capture_and_verify(key, signature, layout, pending.tensors, False, pending)
             self._hold_budget(layout.num_patches, pool_before)
         finally:
             self._follow_marker(pending.stream)  # the copies are freed on the caller's stream, after use
@@ -812,18 +845,25 @@ class ViTGraphRunner:
         signature: Signature,
         layout: AttentionLayout,
         tensors: tuple[torch.Tensor, ...],
-        offsets: dict[str, torch.Tensor],
         immutable: bool,
         pending: _Pending | None = None,
     ) -> _Attempt:
-        """Capture into the runner's pool on its stream. A pool's first capture, and every inline one,
-        warms up first: what ``forward_blocks`` makes lazily per thread and stream (and compiles) is
-        made there, outside any capture, and the pool is registered (``CudaGraphs.warm_up``). A later
-        deferred capture skips it: its layout ran eagerly at every sighting, and the deferring call's
-        output is the reference, which halves the host work a capture takes from the calls beside it."""
+        """Make room, then capture into the runner's pool on its stream. A pool's first capture, and
+        every inline one, warms up first: what ``forward_blocks`` makes lazily per thread and stream
+        (and compiles) is made there, outside any capture, and the pool is registered
+        (``CudaGraphs.warm_up``). A later deferred capture skips it: its layout ran eagerly at every
+        sighting, and the deferring call's output is the reference, which halves the host work a
+        capture takes from the calls beside it. Never raises: the error is in the attempt."""
         device = tensors[0].device
         reference = None if pending is None or self._pool is None else pending.reference
+        pool_before = self._pool_bytes
         try:
+            self._make_room(signature, layout.num_patches)
+        except Exception as error:
+            return _Attempt(None, reference, error, self._pool_bytes, room_failed=True)
+        pool_before = self._pool_bytes
+        try:
+            offsets = self._graph_offsets(layout, device) if pending is None else pending.offsets
             if self._pool is None:
                 self._pool = self._mechanism.new_pool(device)
                 self._stream = self._mechanism.new_stream(device)
@@ -844,15 +884,15 @@ class ViTGraphRunner:
                             return self.forward_blocks(x, self.layout_args(layout, made), cos, sin, *inputs)
                         return self.forward_blocks(x, attn_args, cos, sin, *inputs)
 
-                    with self._capture_context():
-                        if reference is None:
-                            reference = self._mechanism.warm_up(forward, self._pool, self._stream)
-                        output_view = staging.output_view(reference, layout.num_patches)
+                    self._prepare_capture()
+                    if reference is None:
+                        reference = self._mechanism.warm_up(forward, self._pool, self._stream)
+                    output_view = staging.output_view(reference, layout.num_patches)
 
-                        def forward_into_staging() -> torch.Tensor:
-                            return output_view.copy_(forward())
+                    def forward_into_staging() -> torch.Tensor:
+                        return output_view.copy_(forward())
 
-                        graph, output = self._mechanism.capture(forward_into_staging, self._pool, self._stream)
+                    graph, output = self._mechanism.capture(forward_into_staging, self._pool, self._stream)
                 finally:
                     # Warm-up reads staging on this stream, also when the capture then fails.
                     self._mark(self._stream)
@@ -863,9 +903,9 @@ class ViTGraphRunner:
             if self._pool is not None:
                 self._retired_pools.append(self._pool)
             self._pool = None
-            return _Attempt(None, None, error)
+            return _Attempt(None, reference, error, pool_before)
         entry = _Graph(graph, output, self._pool, staging, views, offsets, layout.num_patches, layout.offsets_per_call)
-        return _Attempt(entry, reference, None)
+        return _Attempt(entry, reference, None, pool_before)
 
     @staticmethod
     def _graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
@@ -927,25 +967,36 @@ class ViTGraphRunner:
             self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
 
     def _replay(
-        self,
-        entry: _Graph,
-        layout: AttentionLayout,
-        tensors: tuple[torch.Tensor, ...],
-        immutable: bool,
-        serves: bool = True,
+        self, entry: _Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
     ) -> torch.Tensor:
-        # On the caller's stream: ordered after the caller's pending work (its inputs) by the stream
-        # itself, after the runner's last work on other streams by the marker; the clone is the
-        # caller's, allocated on its stream.
+        self._launch(entry, layout, tensors, immutable)
+        output = self._take_output(entry)
+        self._replays += 1
+        return output
+
+    def _launch(
+        self, entry: _Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
+    ) -> None:
+        """Fill staging and replay ``entry`` on the caller's stream: ordered after the caller's pending
+        work (its inputs) by the stream itself, after the runner's last work on other streams by the
+        marker."""
         stream = self._mechanism.current_stream(tensors[0].device)
         self._follow_marker(stream)
-        entry.staging.fill(entry.inputs, tensors, immutable)
-        if entry.offsets_per_call:
-            self._write_offsets(entry, layout)
-        self._mechanism.replay(entry.graph)
+        try:
+            entry.staging.fill(entry.inputs, tensors, immutable)
+            if entry.offsets_per_call:
+                self._write_offsets(entry, layout)
+            self._mechanism.replay(entry.graph)
+        except BaseException:
+            self._mark(stream)  # what was enqueued before the error reads staging on this stream
+            raise
+
+    def _take_output(self, entry: _Graph) -> torch.Tensor:
+        """The replay's output, cloned for the caller on its stream, allocated there; the marker
+        goes after the clone, which reads staging."""
+        stream = self._mechanism.current_stream(entry.output.device)
         output = entry.output.clone()
         self._mark(stream)
-        self._replays += serves  # a deferred capture's check serves no call
         return output
 
     @staticmethod
@@ -964,9 +1015,11 @@ class ViTGraphRunner:
         self._marker_stream = stream
 
     def _eager(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> torch.Tensor:
+        """``forward_blocks`` on a copy of ``x``: the caller's tensors are never written. SGLang's blocks
+        add into their input in place, and a caller's fallback after a failure starts from its input."""
         x, cos, sin, *inputs = tensors
         attn_args = self.layout_args(layout, layout.cu_seqlens_tensors(x.device))
-        return self.forward_blocks(x, attn_args, cos, sin, *inputs)
+        return self.forward_blocks(x.clone(), attn_args, cos, sin, *inputs)
 
     def _remember_failure(
         self, key: tuple, layout: AttentionLayout, reason: str, why: object, served: bool = True
@@ -1051,6 +1104,10 @@ def _capture_loop(runner_ref: weakref.ref[ViTGraphRunner], queue: _CaptureQueue)
             with queue.wake:
                 queue.capturing.clear()
                 queue.wake.notify_all()
+
+
+def _nothing() -> None:
+    """No preparation before a warm-up or capture."""
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

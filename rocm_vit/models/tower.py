@@ -11,7 +11,6 @@ host one input copy per tensor and one launch (docs/design.md, "Tower").
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -191,7 +190,7 @@ class VisionTower(nn.Module, ABC):
         ``by_benefit``; only where the attention backend takes device offsets alone): calls of a layout
         the policy's cost model says pays padded run padded to a bucket of tokens, eager or replayed,
         so layouts that never repeat share a graph (docs/design.md, "Padding").
-        ``runner_options`` go to the runner (``capture_context``, ``mechanism``). On a CPU tower the
+        ``runner_options`` go to the runner (``mechanism``, ``agree_max``). On a CPU tower the
         runner serves every call eagerly and logs that once.
         """
         max_tokens = active_policy().graph_max_tokens.value if max_tokens is None else max_tokens
@@ -200,12 +199,6 @@ class VisionTower(nn.Module, ABC):
         padding = None
         if (by_benefit if padded is None else padded) and self.attention.reads_offsets_on_device:
             padding = Padding(model, max_tokens)
-        given_context = runner_options.pop("capture_context", None) or contextlib.nullcontext
-
-        def capture_context() -> contextlib.AbstractContextManager:
-            self.prepare_capture()  # on the runner's stream, before the warm-up routes memory to the pool
-            return given_context()
-
         self._graph_runner = ViTGraphRunner(
             self.encode,
             self.attention.layout_args,
@@ -216,7 +209,7 @@ class VisionTower(nn.Module, ABC):
             cost_model=cost_model,
             defer_captures=by_benefit,
             padding=padding,
-            capture_context=capture_context,
+            prepare_capture=self.prepare_capture,  # on the runner's stream, before the pool takes memory
             **runner_options,
         )
         return self._graph_runner

@@ -6,9 +6,11 @@ the segment offsets come from SGLang's host-side layout key (Qwen2.5-VL's window
 ``output_indices`` permutation is applied outside the graph), the limits from the
 ``SGLANG_VIT_CUDA_GRAPH_*`` settings, cos/sin stay in the dtype the model passed. What the runner
 cannot serve (a backend that reads its offsets back, a call in another form, every call after a
-failure) runs SGLang's eager block loop, never SGLang's own runner. Under tensor parallelism the
-ranks agree on every capture through SGLang's TP group. What SGLang's runner gets wrong, and so what
-this replaces: docs/sglang.md, "What the plugin changes".
+failure) runs SGLang's eager block loop, never SGLang's own runner. Under tensor parallelism the ranks that
+run the same ViT calls (``agreement_group``) agree on every capture, and graphs are captured outside
+the custom all-reduce's capture context, so a captured all-reduce is the very call eager makes
+(docs/sglang.md, "Parallel serving"). What SGLang's runner gets wrong, and so what this replaces:
+docs/sglang.md, "What the plugin changes".
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ _RUNNER_MODULE = "sglang.srt.multimodal.vit_cuda_graph_runner"
 
 # Host layouts kept per tower: building one is cheap, but a server repeats a few sizes endlessly.
 _LAYOUT_CACHE_SIZE = 256
+# Under tensor parallelism the ranks agree, once every this many calls, whether one of them failed
+# inside rocm-vit; if one did, every rank hands the tower to SGLang's eager blocks at that same call.
+_FAILURE_AGREEMENT_CALLS = 64
 
 # Every adapter of this process, for the captures at server start (startup.py): SGLang builds them
 # inside its towers' constructors and keeps no list of its own.
@@ -108,6 +113,8 @@ class ViTGraphRunnerAdapter:
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
         self._layouts: OrderedDict[tuple, AttentionLayout] = OrderedDict()
         self._failures = 0
+        self._calls = 0
+        self._agree: AgreeMax | None = None  # over the ranks that run the same ViT calls, if several
         self._deferred_stats: dict[str, Any] = {}  # the runner's last counters, once it stopped serving
         self._runner: ViTGraphRunner | None = None
         settings = _settings()
@@ -162,6 +169,12 @@ class ViTGraphRunnerAdapter:
         self._windowed = getattr(vit, "fullatt_block_indexes", None) is not None
         budget_mb = settings.graph_memory_budget_mb
         max_tokens, cost_model = _graph_max_tokens(settings), _cost_model(len(vit.blocks))
+        group = agreement_group(vit)
+        if group is not None:
+            max_tokens, problem = _custom_all_reduce_tokens(vit, group, max_tokens)
+            if problem is not None:
+                return None, problem
+            self._agree = group_max(group.cpu_group)
         try:
             runner = ViTGraphRunner(
                 functools.partial(self._forward_blocks, spec),
@@ -174,9 +187,8 @@ class ViTGraphRunnerAdapter:
                 # Ignored where the TP ranks must capture in step.
                 defer_captures=defer_captures and settings.graph_defer_captures,
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
-                capture_context=self._upstream._capture_context,
                 mechanism=mechanism,
-                agree_max=_tensor_parallel_agreement(vit),
+                agree_max=self._agree,
             )
         except ValueError as error:
             return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
@@ -214,6 +226,7 @@ class ViTGraphRunnerAdapter:
         )
         if not self._serves_eagerly:
             return self._upstream.run(*upstream_args)
+        self._agree_on_failures()
         rotary = self._rotary(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
         fits = (
             self._runner is not None
@@ -226,16 +239,38 @@ class ViTGraphRunnerAdapter:
         try:
             layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
-        except Exception:  # serving must go on: SGLang's eager blocks take this tower over
+        except Exception:  # serving must go on: SGLang's eager blocks serve this call
             self._failures += 1
-            self._deferred_stats = self._runner.stats()
-            self._runner = None
-            logger.exception(
-                "rocm-vit graph runner failed for %s; SGLang's eager blocks serve it from now on",
-                type(self.vit).__name__,
-            )
+            if self._agree is None:
+                self._stop_serving()
+                then = "from now on"
+            else:  # the other ranks keep their runners until they agree to stop (_agree_on_failures)
+                then = f"this call, and every rank's from their next agreement (<= {_FAILURE_AGREEMENT_CALLS} calls)"
+            logger.exception("rocm-vit graph runner failed for %s; SGLang's eager blocks serve %s",
+                             type(self.vit).__name__, then)  # fmt: skip
+            # From the caller's untouched input: the runner never writes the tensors it is given.
             return self._eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
+
+    def _agree_on_failures(self) -> None:
+        """Under tensor parallelism, every ``_FAILURE_AGREEMENT_CALLS``-th call: whether any rank's
+        runner failed; if one did, every rank stops serving through its runner at this same call. A
+        rank that dropped its runner alone would leave the others waiting in the next capture's
+        agreement for it. Every rank of the group makes the same calls, so they agree at the same one."""
+        if self._runner is None or self._agree is None:
+            return
+        self._calls += 1
+        if self._calls % _FAILURE_AGREEMENT_CALLS:
+            return
+        (failed,) = self._agree([int(self._failures > 0)])
+        if failed:
+            logger.warning("rocm-vit graph runner of %s: a rank failed; every rank's calls run SGLang's eager blocks",
+                           type(self.vit).__name__)  # fmt: skip
+            self._stop_serving()
+
+    def _stop_serving(self) -> None:
+        self._deferred_stats = self._runner.stats()
+        self._runner = None
 
     def capture_padded_buckets(self) -> int:
         """Capture now the graph of each bucket the runner pads one image or two to
@@ -445,29 +480,67 @@ def unsupported_reason(vit: nn.Module, upstream: Any) -> str | None:
         return f"{type(blocks[0]).__name__}.forward takes no output_ws"
     if not isinstance(getattr(vit, "spatial_merge_size", None), int):
         return f"{type(vit).__name__} lacks an int spatial_merge_size"
-    if not callable(getattr(upstream, "_capture_context", None)):
-        return "SGLang's ViTCudaGraphRunner lacks _capture_context"
     return None
 
 
-def _tensor_parallel_agreement(vit: nn.Module) -> AgreeMax | None:
-    """The runner's ``agree_max`` over SGLang's TP group, where its ranks capture together.
+def agreement_group(vit: nn.Module) -> Any | None:
+    """SGLang's group of ranks that run the same calls of ``vit``, or ``None`` where a rank runs its own.
 
-    A data-parallel encoder gives each rank its own images (SGLang captures locally there), and a
-    group of one has nothing to agree on.
-    """
+    The group the tower's row-parallel layers all-reduce over: with ``--enable-dp-attention`` the
+    attention-TP group (each attention-DP rank encodes its own requests' images), else the TP group
+    (an encode server's, in disaggregated serving: its own world). ``None`` for a data-parallel
+    encoder (``--mm-enable-dp-encoder``: every rank its own images, nothing all-reduced), for a group of
+    one, and outside a server. Read from SGLang's parallel state, as its layers read it."""
     if getattr(vit, "use_data_parallel", False):
         return None
-    from sglang.srt.runtime_context import get_parallel
-
     try:
-        tp_group = get_parallel().tp_group
+        from sglang.srt.layers.dp_attention import is_dp_attention_enabled
+        from sglang.srt.runtime_context import get_parallel
+
+        parallel = get_parallel()
+        group = parallel.attn_tp_group if is_dp_attention_enabled() else parallel.tp_group
     except Exception as error:  # no parallel state (a tower built outside a server): one rank
-        logger.debug("rocm-vit graph runner: no SGLang TP group (%s); deciding alone", error)
+        logger.debug("rocm-vit graph runner: no SGLang parallel group (%s); deciding alone", error)
         return None
-    if getattr(tp_group, "world_size", 1) <= 1:
-        return None
-    return group_max(tp_group.cpu_group)
+    return group if getattr(group, "world_size", 1) > 1 else None
+
+
+def _custom_all_reduce_tokens(vit: nn.Module, group: Any, max_tokens: int) -> tuple[int, str | None]:
+    """The largest token count up to ``max_tokens`` whose every all-reduce ``group``'s custom
+    all-reduce takes (``should_custom_ar``), or a reason why graphs cannot be kept under this group.
+
+    Graphs are captured outside the custom all-reduce's capture context, where it runs as in eager
+    mode, copying its input into the buffer it registered at start (docs/sglang.md, "Parallel
+    serving"). An all-reduce it declines goes to NCCL/RCCL through ``torch.distributed``, which
+    rocm-vit does not capture; such layouts run eagerly (``over_max_tokens``)."""
+    ca_comm = getattr(group, "ca_comm", None)
+    if ca_comm is None or getattr(ca_comm, "disabled", True):
+        return 0, (
+            f"the {group.world_size}-rank group's custom all-reduce is off (--disable-custom-all-reduce, "
+            "another node, or an unsupported size): a captured all-reduce would go through NCCL/RCCL"
+        )
+    merge = vit.spatial_merge_size
+    widths = [  # (rows per token's denominator, all-reduce width) of each row-parallel layer
+        (merge**2 if "merger" in name else 1, module.output_size)
+        for name, module in vit.named_modules()
+        if getattr(module, "reduce_results", False) and isinstance(getattr(module, "output_size", None), int)
+    ]
+
+    def taken(tokens: int) -> bool:
+        return all(
+            ca_comm.should_custom_ar(torch.empty((-(-tokens // per), width), dtype=vit.dtype, device="meta"))
+            for per, width in widths
+        )
+
+    if not taken(1):
+        return 0, f"the {group.world_size}-rank group's custom all-reduce takes none of the tower's all-reduces"
+    low, high = 1, max_tokens  # taken(low); find the largest
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if taken(middle) else (low, middle - 1)
+    if low < max_tokens:
+        logger.info("rocm-vit graph runner: graphs up to %d patches, the custom all-reduce's limit", low)
+    return low, None
 
 
 def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:

@@ -176,7 +176,6 @@ HOOKS: tuple[Hook, ...] = (
         signatures={
             "ViTCudaGraphRunner.__init__": ("self", "vit"),
             "ViTCudaGraphRunner.run": _RUNNER_RUN,
-            "ViTCudaGraphRunner._capture_context": ("self",),
         },
         install=_install_graph_runner,
     ),

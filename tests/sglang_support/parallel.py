@@ -1,0 +1,401 @@
+"""rocm-vit's adapter over SGLang's own Qwen3-VL tower in each parallel layout SGLang serves it in.
+
+One process per rank on a CPU (gloo), as tests/test_sglang_parallel.py spawns them. Each rank builds
+SGLang 0.5.23's parallel state the way SGLang's scheduler (or its encode server) does, SGLang's
+``Qwen3VLMoeVisionModel`` sharded over it (rocm-vit's ``aiter_attn`` slot, its kernel replaced by
+per-segment SDPA), loads the same full weights through the tower's own ``load_weights``, and puts a
+stand-in custom all-reduce (``custom_all_reduce.py``) on every group of more than one rank, through
+which SGLang's all-reduces then go, as on a GPU. Graphs are the CPU stand-in graphs of
+tests/test_graph_runner.py: a replay re-runs the captured function, all-reduces included.
+
+Each rank runs episodes, each with a fresh adapter over the same tower: the same requests through
+SGLang's graph path, optionally with a failure injected on the last rank. It writes what it saw
+(outputs against SGLang's eager forward bit for bit, the runner's decisions, the all-reduce's
+registrations and warm-up zeros) to ``rank{N}.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+for path in (str(HERE), str(HERE.parent)):  # the torchvision stand-in; tests/ for the stand-in graphs
+    if path not in sys.path:
+        sys.path.append(path)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+PATCH_DIM = 3 * 2 * 4 * 4  # in_channels * temporal_patch_size * patch_size²
+GRIDS = [[(1, 4, 8)], [(1, 4, 4), (2, 4, 2)], [(1, 6, 4)]]
+OTHER_GRIDS = [[(1, 8, 4)], [(2, 4, 2), (1, 4, 4)], [(1, 4, 12)], [(1, 4, 4)]]  # another DP rank's images
+# The toy tower's all-reduces per forward: 3 blocks x 2, the merger and one deepstack merger.
+ALL_REDUCES_PER_CAPTURE = 8
+# Qwen3-VL-8B's: 27 blocks x 2, the merger, 3 deepstack mergers; aiter's table (131,072 entries) holds
+# this many of its captures, and the stand-in's table as many of the toy tower's.
+QWEN3_VL_ALL_REDUCES = 58
+ENVIRONMENT = {
+    "TORCHDYNAMO_DISABLE": "1",  # SGLang's eager rotary is torch.compile'd: minutes of C++ on a CPU
+    "CUDA_VISIBLE_DEVICES": "",
+    "HIP_VISIBLE_DEVICES": "",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "ROCM_VIT_PROFILE": "off",
+    "SGLANG_VIT_CUDA_GRAPH_MIN_HITS": "1",
+    "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS": "256",
+    "SGLANG_VIT_CUDA_GRAPH_PADDING": "0",
+}
+# Injected on the last rank: StandInGraphs arguments, each failing before anything runs.
+FAILURES = {
+    "warm_up": {"fail_warm_ups": 1},
+    "capture": {"fail_captures": 1},
+    "verification": {"corrupt_captures": 1},
+    "first_replay": {"fail_replays": 1},
+    "serving_replay": {"fail_later_replays": 1},
+}
+
+
+def worker(rank: int, world_size: int, rendezvous: str, layout: str, out: str) -> None:
+    """One rank of ``layout`` (see ``LAYOUTS``): its parallel state, the tower, the episodes."""
+    os.environ.update(ENVIRONMENT)
+    torch.set_num_threads(1)  # ranks share the machine's cores: more threads each spin against each other
+    fields, kind, episodes = LAYOUTS[layout]
+    (_init_encoder if kind == "encoder" else _init_serving)(rank, world_size, rendezvous, fields)
+    report: dict[str, Any] = {"rank": rank}
+    try:
+        model, groups = _tower(Path(out) / "state.pt")
+        report["groups"] = groups
+        for name in episodes:
+            report[name] = EPISODES[name](model, rank, world_size)
+    finally:
+        Path(out, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
+        dist.barrier()  # nobody leaves while a peer still reduces
+        _teardown()
+
+
+def write_reference_weights(rank: int, path: str) -> None:
+    """Rank 0 of a world of one: full random weights as a checkpoint holds them, to ``path``."""
+    os.environ.update(ENVIRONMENT)
+    _init_serving(0, 1, f"file://{path}.rendezvous", {})
+    _load_rocm_vit()
+    model = _build_tower()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():  # norm weights near 1, as scenario.py's
+            values = torch.randn(parameter.shape, generator=generator) * 0.1
+            parameter.copy_(values + 1.0 if "norm" in name and name.endswith("weight") else values)
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    # VocabParallelEmbedding pads its rows (64 for 36 positions); a checkpoint has the 36.
+    state["pos_embed.weight"] = state["pos_embed.weight"][: model.num_position_embeddings]
+    torch.save(state, path)
+    _teardown()
+
+
+# Episodes ---------------------------------------------------------------------------------------
+
+
+def _requests(model: torch.nn.Module, repeats: int = 3) -> list:
+    """This rank's requests: each DP rank (attention DP, or a DP encoder's rank) has images of its own."""
+    from sglang.srt.layers.dp_attention import is_dp_attention_enabled
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    own = parallel.attn_dp_rank if is_dp_attention_enabled() else (parallel.tp_rank if model.use_data_parallel else 0)
+    grids = GRIDS if own == 0 else OTHER_GRIDS
+    generator = torch.Generator().manual_seed(own)
+    return [(torch.randn(_patches(grid), PATCH_DIM, generator=generator), grid) for grid in grids * repeats]
+
+
+def _serve(model: torch.nn.Module, rank: int, world_size: int, failure: str | None = None) -> dict:
+    """The requests through SGLang's graph path and rocm-vit's adapter, against SGLang's eager forward."""
+    requests = _requests(model)
+    eager = _run(model, requests, graphs=False)
+    on_last_rank = FAILURES[failure] if failure is not None and rank == world_size - 1 else {}
+    adapter = _adapter(model, **on_last_rank)
+    before = _all_reduce_counts(model)
+    served = _run(model, requests, graphs=True)
+    stats = adapter.stats()
+    return {
+        "bitwise_equal": [torch.equal(a, b) for a, b in zip(served, eager, strict=True)],
+        "captures": stats["captures"],
+        "replays": stats["replays"],
+        "graphs": stats["graphs"],
+        "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
+        "failures": stats["failures"],
+        "stopped": stats["deferred"],
+        "agrees": adapter._agree is not None,
+        "all_reduce": _difference(_all_reduce_counts(model), before),
+    }
+
+
+def _churn(model: torch.nn.Module, rank: int, world_size: int) -> dict:
+    """5,000 calls of ever-changing layouts: captures and evictions without end, never a registration.
+    The stand-in's table holds as many of this tower's captures as aiter's holds of Qwen3-VL-8B's."""
+    ca_comm = model.blocks[0].mlp.linear_fc2.tp_group.ca_comm
+    ca_comm._table_entries = (ca_comm._table_entries // QWEN3_VL_ALL_REDUCES) * ALL_REDUCES_PER_CAPTURE
+    generator = torch.Generator().manual_seed(1234)  # the same calls on every rank
+    sizes = [2, 4, 6, 8]
+    grids = []
+    for _ in range(5000):
+        images = 1 + int(torch.randint(2, (1,), generator=generator))
+        picks = torch.randint(len(sizes), (images, 2), generator=generator).tolist()
+        grids.append([(1, sizes[h], sizes[w]) for h, w in picks])
+    adapter = _adapter(model, SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="8")
+    before = _all_reduce_counts(model)
+    error = None
+    started = time.perf_counter()
+    try:
+        with torch.no_grad(), _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}):
+            for grid in grids:
+                pixels = torch.randn(_patches(grid), PATCH_DIM, generator=generator)
+                model(pixels, torch.tensor(grid, dtype=torch.int32))
+    except Exception as raised:  # what a request would have seen
+        error = f"{type(raised).__name__}: {raised}"
+    stats = adapter.stats()
+    return {
+        "error": error,
+        "calls": len(grids),
+        "captures": stats["captures"],
+        "evictions": stats["evictions"],
+        "failures": stats["failures"],
+        "table_entries": ca_comm._table_entries,
+        "all_reduce": _difference(_all_reduce_counts(model), before),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _episodes_with_failures(names: list[str]) -> dict:
+    return {f"fail_{name}": (lambda model, rank, size, name=name: _serve(model, rank, size, name)) for name in names}
+
+
+EPISODES = {"serve": _serve, "churn": _churn, **_episodes_with_failures(list(FAILURES))}
+_EVERY_FAILURE = ["serve", *(f"fail_{name}" for name in FAILURES)]
+# name: (SGLang ServerArgs fields, how the rank starts, episodes)
+LAYOUTS: dict[str, tuple[dict, str, list[str]]] = {
+    "tp2": ({"tp_size": 2}, "serving", [*_EVERY_FAILURE, "churn"]),  # churn: ~1 min
+    "tp4": ({"tp_size": 4}, "serving", _EVERY_FAILURE),
+    "dp_attention_tp4_dp2": ({"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve"]),
+    "dp_attention_tp2_dp2": ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve"]),
+    "dp_encoder_tp2": ({"tp_size": 2, "mm_enable_dp_encoder": True}, "serving", ["serve"]),
+    "encode_server_tp2": ({"tp_size": 2}, "encoder", ["serve", "fail_capture"]),
+}
+
+
+# The tower, the adapter, the all-reduce ---------------------------------------------------------
+
+
+def _tower(state_path: Path) -> tuple[torch.nn.Module, dict]:
+    """SGLang's tower on this rank's shard, with rocm-vit loaded, and a stand-in custom all-reduce
+    on every group of several ranks (the groups' names and ranks are returned)."""
+    from custom_all_reduce import StandInCustomAllreduce, route_cpu_all_reduces_through_ca_comm
+    from sglang.srt.runtime_context import get_parallel
+    from test_graph_runner import stand_in_capturing
+
+    _load_rocm_vit()
+    route_cpu_all_reduces_through_ca_comm()
+    parallel = get_parallel()
+    groups = {}
+    for name in ("tp_group", "attn_tp_group"):
+        group = getattr(parallel, name)
+        groups[name] = group.ranks
+        if group.world_size > 1 and group.ca_comm is None:
+            group.ca_comm = StandInCustomAllreduce(group, stand_in_capturing)
+    model = _build_tower()
+    model.load_weights(torch.load(state_path).items())
+    from rocm_vit.integrations.sglang.graph_runner import agreement_group
+
+    agreeing = agreement_group(model)
+    groups["agreement"] = None if agreeing is None else agreeing.ranks
+    return model, groups
+
+
+def _build_tower() -> torch.nn.Module:
+    """scenario.py's tiny Qwen3-VL tower with rocm-vit's aiter_attn slot; ``use_data_parallel`` as
+    ``Qwen3VLForConditionalGeneration`` passes it."""
+    from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
+    from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
+    from sglang.srt.runtime_context import get_mm
+
+    config = Qwen3VLVisionConfig(
+        depth=3,
+        hidden_size=64,
+        intermediate_size=96,
+        num_heads=4,
+        out_hidden_size=48,
+        patch_size=4,
+        temporal_patch_size=2,
+        in_channels=3,
+        spatial_merge_size=2,
+        num_position_embeddings=36,
+        deepstack_visual_indexes=[1],
+    )
+    with get_mm().override(mm_attention_backend="aiter_attn"):
+        return Qwen3VLMoeVisionModel(config, use_data_parallel=get_mm().mm_enable_dp_encoder).eval()
+
+
+def _adapter(model: torch.nn.Module, **settings_or_failures: Any) -> Any:
+    """A fresh adapter of stand-in graphs over ``model``: keyword arguments in capitals are
+    ``SGLANG_*`` settings, the others ``StandInGraphs``'."""
+    from test_graph_runner import StandInGraphs
+
+    from rocm_vit.integrations.sglang import graph_runner
+
+    graph_runner._FAILURE_AGREEMENT_CALLS = 4  # the ranks agree on failures every 4 calls here
+    settings = {name: value for name, value in settings_or_failures.items() if name.isupper()}
+    failures = {name: value for name, value in settings_or_failures.items() if not name.isupper()}
+    with _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", **settings}):
+        adapter = graph_runner.ViTGraphRunnerAdapter(model, mechanism=StandInGraphs(**failures), defer_captures=False)
+    model.graph_runners = adapter
+    return adapter
+
+
+def _all_reduce_counts(model: torch.nn.Module) -> dict[str, int]:
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    counts: dict[str, int] = {}
+    for group in {id(g): g for g in (parallel.tp_group, parallel.attn_tp_group)}.values():
+        ca_comm = group.ca_comm
+        if ca_comm is None:
+            continue
+        for name, value in (
+            ("registered", ca_comm.registered),
+            ("exchanges", ca_comm.exchanges),
+            ("warm_up_zeros", ca_comm.warm_up_zeros),
+            ("captured_registered", ca_comm.captured_calls["registered"]),
+            ("captured_copy_in", ca_comm.captured_calls["copy_in"]),
+        ):
+            counts[name] = counts.get(name, 0) + value
+    return counts
+
+
+def _difference(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {name: value - before.get(name, 0) for name, value in after.items()}
+
+
+def _load_rocm_vit() -> None:
+    """SGLang's plugins loaded (rocm-vit's among them), and rocm-vit's aiter_attn made to run on a
+    CPU: aiter's kernel replaced by per-segment SDPA (scenario.py's)."""
+    import sglang.srt.plugins
+    from scenario import _stand_in_aiter_kernel
+
+    sglang.srt.plugins.load_plugins()
+    _stand_in_aiter_kernel()
+
+
+@torch.no_grad()
+def _run(model: torch.nn.Module, requests: list, graphs: bool) -> list[torch.Tensor]:
+    with _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1" if graphs else "0"}):
+        return [model(pixels, torch.tensor(grid, dtype=torch.int32)) for pixels, grid in requests]
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _patches(grid: list[tuple[int, int, int]]) -> int:
+    return sum(t * h * w for t, h, w in grid)
+
+
+# SGLang's parallel state --------------------------------------------------------------------------
+
+
+def _init_serving(rank: int, world_size: int, rendezvous: str, fields: dict) -> None:
+    """A scheduler's TP worker (sglang/srt/distributed/bootstrap.py, ``_init_parallel_groups``):
+    publish with the spawn rank, the world, the model-parallel groups, the DP-attention state."""
+    from sglang.srt.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+        set_custom_all_reduce,
+    )
+    from sglang.srt.layers.dp_attention import initialize_dp_attention
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(model_path="dummy", **fields)
+    set_custom_all_reduce(False)  # no CUDA IPC probe on a CPU: the stand-in takes its place
+    reset_context()
+    publish(server_args, role="test", ranks=SpawnRanks(world_rank=rank))
+    init_distributed_environment(
+        world_size=world_size, rank=rank, local_rank=rank, distributed_init_method=rendezvous, backend="gloo"
+    )
+    initialize_model_parallel(backend="gloo")
+    initialize_dp_attention(server_args)
+    _cpu_rotary()
+
+
+def _init_encoder(rank: int, world_size: int, rendezvous: str, fields: dict) -> None:
+    """The encode server's TP worker in disaggregated serving (EPD), as ``MMEncoder.__init__``
+    (sglang/srt/disaggregation/encoder/server.py): a world of its own."""
+    from sglang.srt.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+        set_custom_all_reduce,
+    )
+    from sglang.srt.layers.dp_attention import initialize_dp_attention_flags
+    from sglang.srt.runtime_context import get_parallel, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(model_path="dummy", **fields)
+    set_custom_all_reduce(False)
+    reset_context()
+    publish(server_args, role="encoder")
+    world_size = get_parallel().tp_size  # the encoder's own world
+    init_distributed_environment(
+        world_size=world_size, rank=rank, local_rank=rank, distributed_init_method=rendezvous, backend="gloo"
+    )
+    parallel = get_parallel()
+    attn_tp_size = parallel.tp_size // parallel.attn_cp_size
+    attn_cp_rank, attn_tp_rank = divmod(rank, attn_tp_size)
+    parallel.override_permanently(
+        tp_rank=rank,
+        pp_size=1,
+        pp_rank=0,
+        attn_dp_size=1,
+        attn_dp_rank=0,
+        attn_tp_size=attn_tp_size,
+        attn_tp_rank=attn_tp_rank,
+        attn_cp_rank=attn_cp_rank,
+        attn_dcp_size=1,
+        moe_ep_size=1,
+        moe_ep_rank=0,
+        moe_dp_size=1,
+        moe_tp_size=parallel.tp_size,
+    )
+    initialize_model_parallel(backend="gloo")
+    initialize_dp_attention_flags(server_args)
+    _cpu_rotary()
+
+
+def _cpu_rotary() -> None:
+    # As scenario.py: SGLang's rotary base class would import vllm unless it believes it runs on a CPU.
+    import sglang.srt.layers.rotary_embedding.base as rotary_base
+
+    rotary_base._is_cpu = True
+
+
+def _teardown() -> None:
+    """SGLang's groups dropped: their shared-memory message queues unlink."""
+    import gc
+
+    from sglang.srt.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    gc.collect()

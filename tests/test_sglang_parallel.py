@@ -1,0 +1,137 @@
+"""rocm-vit under each parallel layout SGLang serves Qwen3-VL in, against the real SGLang 0.5.23 package.
+
+Ranks are processes on a CPU (gloo), each building SGLang's parallel state and its own Qwen3-VL tower
+sharded over it (tests/sglang_support/parallel.py), with a stand-in custom all-reduce that behaves as
+SGLang's and aiter's do (tests/sglang_support/custom_all_reduce.py). A layout whose ranks do not all
+finish within the deadline is a hang, and fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+SUPPORT = Path(__file__).resolve().parent / "sglang_support"
+sys.path.append(str(SUPPORT))
+import parallel  # noqa: E402 - tests/sglang_support, imports no SGLang at module level
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed (make venv)"),
+]
+
+DEADLINE_S = 600
+WORLD_SIZES = {"tp2": 2, "tp4": 4, "dp_attention_tp4_dp2": 4, "dp_attention_tp2_dp2": 2, "dp_encoder_tp2": 2}
+WORLD_SIZES["encode_server_tp2"] = 2
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("weights") / "state.pt"
+    _spawn(parallel.write_reference_weights, (str(path),), 1)
+    return path
+
+
+@pytest.fixture(scope="module", params=list(WORLD_SIZES))
+def ranks(request: pytest.FixtureRequest, weights: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Every rank's report of one layout."""
+    layout, world_size = request.param, WORLD_SIZES[request.param]
+    out = tmp_path_factory.mktemp(layout)
+    (out / "state.pt").symlink_to(weights)
+    rendezvous = f"file://{out / 'rendezvous'}"
+    _spawn(parallel.worker, (world_size, rendezvous, layout, str(out)), world_size)
+    return [json.loads((out / f"rank{rank}.json").read_text()) | {"layout": layout} for rank in range(world_size)]
+
+
+def _spawn(target: Any, args: tuple, nprocs: int) -> None:
+    """``target(rank, *args)`` in ``nprocs`` spawned processes; a hang past the deadline fails."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    context = mp.start_processes(target, args=args, nprocs=nprocs, start_method="spawn", join=False)
+    deadline = time.monotonic() + DEADLINE_S
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{target.__name__}{args}: ranks still running after {DEADLINE_S} s (a hang)")
+
+
+def _episode(ranks: list[dict], name: str) -> list[dict]:
+    if name not in ranks[0]:
+        pytest.skip(f"{ranks[0]['layout']} runs no {name} episode")
+    return [report[name] for report in ranks]
+
+
+def test_graphs_are_kept_under_tensor_parallelism_and_replay_the_eager_bits(ranks: list[dict]) -> None:
+    """Captured outside the custom all-reduce's capture context: the warm-up all-reduces for real (inside
+    it, SGLang's and aiter's all-reduce answer a warm-up with zeros, and no graph was ever kept), and a
+    captured all-reduce is the eager one, copied through the buffer registered at start."""
+    for report in _episode(ranks, "serve"):
+        assert all(report["bitwise_equal"]), report
+        assert report["captures"] > 0 and report["graphs"] == report["captures"] and report["replays"] > 0
+        assert "capture_unverified" not in report["eager_runs"], report
+        counts = report["all_reduce"]
+        if report["agrees"]:  # a sharded tower: its all-reduces are in every graph
+            assert counts["captured_copy_in"] == 8 * report["captures"], counts
+        assert counts.get("warm_up_zeros", 0) == 0, counts
+        assert [counts.get(name, 0) for name in ("registered", "exchanges", "captured_registered")] == [0, 0, 0]
+
+
+def test_ranks_that_run_the_same_calls_take_the_same_decisions(ranks: list[dict]) -> None:
+    reports = _episode(ranks, "serve")
+    by_group: dict[str, list[dict]] = {}
+    for rank, report in zip(ranks, reports, strict=True):
+        if rank["groups"]["agreement"] is not None:  # else each rank serves its own images
+            by_group.setdefault(str(rank["groups"]["agreement"]), []).append(report)
+    for group in by_group.values():
+        decisions = [(r["captures"], r["replays"], r["eager_runs"]) for r in group]
+        assert all(decision == decisions[0] for decision in decisions), decisions
+
+
+def test_the_agreement_group_is_the_one_the_tower_all_reduces_over(ranks: list[dict]) -> None:
+    layout = ranks[0]["layout"]
+    for rank in ranks:
+        groups, agrees = rank["groups"], rank["serve"]["agrees"]
+        if layout in ("tp2", "tp4", "encode_server_tp2"):
+            assert groups["agreement"] == groups["tp_group"] and agrees
+        elif layout == "dp_attention_tp4_dp2":  # attention-TP pairs {0, 1} and {2, 3}
+            pair = [0, 1] if rank["rank"] < 2 else [2, 3]
+            assert groups["agreement"] == groups["attn_tp_group"] == pair and agrees
+        else:  # an attention-TP group of one, a DP encoder: each rank encodes its own images alone
+            assert groups["agreement"] is None and not agrees
+
+
+@pytest.mark.parametrize("point", list(parallel.FAILURES))
+def test_a_failure_on_one_rank_leaves_every_rank_on_the_same_path(ranks: list[dict], point: str) -> None:
+    """Injected on the last rank before anything of that step ran there: no hang, every rank serves
+    the same calls the same way, each output equal to SGLang's eager forward bit for bit."""
+    reports = _episode(ranks, f"fail_{point}")
+    for report in reports:
+        assert all(report["bitwise_equal"]), report
+    decisions = [(r["captures"], r["graphs"], r["eager_runs"], r["stopped"]) for r in reports]
+    if point == "serving_replay":  # the failing rank's call runs SGLang's eager blocks; counts differ there
+        assert [r["failures"] for r in reports] == [0] * (len(reports) - 1) + [1]
+        assert all(r["stopped"] for r in reports)  # every rank stopped, at the same agreed call
+        return
+    assert all(decision == decisions[0] for decision in decisions), decisions
+    failed = "capture_unverified" if point == "verification" else "capture_failed"
+    assert reports[0]["eager_runs"].get(failed, 0) >= 1, reports[0]
+    assert all(r["failures"] == 0 and not r["stopped"] for r in reports)
+
+
+def test_churn_registers_nothing_with_the_all_reduce(ranks: list[dict]) -> None:
+    """5,000 calls of ever new layouts at capacity 8, the all-reduce's table scaled to hold as many of
+    this tower's captures as aiter's 131,072 entries hold of Qwen3-VL-8B's: no registration (captured
+    inside the all-reduce's capture context, each capture took 8 entries for good), no overflow."""
+    for report in _episode(ranks, "churn"):
+        assert report["error"] is None and report["failures"] == 0, report
+        assert report["captures"] >= 50 and report["evictions"] > 0, report
+        assert report["all_reduce"]["captured_copy_in"] == 8 * report["captures"], report
+        assert report["all_reduce"]["registered"] == 0 and report["all_reduce"]["exchanges"] == 0
