@@ -1,11 +1,16 @@
 """What a graph saves on one call, predicted from the call's layout.
 
-Eager costs a soft maximum of host launch time L and device time D, (L^3 + D^3)^(1/3); a replay, D
-plus a little host work. Where L and D are close the host and the device wait on each other, and the
-eager calls measured on the H200 sat up to 50 % above max(L, D): the cube fits them within 5 % on
-average, max(L, D) within 9 %, always under (docs/benchmarks.md, "The cost model's eager time"). D is
-linear in tokens and in the sum of squared segment lengths. Defaults: a fit of Qwen3-VL-8B replays on
-an H200 (docs/benchmarks.md, "Eager against replay by patch count"); L is measured by the runner.
+A replay costs the device time D plus a little host work. Eager costs at least max(L, D), L the host's
+launch time. Where the call is launch-bound (D up to 0.8 L) the host and the device wait on each
+other, and the H200's eager calls sat up to 50 % above max(L, D): there eager is the soft maximum
+(L^3 + D^3)^(1/3), within 5 % of them on average (docs/benchmarks.md, "The cost model's eager
+time"). Where D reaches L the measurements disagree from host to host (one 1.3 MP image: 4 % saved
+on one H200 host, nothing or a loss on two others; 8 x 640x360: 13 % on one, nothing on another), so
+the model is conservative there: past D = 0.8 L eager stays at the soft maximum there,
+(1 + 0.8^3)^(1/3) L = 1.15 L, until D itself is larger. A call with D over about 1.1 L is
+predicted to save under the 5 % margin, one past 1.15 L nothing. D is linear in tokens and in the sum
+of squared segment lengths. Defaults: a fit of Qwen3-VL-8B replays on an H200 (docs/benchmarks.md,
+"Eager against replay by patch count"); L is measured by the runner.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ PAYBACK_SHARE = 0.2
 # Qwen3-VL-8B on an H200, 27 blocks (docs/benchmarks.md, "Eager against replay by patch count").
 _H200_8B_BLOCKS = 27
 _SOFT_MAX_POWER = 3  # of the eager time's soft maximum of launch and device time
+# Device over launch time up to which eager is the soft maximum of the two.
+_SOFT_UNTIL = 0.8
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,7 @@ class CostModel:
         return self.blocks * per_block
 
     def eager_ms(self, seq_lens: Sequence[int]) -> float:
-        power = _SOFT_MAX_POWER
-        return (self.launch_ms**power + self.device_ms(seq_lens) ** power) ** (1 / power)
+        return _eager_ms(self.launch_ms, self.device_ms(seq_lens))
 
     def replay_ms(self, seq_lens: Sequence[int]) -> float:
         return self.device_ms(seq_lens) + self.replay_host_ms
@@ -98,10 +104,24 @@ def fit_cost_model(timings: Sequence[tuple[int, float, float]], blocks: int) -> 
 
 
 def launch_from_call(eager_ms: float, graph_ms: float) -> float:
-    """The launch time that makes the soft maximum give ``eager_ms`` for a call replayed in ``graph_ms``."""
+    """The launch time under which the model gives ``eager_ms`` for a call replayed in ``graph_ms``
+    (0 where eager is no slower than the replay's device time): eager grows with the launch time,
+    so a bisection finds it."""
+    device_ms = max(0.0, graph_ms - CostModel.replay_host_ms)
+    if eager_ms <= device_ms:
+        return 0.0
+    low, high = 0.0, eager_ms  # _eager_ms(high, device_ms) >= eager_ms
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _eager_ms(middle, device_ms) < eager_ms else (low, middle)
+    return high
+
+
+def _eager_ms(launch_ms: float, device_ms: float) -> float:
+    """Eager time of a call from its launch and device times (the module docstring says why)."""
     power = _SOFT_MAX_POWER
-    device_ms = graph_ms - CostModel.replay_host_ms
-    return max(0.0, eager_ms**power - max(0.0, device_ms) ** power) ** (1 / power)
+    launch_bound = min(device_ms, _SOFT_UNTIL * launch_ms)
+    return max(device_ms, (launch_ms**power + launch_bound**power) ** (1 / power))
 
 
 def _non_negative_least_squares(columns: torch.Tensor, target: torch.Tensor) -> list[float]:
