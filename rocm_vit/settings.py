@@ -34,7 +34,6 @@ ENV_NAMES: dict[str, str] = {
     "graph_max_tokens": "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS",
     "graph_memory_budget_mb": "SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB",
     "graph_padding": "SGLANG_VIT_CUDA_GRAPH_PADDING",
-    "graph_defer_captures": "SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES",
     "graph_capture_buckets": "SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS",
 }
 
@@ -43,6 +42,11 @@ ENV_NAMES: dict[str, str] = {
 _SGLANG_GET_BOOL_ENV_VAR = (("true", "1"), ("false", "0"))
 _SGLANG_ENV_BOOL = (("true", "1", "yes", "y"), ("false", "0", "no", "n"))
 _SGLANG_BOOLEANS = {"use_aiter": _SGLANG_GET_BOOL_ENV_VAR, "vit_cuda_graph": _SGLANG_ENV_BOOL}
+
+# Settings of earlier releases that no longer do anything: read, warned about once, and ignored.
+# Captures on a thread of their own broke when any other thread synchronized the device meanwhile
+# (docs/design.md, "Hazards"): captures run inside the call that triggers them.
+_REMOVED: dict[str, str] = {"graph_defer_captures": "SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES"}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -69,7 +73,6 @@ class Settings:
     graph_max_tokens: int | None = None  # None: the policy's (8192)
     graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
     graph_padding: bool = True  # small layouts padded to shared buckets (docs/design.md, "Padding")
-    graph_defer_captures: bool = True  # captures on the runner's own thread (docs/design.md, "Hazards")
     graph_capture_buckets: bool = True  # padded buckets captured at server start (docs/sglang.md)
 
     def as_dict(self) -> dict[str, object]:
@@ -89,6 +92,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     for field_name, env_name in ENV_NAMES.items():
         if env_name in environ:
             raw[field_name] = environ[env_name]
+    for field_name, env_name in _REMOVED.items():
+        if (field_name in raw or env_name in environ) and env_name not in _warned_removed:
+            _warned_removed.add(env_name)
+            logger.warning("%s is no longer used: graph captures run inside the call that triggers them", env_name)
+        raw.pop(field_name, None)
     values = {f.name: _parse(f.name, f.type, raw[f.name]) for f in fields(Settings) if f.name in raw}
     return Settings(**values)
 
@@ -100,7 +108,7 @@ def _read_yaml(path: Path) -> dict[str, object]:
         raise ValueError(f"{CONFIG_ENV} = {str(path)!r} cannot be read: {err}") from err
     if not isinstance(loaded, dict):
         raise ValueError(f"{CONFIG_ENV} = {str(path)!r} must hold a mapping, got {type(loaded).__name__}")
-    known = {f.name for f in fields(Settings)}
+    known = {f.name for f in fields(Settings)} | set(_REMOVED)
     unknown = sorted(set(loaded) - known)
     if unknown:
         raise ValueError(f"{CONFIG_ENV} = {str(path)!r} has unknown keys {unknown}; known: {sorted(known)}")
@@ -147,3 +155,4 @@ def _sglang_bool(source: str, text: str, true_words: tuple[str, ...], false_word
 
 
 _warned_sglang_booleans: set[str] = set()
+_warned_removed: set[str] = set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,6 @@ from rocm_vit.cli.traffic import (
     chat_stream,
     image_grid,
     repeated_stream,
-    spread_capture_work,
 )
 from rocm_vit.graphs.cost import CostModel
 
@@ -42,18 +42,17 @@ def test_the_chat_stream_is_reproducible_and_capped() -> None:
 
 
 def test_the_runner_takes_what_pays_and_leaves_what_does_not() -> None:
-    """On a host launching in 14 ms, 6 and 8 x 640x360 are replayed (the H200 saved 33 and 14 % at
-    13.6 ms); 1080p is left eager there, and 1.3 MP on a host launching in 10 ms."""
+    """On a host launching in 14 ms, 6 x 640x360 is replayed (the H200 saved 33 % at 13.6 ms); 8 x
+    640x360 and 1080p, whose device time reaches the launch time, are left eager there (#44), and
+    1.3 MP on a host launching in 10 ms."""
     host = CostModel().with_launch_ms(14.0)
     six = bench_traffic.simulate(repeated_stream("six", 6, 640, 360, 400), host)
     assert six["count"]["replay"] == 0  # 5,280 patches: over the ceiling admission by count had
-    assert six["benefit"]["replay"] >= 390 and six["benefit"]["share"] >= 0.8
-    eight = bench_traffic.simulate(repeated_stream("eight", 8, 640, 360, 100), host)
-    assert eight["benefit"]["replay"] >= 90
-    for images, width, height, launch_ms in ((1, 1920, 1080, 14.0), (1, 1280, 1024, 10.0)):
+    assert six["benefit"]["capture"] == 1 and six["benefit"]["replay"] >= 385 and six["benefit"]["share"] >= 0.8
+    for images, width, height, launch_ms in ((8, 640, 360, 14.0), (1, 1920, 1080, 14.0), (1, 1280, 1024, 10.0)):
         stream = repeated_stream("left eager", images, width, height, 100)
         simulated = bench_traffic.simulate(stream, CostModel().with_launch_ms(launch_ms))
-        assert simulated["benefit"]["capture"] == 0, (images, width, height)
+        assert simulated["benefit"]["capture"] == simulated["benefit"]["replay"] == 0, (images, width, height)
 
 
 def test_bench_traffic_prints_every_stream_and_fails_on_a_missed_target(capsys) -> None:
@@ -67,9 +66,9 @@ def test_bench_traffic_prints_every_stream_and_fails_on_a_missed_target(capsys) 
 
 
 def test_padding_takes_chats_saving_where_exact_graphs_cannot() -> None:
-    """Chat at a 1.3 MP cap: one image in five has a size no other request has. (#30's 90 % is the
-    bench's target, not this test's: with the captures' contention charged, 2000 calls at 12 ms
-    realize 64 %, against 36 % with exact graphs only, docs/benchmarks.md.)"""
+    """Chat at a 1.3 MP cap: one image in five has a size no other request has, and an exact graph's
+    capture costs its call more than a few replays save. (#44's 85 % is the bench's target, not
+    this test's: docs/benchmarks.md has the shares.)"""
     host = CostModel().with_launch_ms(12.0)
     chat = bench_traffic.simulate(chat_stream(2000, seed=0), host)
     assert chat["benefit"]["share"] >= chat["benefit, exact"]["share"] + 0.2
@@ -78,40 +77,20 @@ def test_padding_takes_chats_saving_where_exact_graphs_cannot() -> None:
     assert chat["benefit"]["p90_ms"] <= 1.02 * chat["eager"]["p90_ms"]
 
 
-def test_a_deferred_captures_host_work_is_charged_to_the_calls_beside_it() -> None:
-    """A warm-up and a capture: two eager calls of the captured layout, then the check of its first
-    replay, shared with the calls after it: each pays at most its own time again and is served
-    eagerly until the work is done (the H200: 35-39 ms a capture, +15-17 ms on each call beside it)."""
-    host = CostModel().with_launch_ms(12.0)
-    small, large = [196], [4096]
-    eager_small, eager_large = host.eager_ms(small), host.eager_ms(large)
-    kinds, launches = ["deferred", "replay", "replay", "replay"], [2, 0, 0, 0]  # a warm-up and a capture
-    times = bench_traffic._charge_contention(host, kinds, [large, small, small, small], launches)
-    work = 2 * eager_large + bench_traffic.CAPTURE_CHECK_MS
-    assert work > 2 * eager_small  # the capture outlasts two small calls
-    assert times[:3] == pytest.approx([eager_large, 2 * eager_small, 2 * eager_small])
-    left = work - 2 * eager_small
-    assert times[3] == pytest.approx(eager_small + min(left, eager_small))
-    replays = bench_traffic._charge_contention(host, ["replay"] * 2, [small] * 2, [0, 0])
-    assert replays == [host.replay_ms(small)] * 2
-    # A capture without its warm-up takes half as long from the calls beside it.
-    one = bench_traffic._charge_contention(host, kinds, [large, small, small, small], [1, 0, 0, 0])
-    assert one[:2] == pytest.approx([eager_large, 2 * eager_small]) and sum(one) < sum(times)
-    # Host time between calls goes to the capture first: with enough of it, no call pays.
-    calls = [large, small, small, small]
-    idle = bench_traffic._charge_contention(host, kinds, calls, launches, idle_ms=work)
-    assert idle == pytest.approx([eager_large, *[host.replay_ms(small)] * 3])
-    some = bench_traffic._charge_contention(host, kinds, calls, launches, idle_ms=work - eager_small)
-    assert some[1] == pytest.approx(2 * eager_small) and some[2] == pytest.approx(host.replay_ms(small))
-
-
-def test_a_captures_measured_time_is_spread_over_the_calls_behind_it_and_nothing_else_is_charged() -> None:
-    """Tower mode charges each capture's measured wait so; no capture, no charge, however small."""
-    served, eager = [2.0, 2.0, 2.0, 2.0], [10.0, 10.0, 10.0, 10.0]
-    assert spread_capture_work(served, eager, [0.0] * 4) == (served, [False] * 4)
-    times, charged = spread_capture_work(served, eager, [25.0, 0.0, 0.0, 0.0])
-    assert times == [2.0, 20.0, 20.0, 15.0] and charged == [False, True, True, True]
-    assert spread_capture_work(served, eager, [25.0, 0.0, 0.0, 0.0], idle_ms=25.0) == (served, [False] * 4)
+def test_a_capture_is_charged_to_the_call_that_makes_it_and_to_no_other() -> None:
+    """The runner captures inside the triggering call: that call pays a warm-up, the capture and the
+    replay that serves it; every other call is eager or a replay, charged nothing for the capture."""
+    host = CostModel().with_launch_ms(14.0)
+    lengths = [880] * 6  # 6 x 640x360
+    six = bench_traffic.simulate(repeated_stream("six", 6, 640, 360, 40), host)["benefit, exact"]
+    assert six["capture"] == 1 and six["replay"] > 0 and six["eager"] > 0
+    assert six["capture"] + six["replay"] + six["eager"] == 40
+    charged = (
+        six["eager"] * host.eager_ms(lengths)
+        + six["capture"] * bench_traffic._charge(host, "capture", lengths)
+        + six["replay"] * host.replay_ms(lengths)
+    )
+    assert six["mean_ms"] == pytest.approx(charged / 40)
 
 
 def test_a_capture_on_the_requests_path_is_charged_warm_up_capture_and_replay() -> None:
@@ -123,11 +102,47 @@ def test_a_capture_on_the_requests_path_is_charged_warm_up_capture_and_replay() 
         {"launch_ms": 12.0, "streams": [bench_traffic.simulate(chat_stream(40, seed=1), host)]}
     )
     assert any(line.strip().startswith("target") for line in table)
+    assert any("p90 within 2% of all-eager and >= 85% of the possible saving" in line for line in table)
+
+
+def _summary(mean_ms: float, p90_ms: float, share: float | None = None, capture: int = 0) -> dict:
+    return {"mean_ms": mean_ms, "p50_ms": mean_ms, "p90_ms": p90_ms, "share": share, "capture": capture}
+
+
+@pytest.mark.parametrize(
+    ("mean_ms", "p90_ms", "share", "met"),
+    [(9.0, 10.1, 0.86, True), (9.0, 10.3, 0.86, False), (9.0, 10.1, 0.84, False), (10.0, 10.0, None, True),
+     (10.05, 10.0, None, False)],
+    ids=["both", "p90 over 2 %", "share under 85 %", "nothing to save, nothing lost", "nothing to save, time lost"],
+)  # fmt: skip
+def test_chats_target_needs_its_p90_within_2_percent_and_85_percent_of_the_saving(mean_ms, p90_ms, share, met) -> None:
+    """#44: chat at a 1.3 MP cap meets its target only with both; where the oracle saves nothing, 85 %
+    of it is nothing lost on the mean. Every stream also has the limits' row (mean within 1 %, p90
+    within 2 % of all-eager)."""
+    stream = {"stream": "chat, 1.3 MP cap", "eager": _summary(10.0, 10.0), "benefit": _summary(mean_ms, p90_ms, share)}
+    limits, chat = bench_traffic.target_rows({"streams": [stream]})
+    assert chat["met"] is met
+    assert limits["met"] is (p90_ms <= 10.2)
+
+
+def test_the_other_targets_take_80_percent_of_six_images_saving_and_leave_eight_and_one_eager() -> None:
+    streams = [
+        {"stream": "6 x 640x360 per call", "eager": _summary(10.0, 10.0), "benefit": _summary(8.0, 8.0, 0.79)},
+        {"stream": "8 x 640x360 per call", "eager": _summary(10.0, 10.0), "benefit": _summary(9.0, 9.0, 0.5, 1)},
+        {"stream": "1 x 1080p per call", "eager": _summary(10.0, 10.0), "benefit": _summary(10.0, 10.0, 0.0, 0)},
+        {"stream": "video", "eager": _summary(10.0, 10.0), "benefit": _summary(10.2, 10.0, 0.0)},
+    ]
+    for stream in streams:
+        stream["oracle"] = _summary(9.0, 9.0)
+    rows = {row["target"]: row["met"] for row in bench_traffic.target_rows({"streams": streams})}
+    assert rows["6 x 640x360 per call: >= 80% of the possible saving on the mean"] is False
+    assert rows["8 x 640x360 per call: left eager"] is False and rows["1 x 1080p per call: left eager"] is True
+    assert rows["video: mean, p90 within 1%, 2% of all-eager"] is False  # 2 % slower on the mean
 
 
 def test_buckets_captured_first_leave_the_stream_fewer_captures_and_more_of_its_saving() -> None:
     """As a server capturing its padded buckets at startup: those captures are charged nothing and
-    left out of the stream's counts (12 ms, 2000 calls: 67 -> 75 % of chat's saving)."""
+    left out of the stream's counts."""
     host = CostModel().with_launch_ms(12.0)
     stream = chat_stream(400, seed=0)
     lazily, first = bench_traffic.simulate(stream, host), bench_traffic.simulate(stream, host, buckets_first=True)
@@ -145,22 +160,26 @@ def test_the_simulated_oracle_is_split_by_sighting_as_the_towers_is() -> None:
 
 
 def test_the_admission_bound_takes_per_layout_the_better_of_padding_and_its_own_graph() -> None:
-    """One block at 10 ms a launch and 1 ms a token: 100 tokens pad to 128 (128 ms a replay: eager
-    is faster), 20 pad to 256; its own graph costs one eager call and the check to capture."""
-    host = CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0)
-    check = bench_traffic.CAPTURE_CHECK_MS
+    """One block at 10 ms a launch, 1 ms a token and 20 ms a capture: 4 and 8 tokens pad to 128
+    (128 ms a replay: eager is faster), 100 to 128 too; its own graph is captured inside its first
+    call, charged as the simulation charges a capture (eager, the capture, the replay)."""
+    host = CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0,
+                     capture_ms=20.0)  # fmt: skip
 
     def buckets(tokens: int) -> int | None:
         return next((size for size in (128, 256) if size > tokens), None)
 
     small, once, large = [4], [8], [100]
     times, captures = bench_traffic.admission_bound([small] * 6 + [once] + [large] * 3, host, buckets, 8192)
-    eager, own = host.eager_ms(small), host.replay_ms(small)
+    own, capture_call = host.replay_ms(small), host.eager_ms(small) + host.capture_ms + host.replay_ms(small)
     assert captures == 1  # six calls of 4 tokens repay a capture; the one-off and the large ones do not
-    assert times[:6] == pytest.approx([eager, own + eager + check, own, own, own, own])
+    assert times[0] == pytest.approx(bench_traffic._charge(host, "capture", small))
+    assert times[:6] == pytest.approx([capture_call, own, own, own, own, own])
     assert times[6] == pytest.approx(min(host.eager_ms(once), host.replay_ms([8, 120])))
     assert times[7:] == pytest.approx([host.eager_ms(large)] * 3)  # device-bound: padding would cost more
     assert bench_traffic.admission_bound([small] * 6, host, buckets, max_tokens=2)[1] == 0  # over the guard
+    # At the default 60 ms a capture, six calls save less than it costs.
+    assert bench_traffic.admission_bound([small] * 6, replace(host, capture_ms=60.0), buckets, 8192)[1] == 0
 
 
 def test_no_policy_realizes_more_than_the_admission_bound() -> None:

@@ -60,7 +60,7 @@ def test_doctor_json_reports_every_section(capsys: pytest.CaptureFixture[str]) -
     assert padding["per_layout"]["1x196 (a 224x224 image)"] == "padded to 256"
     assert padding["per_layout"]["1x4920 (a 1.3 MP photo)"] == "as it is"  # device-bound: nothing to save
     # 252 of 256 first, one image and two
-    assert padding["captured_at_start"].startswith("27 calls (patches): 14x18, 14x8 + 14x10, 12x26, ")
+    assert padding["captured_at_start"].startswith("25 calls (patches): 14x18, 14x8 + 14x10, 12x26, ")
 
 
 def test_doctor_shows_sglang_and_rocm_vit_environment(

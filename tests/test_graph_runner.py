@@ -11,14 +11,10 @@ from __future__ import annotations
 import gc
 import itertools
 import random
-import subprocess
-import sys
 import threading
-import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +22,6 @@ import torch
 
 from rocm_vit.attention import AttnArgs, SegmentLengths, VarlenArgs, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
-from rocm_vit.graphs import runner as runner_module
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
 from rocm_vit.graphs.memory import ScratchBounds
 from rocm_vit.graphs.runner import LayoutArgs
@@ -1028,117 +1023,6 @@ def test_the_launch_time_is_learned_from_this_hosts_eager_runs(generator: torch.
     assert (runner.stats()["captures"], runner.stats()["launch_ms"]) == (1, 30.0)
 
 
-def test_a_deferred_capture_serves_its_call_eagerly_and_the_graph_replays_later(generator: torch.Generator) -> None:
-    runner, mechanism = _runner(defer_captures=True)
-    layout = _layout((1, 2, 4), (1, 2, 2))
-    _run_checked(runner, layout, generator)  # eligible at once (min hits 1): served eagerly
-    assert runner.wait_for_captures(timeout=30)
-    stats = runner.stats()
-    assert (stats["eager_runs"]["capture_deferred"], stats["captures"], stats["replays"]) == (1, 1, 0)
-    _run_checked(runner, layout, generator)
-    assert runner.stats()["replays"] == 1 and mechanism.events.count("capture") == 1
-
-
-def _capture_deferred(runner: ViTGraphRunner, layout: AttentionLayout, generator: torch.Generator) -> None:
-    _run_checked(runner, layout, generator)
-    assert runner.wait_for_captures(timeout=30)
-
-
-def test_a_deferred_capture_into_a_warmed_pool_is_checked_against_its_calls_output_without_a_warm_up(
-    generator: torch.Generator,
-) -> None:
-    """The deferring call ran its layout eagerly already: a second eager run on the capture thread
-    would only double the host work the calls beside the capture share. The first capture into a
-    pool still warms up (lazy per-thread and per-stream state, the pool's registration)."""
-    runner, mechanism = _runner(defer_captures=True)
-    layouts = [_layout((1, 2, 4)), _layout((1, 4, 4), (1, 2, 2)), _layout((2, 2, 6))]
-    for layout in layouts:
-        _capture_deferred(runner, layout, generator)
-    assert (mechanism.events.count("warm_up"), mechanism.events.count("capture")) == (1, 3)
-    # The first replay is compared only once the reference, copied on the caller's stream, is there.
-    assert mechanism.events.count("caller-stream waits for marker on caller-stream") == 3
-    for layout in layouts:
-        _run_checked(runner, layout, generator)
-    stats = runner.stats()
-    assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_unverified"]) == (3, 3, 0)
-
-
-def test_a_fresh_pool_warms_up_again_after_a_failed_deferred_capture(generator: torch.Generator) -> None:
-    runner, mechanism = _runner(defer_captures=True)
-    _capture_deferred(runner, _layout((1, 2, 4)), generator)
-    mechanism.fail_captures = 1
-    _capture_deferred(runner, _layout((1, 4, 4)), generator)  # no warm-up; the pool is retired
-    _capture_deferred(runner, _layout((1, 2, 6)), generator)  # a fresh pool: its first capture warms up
-    first, failed, fresh = mechanism.capture_pools
-    assert failed is first and fresh is not first
-    assert mechanism.warm_up_pools == [first, fresh]
-    assert runner.stats()["graphs"] == 2
-
-
-def test_a_deferred_capture_that_records_a_wrong_graph_is_caught_against_its_calls_output(
-    generator: torch.Generator, caplog: pytest.LogCaptureFixture
-) -> None:
-    runner, mechanism = _runner(defer_captures=True)
-    _capture_deferred(runner, _layout((1, 2, 4)), generator)
-    mechanism.corrupt_captures = 1
-    broken = _layout((1, 4, 4))
-    _capture_deferred(runner, broken, generator)  # checked against its call's output, no warm-up
-    assert mechanism.events.count("warm_up") == 1
-    _run_checked(runner, broken, generator)  # eager for good
-    stats = runner.stats()
-    assert (stats["graphs"], stats["failed_layouts"], stats["replays"]) == (1, 1, 0)
-    assert "capture_unverified" in caplog.text
-
-
-@dataclass
-class _BlockingCaptures(StandInGraphs):
-    """Captures that start, then wait until the test lets them finish."""
-
-    started: threading.Event = field(default_factory=threading.Event)
-    proceed: threading.Event = field(default_factory=threading.Event)
-
-    def capture(self, fn, pool, stream):
-        self.started.set()
-        assert self.proceed.wait(timeout=30), "the test never let the capture finish"
-        return super().capture(fn, pool, stream)
-
-
-def test_calls_during_a_deferred_capture_run_eagerly_instead_of_waiting_for_it(generator: torch.Generator) -> None:
-    """No request waits for a warm-up and a capture: the capture thread holds the runner meanwhile."""
-    mechanism = _BlockingCaptures()
-    runner, _ = _runner(mechanism=mechanism, defer_captures=True)
-    first, second = _layout((1, 2, 4)), _layout((1, 4, 4))
-    _run_checked(runner, first, generator)
-    assert mechanism.started.wait(timeout=30)
-    for layout in (first, second, first):  # the capture is stuck: every call is served at once, eagerly
-        _run_checked(runner, layout, generator)
-    mechanism.proceed.set()  # reached only because no call above waited for the capture
-    assert runner.wait_for_captures(timeout=30)
-    assert runner.stats()["eager_runs"]["capturing"] == 3
-    _run_checked(runner, first, generator)
-    assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 1)
-
-
-def test_a_deferred_captures_reference_is_its_own_copy_of_the_calls_output(generator: torch.Generator) -> None:
-    """The caller owns what ``run`` returns and may write into it before the capture is checked."""
-    mechanism = _BlockingCaptures()
-    runner, _ = _runner(mechanism=mechanism, defer_captures=True)
-    mechanism.proceed.set()
-    _capture_deferred(runner, _layout((1, 2, 4)), generator)  # the pool's first capture: warmed up
-    layout = _layout((1, 4, 4))
-    mechanism.started.clear()
-    mechanism.proceed.clear()
-    x, cos, sin = _inputs(layout, generator)
-    output = runner.run(x, layout, cos, sin)
-    assert mechanism.started.wait(timeout=30)
-    output.zero_()  # the caller's to write; the capture is not checked yet
-    mechanism.proceed.set()
-    assert runner.wait_for_captures(timeout=30)
-    assert runner.stats()["eager_runs"]["capture_unverified"] == 0
-    _run_checked(runner, layout, generator)
-    assert runner.stats()["replays"] == 1
-
-
 def record_offsets_reaching_the_device(monkeypatch: pytest.MonkeyPatch, mechanism: StandInGraphs) -> None:
     """Log in ``mechanism.events`` each read of a layout's pinned host offsets or of their device copy."""
     for name in ("cu_seqlens_host", "cu_seqlens_tensor"):
@@ -1161,158 +1045,49 @@ def on_the_capture_stream(events: list[str]) -> list[str]:
     return seen
 
 
-@pytest.mark.parametrize("defer", [False, True], ids=["inline", "deferred"])
 def test_a_new_graphs_offsets_reach_the_device_on_the_callers_stream(
-    defer: bool, generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Never on the capture stream: the host allocator records a pinned block's free on every stream
     that copied from it, and a free during a later capture records a captured event there, on which
     the next pinned allocation of any thread fails (H200: a request raised, and a capture was lost)."""
-    runner, mechanism = _runner(defer_captures=defer)
+    runner, mechanism = _runner()
     record_offsets_reaching_the_device(monkeypatch, mechanism)
     for layout in (_layout((1, 2, 4)), _layout((1, 4, 4), (1, 2, 2))):
         _run_checked(runner, layout, generator)
-        assert runner.wait_for_captures(timeout=30)
     assert mechanism.events.count("capture") == 2
     assert "cu_seqlens_host" in mechanism.events  # an exact graph's offsets come from pinned memory
     assert on_the_capture_stream(mechanism.events) == []
 
 
-def test_ranks_that_must_agree_capture_inline_even_when_deferral_is_asked(generator: torch.Generator) -> None:
-    runner, _ = _runner(defer_captures=True, agree_max=list)
-    _run_checked(runner, _layout((1, 2, 4)), generator)
-    stats = runner.stats()
-    assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_deferred"]) == (1, 1, 0)
-
-
 @pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])
-def test_a_deferred_capture_runs_in_the_callers_grad_mode(mode: str, generator: torch.Generator) -> None:
-    """Grad and inference modes are per thread: a capture thread in the default mode failed to
-    capture a tower called under inference_mode (in-place writes to views of inference tensors)."""
+def test_a_tower_captures_in_its_callers_thread_and_grad_mode(mode: str, generator: torch.Generator) -> None:
+    """Captures run inside the call that triggers them, on its thread, in its grad mode (a capture in
+    another mode failed on a tower called under inference_mode: in-place writes to views of inference
+    tensors); every graph verified. A padded tower: tests/test_padding.py."""
     config = preset("tiny")
     tower = tower_class(config)(config, attention_backend="sdpa").eval()
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     grid = [(1, 4, 6), (1, 2, 4)]
     pixels = torch.randn(32, width, generator=generator)
-    runner = tower.enable_graphs(mechanism=StandInGraphs())  # the serving defaults
+    mechanism = StandInGraphs()
+    threads: list[str] = []
+    capture = mechanism.capture
+
+    def capture_recording_its_thread(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return capture(*args)
+
+    mechanism.capture = capture_recording_its_thread
+    runner = tower.enable_graphs(mechanism=mechanism)  # the serving defaults
     with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
         expected = tower(pixels, grid, use_graphs=False)
-        for _ in range(2):  # served eagerly; the second call repays a capture, made off its path
+        for _ in range(3):  # eager; captured in the call whose savings repay a capture; replayed
             assert torch.equal(tower(pixels, grid), expected)
-        assert runner.wait_for_captures(timeout=30)
-        assert torch.equal(tower(pixels, grid), expected)
     stats = runner.stats()
-    assert (stats["captures"], stats["replays"], stats["eager_runs"]["capture_failed"]) == (1, 1, 0)
-
-
-# What a script run by ``_run_script`` starts with: this folder on its path, the runner's pieces.
-_SCRIPT_PREAMBLE = """
-import os, sys, threading
-sys.path.insert(0, sys.argv[1])
-import torch
-from rocm_vit.attention import get_backend
-from rocm_vit.graphs import ViTGraphRunner
-from rocm_vit.layout import VisionLayout
-from test_graph_runner import StandInGraphs
-"""
-
-_EXIT_DURING_A_CAPTURE = """
-
-started = threading.Event()
-
-def slow_blocks(x, attn_args, cos, sin):
-    if threading.current_thread().name == "rocm-vit-capture":
-        started.set()
-        a = torch.randn(600, 600)
-        for _ in range(30):
-            a = a @ a / 600  # ops that release the GIL while they run
-    return x * cos + sin
-
-runner = ViTGraphRunner(slow_blocks, get_backend("sdpa").layout_args, min_hits=1, defer_captures=True,
-                        mechanism=StandInGraphs())
-layout = VisionLayout.from_grid_thw([(1, 2, 4)]).attention
-x = torch.randn(layout.num_patches, 8)
-runner.run(x, layout, x, x)
-assert started.wait(30)
-"""
-
-
-def _run_script(body: str, timeout: float) -> subprocess.CompletedProcess:
-    """``_SCRIPT_PREAMBLE`` then ``body`` in a Python process of its own (warnings off: forking a
-    threaded process warns)."""
-    script = [sys.executable, "-W", "ignore", "-c", _SCRIPT_PREAMBLE + body, str(Path(__file__).parent)]
-    return subprocess.run(script, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def test_a_process_that_exits_during_a_deferred_capture_exits_cleanly() -> None:
-    """The capture thread is a daemon: cut off inside a torch call at interpreter exit, it unwound
-    through C++ and the process aborted ("terminate called without an active exception", SIGABRT).
-    A server stopped while a capture ran would dump core. The capture finishes first now."""
-    done = _run_script(_EXIT_DURING_A_CAPTURE, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "terminate called" not in done.stderr
-
-
-_EXIT_IN_A_FORKED_CHILD = """
-
-runner = ViTGraphRunner(lambda x, attn_args, cos, sin: x * cos + sin, get_backend("sdpa").layout_args, min_hits=1,
-                        defer_captures=True, mechanism=StandInGraphs())
-layout = VisionLayout.from_grid_thw([(1, 2, 4)]).attention
-x = torch.randn(layout.num_patches, 8)
-runner.run(x, layout, x, x)
-assert runner.wait_for_captures(30)
-held, release = threading.Event(), threading.Event()
-
-def hold_the_queue():  # as the capture thread does while it takes or hands back a capture
-    with runner._queue.wake:
-        held.set()
-        release.wait(30)
-
-threading.Thread(target=hold_the_queue).start()
-assert held.wait(30)
-child = os.fork()
-if child == 0:
-    sys.exit(0)  # runs the exit handlers in the child, where no capture thread exists
-status = os.waitpid(child, 0)[1]
-release.set()
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
-def test_a_forked_child_exits_without_waiting_for_its_parents_capture_threads() -> None:
-    """Threads do not survive a fork; a lock a parent's thread held at the fork stays held in the
-    child, where the exit handler would wait for it forever."""
-    done = _run_script(_EXIT_IN_A_FORKED_CHILD, timeout=60)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
-def test_a_dropped_runner_is_freed_and_its_capture_thread_ends(generator: torch.Generator) -> None:
-    """The capture thread holds its runner only while it captures: dropping a tower frees the pool."""
-    runner, _ = _runner(defer_captures=True)
-    _run_checked(runner, _layout((1, 2, 4)), generator)
-    assert runner.wait_for_captures(timeout=30)
-    thread, dropped = runner._capture_thread, weakref.ref(runner)
-    del runner
-    gc.collect()  # graphs hold closures over the runner: a cycle, which only the collector frees
-    assert dropped() is None
-    thread.join(timeout=30)  # at its next poll the thread finds the runner gone and ends
-    assert not thread.is_alive()
-
-
-def test_a_deferred_capture_whose_first_replay_fails_is_dropped_and_remembered(generator: torch.Generator) -> None:
-    """Inline, the replay's error reaches the caller; deferred, no caller waits: the graph goes."""
-    runner, mechanism = _runner(mechanism=StandInGraphs(fail_replays=1), defer_captures=True)
-    layout = _layout((1, 2, 4))
-    _run_checked(runner, layout, generator)
-    assert runner.wait_for_captures(timeout=30)
-    _run_checked(runner, layout, generator)  # served eagerly: the layout failed
-    stats = runner.stats()
-    assert (stats["graphs"], stats["failed_layouts"], stats["replays"]) == (0, 1, 0)
-    # It was its pool's only graph: held, not replayed, until the next capture there has begun.
-    assert stats["eager_runs"]["capture_failed"] == 1 and mechanism.retired == 0
-    _run_checked(runner, _layout((1, 4, 4)), generator)
-    assert runner.wait_for_captures(timeout=30)
-    assert runner.stats()["graphs"] == 1 and mechanism.retired == 1
+    assert stats["captures"] == 1 and stats["replays"] >= 1
+    assert stats["eager_runs"]["capture_failed"] == stats["eager_runs"]["capture_unverified"] == 0
+    assert threads == [threading.current_thread().name]
 
 
 def test_the_launch_time_is_agreed_across_ranks_now_and_then_not_on_every_call(generator: torch.Generator) -> None:
@@ -1360,31 +1135,6 @@ def test_slow_runs_of_a_device_bound_layout_do_not_teach_the_launch_time(generat
         _run_checked(runner, close, generator)
     runner._launch_ms()
     assert runner.stats()["launch_ms"] == 13.6
-
-
-def test_eager_runs_while_a_capture_is_pending_or_under_way_do_not_teach_the_launch_time(
-    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Seen on the H200 (chat at a 1.3 MP cap): runs beside a capture are slowed by it, and they
-    taught a launch time of 40 ms on a host that launched the tower in 14 to 16. Here the capture
-    thread is held back while new layouts run at 40 ms: only the 12 ms runs before it teach."""
-    thread_may_start = threading.Event()
-    capture_loop = runner_module._capture_loop
-    monkeypatch.setattr(runner_module, "_capture_loop", lambda *args: thread_may_start.wait(30) and capture_loop(*args))
-    model = CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=0.05, device_ms_per_square=0.0)
-    runner, _ = _runner(min_hits=2, cost_model=model, clock=_launches_in([12.0] * 9 + [40.0] * 20), defer_captures=True)
-    layouts = [_layout((1, 2, 2), (1, 2, 2 * k + 2)) for k in range(28)]  # 8 to 116 tokens: under 6 ms
-    for layout in [*layouts[:8], layouts[0]]:  # eight first calls, then one that hands its capture over
-        _run_checked(runner, layout, generator)
-    assert runner.stats()["eager_runs"]["capture_deferred"] == 1
-    for layout in layouts[8:]:  # twenty first calls while that capture is pending
-        _run_checked(runner, layout, generator)
-    thread_may_start.set()
-    assert runner.wait_for_captures(timeout=30) and runner.stats()["captures"] == 1
-    # The call that handed its capture over ran before the handover, alone: it taught too.
-    assert list(runner._launch_samples) == pytest.approx([12.0] * 9)
-    runner._launch_ms()
-    assert runner.stats()["launch_ms"] == 12.0
 
 
 def test_device_bound_eager_runs_do_not_teach_the_launch_time(generator: torch.Generator) -> None:
@@ -1485,8 +1235,8 @@ def test_no_cyclic_collection_runs_inside_a_capture(monkeypatch: pytest.MonkeyPa
 
 
 def test_the_collector_stays_off_until_the_last_of_overlapping_captures_ends() -> None:
-    """Two runners' capture threads may capture at once: the first to end must not turn the
-    collector back on under the other."""
+    """Two threads may capture at once, each through its own runner: the first to end must not turn
+    the collector back on under the other."""
     from rocm_vit.graphs.capture import _no_cyclic_collection
 
     first_in, second_done = threading.Event(), threading.Event()

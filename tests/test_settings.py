@@ -31,9 +31,19 @@ def test_defaults_without_environment() -> None:
         "graph_max_tokens": None,
         "graph_memory_budget_mb": None,
         "graph_padding": True,
-        "graph_defer_captures": True,
         "graph_capture_buckets": True,
     }
+
+
+def test_a_removed_setting_warns_once_and_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch
+) -> None:
+    """SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES of earlier releases: a YAML file that names it still loads."""
+    monkeypatch.setattr(settings_module, "_warned_removed", set())
+    environ = {**_yaml(tmp_path, "graph_defer_captures: true\ngraph_min_hits: 3\n")}
+    environ["SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES"] = "0"
+    assert load_settings(environ) == load_settings(environ) == Settings(graph_min_hits=3)
+    assert caplog.text.count("SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES is no longer used") == 1
 
 
 def test_every_setting_has_an_environment_variable() -> None:

@@ -18,19 +18,19 @@ def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(mo
     """On a CPU the runner serves everything eagerly (no_gpu); the structure is what a GPU run fills."""
     small = [repeated_stream("6 x 640x360 per call", 2, 128, 96, 3), repeated_stream("video", 1, 64, 64, 1)]
     monkeypatch.setattr(traffic_tower, "standard_streams", lambda calls, seed: small)
-    assert main(["bench-traffic", "--mode", "tower", "--preset", "tiny", "--idle-ms", "1", "--json"]) == 0
+    assert main(["bench-traffic", "--mode", "tower", "--preset", "tiny", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert (report["mode"], report["device"], report["idle_ms"]) == ("tower", "cpu", 1.0)
+    assert (report["mode"], report["device"]) == ("tower", "cpu")
     assert [stream["stream"] for stream in report["streams"]] == ["6 x 640x360 per call", "video"]
     for stream, calls in zip(report["streams"], (3, 1), strict=True):
         assert stream["calls"] == calls and stream["eager_runs"] == {"no_gpu": calls}
         assert stream["graphs"]["replays"] == 0 and stream["eager"]["mean_ms"] > 0
-        assert stream["possible_saving_ms"] is None and stream["share"] is None and stream["capture_ms"] >= 0
+        assert stream["possible_saving_ms"] is None and stream["share"] is None
         assert stream["runner_capture_ms"] == stream["runner_verify_ms"] == 0  # no capture on a CPU
         assert stream["second_half"]["graphs"]["replays"] == 0 and stream["second_half"]["eager"]["mean_ms"] > 0
         for record, calls in (("by_kind", stream["calls"]), ("second_half_by_kind", stream["second_half"]["calls"])):
             (kind,) = stream[record]
-            assert (kind["kind"], kind["beside_capture"], kind["calls"]) == ("no_gpu", False, calls)
+            assert (kind["kind"], kind["calls"]) == ("no_gpu", calls)
 
 
 def _standin_tower(monkeypatch: pytest.MonkeyPatch, mechanism):
@@ -44,8 +44,8 @@ def _standin_tower(monkeypatch: pytest.MonkeyPatch, mechanism):
 def test_each_call_is_timed_eagerly_on_the_twin_and_under_graphs_back_to_back_in_alternating_order(
     monkeypatch,
 ) -> None:
-    """Both timings of a call meet the same host (its launch time drifts within a process); the
-    capture a call defers is waited for before the next call, and the wait recorded for charging."""
+    """Both timings of a call meet the same host (its launch time drifts within a process); the call
+    that captures is timed with its capture, as the runner makes it inside the call."""
     from test_graph_runner import StandInGraphs
 
     tower = _standin_tower(monkeypatch, StandInGraphs())
@@ -65,19 +65,19 @@ def test_each_call_is_timed_eagerly_on_the_twin_and_under_graphs_back_to_back_in
 
     monkeypatch.setattr(traffic_tower, "_timed", spied_timed)
     monkeypatch.setattr(traffic_tower, "_calls", spied_calls)
-    tower.enable_graphs(min_hits=1, by_benefit=False)
-    tower.graph_runner._defer = True  # deferred as serving does, with every layout admitted
+    tower.enable_graphs(min_hits=1, by_benefit=False)  # every layout admitted at its first call
     grids = repeated_stream("one layout", 1, 128, 96, 4).calls
     with torch.inference_mode():
-        paired = traffic_tower._paired_calls(tower, twin, grids, seed=0, idle_ms=0.0, label="test")
+        paired = traffic_tower._paired_calls(tower, twin, grids, seed=0, label="test")
     assert timed_towers == [twin, tower, tower, twin, twin, tower, tower, twin]
     assert made_when_timed == [1, 1, 2, 2, 3, 3, 4, 4]  # each call's pixels made as it is reached
-    assert paired.served == ["capture_deferred", "replay", "replay", "replay"]
-    assert len(paired.eager) == len(paired.graphs) == len(paired.capture) == 4
-    assert paired.capture[0] >= 0 and paired.capture[1:] == [0.0] * 3 and paired.stats_at_half["replays"] == 1
+    assert paired.served == ["capture", "replay", "replay", "replay"]
+    assert len(paired.eager) == len(paired.graphs) == 4
+    # The capture's first replay served its call: two replays by the half.
+    assert (paired.stats_at_half["captures"], paired.stats_at_half["replays"]) == (1, 2)
 
 
-def test_under_the_serving_defaults_captures_are_waited_for_and_charged_to_the_calls_behind_them(monkeypatch) -> None:
+def test_under_the_serving_defaults_a_capture_is_recorded_on_the_call_that_made_it(monkeypatch) -> None:
     """The whole tower mode on a CPU whose runners capture with the stand-in mechanism."""
     from test_graph_runner import StandInGraphs
 
@@ -89,11 +89,12 @@ def test_under_the_serving_defaults_captures_are_waited_for_and_charged_to_the_c
     with torch.inference_mode():
         report = traffic_tower.measure_tower("tiny", 6, 0, [stream.name], oracle_calls=0)
     (measured,) = report["streams"]
-    assert measured["graphs"]["captures"] == 1 and measured["graphs"]["replays"] >= 1
-    assert measured["capture_ms"] > 0 and measured["runner_capture_ms"] > 0
-    kinds = {(row["kind"], row["beside_capture"]): row["calls"] for row in measured["by_kind"]}
-    assert kinds.get(("capture_deferred", False)) == 1
-    assert sum(calls for (_, beside), calls in kinds.items() if beside) >= 1  # the capture's wait, charged
+    assert measured["graphs"]["captures"] == 1 and measured["graphs"]["replays"] >= 2
+    assert measured["runner_capture_ms"] > 0 and measured["runner_verify_ms"] > 0
+    kinds = {row["kind"]: row["calls"] for row in measured["by_kind"]}
+    assert kinds["capture"] == 1 and sum(kinds.values()) == 6
+    # Calls before the capture ran eagerly; those after it replayed.
+    assert kinds["replay"] == measured["graphs"]["replays"] - 1
 
 
 def test_a_streams_second_half_is_compared_with_the_oracle_on_its_own_sampled_calls(monkeypatch) -> None:
@@ -133,12 +134,11 @@ def test_the_oracles_saving_is_split_by_whether_a_graph_of_an_earlier_call_could
     report = {"preset": "tiny", "device": "cuda", "streams": []}
     stream = {"stream": "chat", "calls": 6, "eager": {"mean_ms": 9.0, "p90_ms": 9.0}, "possible_saving_ms": 3.0}
     stream |= {"graphs": {"mean_ms": 6.0, "p90_ms": 9.0, "replays": 3, "captures": 1}, "share": 1.0}
-    stream |= {"second_half": stream.copy(), "capture_ms": 0, "runner_capture_ms": 0, "runner_verify_ms": 0}
+    stream |= {"second_half": stream.copy(), "runner_capture_ms": 150, "runner_verify_ms": 20}
     report["streams"].append(stream | {"second_half_by_kind": [], "oracle_by_sighting": split})
-    lines = traffic_tower.format_tower_table(report)
-    assert "chat: the oracle's saving lies 10% on repeats, 30% on first sightings, 40% on repeats over " in "\n".join(
-        lines
-    )
+    lines = "\n".join(traffic_tower.format_tower_table(report))
+    assert "chat: the oracle's saving lies 10% on repeats, 30% on first sightings, 40% on repeats over " in lines
+    assert "chat: 1 captures inside their calls (the runner: 150 ms capturing, 20 ms checking first replays)" in lines
 
 
 def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
@@ -161,38 +161,32 @@ def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_
 
 
 def test_the_tower_record_tells_how_each_call_was_served() -> None:
-    """Read from the runner's counters, without its lock: a call served while the capture thread holds
-    the runner is recorded as such."""
-    from test_graph_runner import _BlockingCaptures, _inputs, _layout, _runner
+    """From the runner's counters and captures around each call: a capture (served by its first
+    replay) is told from a replay, and a capture whose first replay differed by its eager reason."""
+    from test_graph_runner import StandInGraphs, _inputs, _layout, _runner
     from test_padding import _padded_runner
 
-    mechanism = _BlockingCaptures()
-    runner, _ = _runner(mechanism=mechanism, defer_captures=True)
+    runner, _ = _runner(min_hits=2, mechanism=StandInGraphs(corrupt_captures=1))
     generator = torch.Generator().manual_seed(0)
     first, second = _layout((1, 2, 4)), _layout((1, 4, 4))
 
     def served(runner, layout) -> str:
-        before = runner.counters()
+        before = traffic_tower.served_counters(runner)
         x, cos, sin = _inputs(layout, generator)
         runner.run(x, layout, cos, sin)
-        return traffic_tower.served_as(before, runner.counters())
+        return traffic_tower.served_as(before, traffic_tower.served_counters(runner))
 
-    assert served(runner, first) == "capture_deferred"
-    assert mechanism.started.wait(timeout=30)
-    assert served(runner, second) == "capturing"  # the capture of `first` holds the runner
-    mechanism.proceed.set()
-    assert runner.wait_for_captures(timeout=30)
-    assert served(runner, first) == "replay"
-    padded_runner, _, _ = _padded_runner(defer_captures=True)
-    assert served(padded_runner, _layout((1, 16, 20))) == "padded capture_deferred"
-    served_as = [("a", False), ("b", True), ("a", False)]
+    assert [served(runner, first) for _ in range(3)] == ["below_min_hits", "capture_unverified", "capture_unverified"]
+    assert [served(runner, second) for _ in range(3)] == ["below_min_hits", "capture", "replay"]
+    padded_runner, _, _ = _padded_runner()
+    assert served(padded_runner, _layout((1, 16, 20))) == "padded capture"
+    assert served(padded_runner, _layout((1, 16, 20))) == "padded replay"
+    served_as = ["a", "b", "a"]
     oracle = [[1.0, 3.0], [], [5.0]]  # the first call sampled twice, the second never
     rows = traffic_tower.by_kind([10.0, 10.0, 10.0], [9.0, 20.0, 2.0], served_as, oracle)
-    assert [
-        (row["kind"], row["beside_capture"], row["calls"], row["slower_calls"], row["slower_excess_ms"]) for row in rows
-    ] == [
-        ("a", False, 2, 0, 0.0),
-        ("b", True, 1, 1, 10.0),
+    assert [(row["kind"], row["calls"], row["slower_calls"], row["slower_excess_ms"]) for row in rows] == [
+        ("a", 2, 0, 0.0),
+        ("b", 1, 1, 10.0),
     ]
     assert [(row["oracle_samples"], row["oracle_saving_ms"]) for row in rows] == [(3, 3.0), (0, None)]
     # A stream's second half is compared with the oracle on its own sampled calls, not the stream's.
@@ -221,7 +215,7 @@ def test_with_buckets_first_a_streams_calls_replay_graphs_captured_before_it_and
     reports = {}
     with torch.inference_mode():
         for first in (False, True):
-            (reports[first],) = traffic_tower.measure_tower("tiny", 4, 0, [stream.name], 0, 0.0, first)["streams"]
+            (reports[first],) = traffic_tower.measure_tower("tiny", 4, 0, [stream.name], 0, first)["streams"]
     lazily, captured_first = reports[False], reports[True]
     assert lazily["captured_first"] == 0 and lazily["graphs"]["captures"] == 1
     assert captured_first["captured_first"] > 1

@@ -45,7 +45,6 @@ from rocm_vit.graphs import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_MIN_HITS,
     CudaGraphs,
-    ViTGraphRunner,
     default_budget_bytes,
 )
 from rocm_vit.graphs.capture import GraphMechanism
@@ -251,13 +250,13 @@ def _random(tower: VisionTower, budget_bytes: int, calls: int, max_side_px: int,
         _call(tower, pixels, index, workload, use_graphs=True)
         bytes_held.append(runner.stats()["bytes_held"])
         if index + 1 == warm_up_calls:
-            _quiesce(runner)
+            torch.cuda.synchronize()
             reserved_after_warm_up = torch.cuda.memory_reserved()
             holders_after_warm_up = _reserved_by_holder(runner)
             torch.cuda.reset_peak_memory_stats()
         if index + 1 > warm_up_calls and torch.cuda.memory_reserved() > peak_sample[0]:
             peak_sample = (torch.cuda.memory_reserved(), _reserved_by_holder(runner))
-    _quiesce(runner)
+    torch.cuda.synchronize()
     stats = runner.stats()
     traces.bytes_held["random"] = bytes_held
     peak_growth = torch.cuda.max_memory_reserved() - reserved_after_warm_up
@@ -326,7 +325,7 @@ def _streams(tower: VisionTower, budget_bytes: int, max_side_px: int, seed: int)
         thread.start()
     for thread in threads:
         thread.join()
-    _quiesce(runner)  # also the streams of threads that failed midway
+    torch.cuda.synchronize()  # also the streams of threads that failed midway
     hot_layouts = {workload for workload, count in Counter(calls).items() if count > 1}
     mismatched = [
         index
@@ -541,7 +540,7 @@ def _timed_run(
     started = time.perf_counter()
     for index, workload in enumerate(progress(stream, desc, "call")):
         replays_before = runner.stats()["replays"] if use_graphs else 0
-        _quiesce(runner if use_graphs else None)
+        torch.cuda.synchronize()
         call_started = time.perf_counter()
         _call(tower, pixels, index, workload, use_graphs)
         torch.cuda.current_stream().synchronize()  # not the device: a capture may run
@@ -552,13 +551,6 @@ def _timed_run(
             bytes_held.append(stats["bytes_held"])
     total_s = time.perf_counter() - started
     return _TimedRun(call_ms, replayed, bytes_held, total_s, torch.cuda.max_memory_reserved() - baseline)
-
-
-def _quiesce(runner: ViTGraphRunner | None) -> None:
-    """Let a deferred capture finish, then synchronize the device (which would break a capture)."""
-    if runner is not None:
-        runner.wait_for_captures()
-    torch.cuda.synchronize()
 
 
 def _runner_counters(stats: dict) -> dict:

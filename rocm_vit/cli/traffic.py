@@ -122,25 +122,6 @@ def latency_summary(times: list[float]) -> dict[str, float]:
     }
 
 
-def spread_capture_work(
-    served_ms: Sequence[float], eager_ms: Sequence[float], capture_ms: Sequence[float], idle_ms: float = 0.0
-) -> tuple[list[float], list[bool]]:
-    """Each call's ms once the host work of the capture a call deferred (``capture_ms``, after it) is
-    charged to the calls behind it: it takes the ``idle_ms`` before each call first, then each later
-    call is served eagerly (``eager_ms``) and pays as much again, until the work is done; a call
-    nothing is charged to takes ``served_ms``. Also, per call, whether it was charged. Both
-    bench-traffic modes charge captures so; on the H200, calls back to back beside a capture with its
-    warm-up took 16-37 ms more than eagerly, about two per capture (docs/benchmarks.md)."""
-    times, charged, left = [], [], 0.0
-    for served, eager, work in zip(served_ms, eager_ms, capture_ms, strict=True):
-        left = max(0.0, left - idle_ms)
-        beside = min(left, eager)
-        times.append(eager + beside if left > 0 else served)
-        charged.append(left > 0)
-        left += work - beside
-    return times, charged
-
-
 SIGHTINGS = ("repeats", "first sightings", "repeats over the guard", "first sightings over the guard")
 
 

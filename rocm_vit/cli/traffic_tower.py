@@ -1,7 +1,9 @@
 """``rocm-vit bench-traffic --mode tower``: the preset's real tower on this machine's GPU, each call of
-a stream timed all-eager and under the serving defaults back to back (the host's drift cancels), each
-capture's time charged to the calls behind it, an oracle timed on sampled calls, and each call
-recorded by how the runner served it. Results: docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`".
+a stream timed all-eager and under the serving defaults back to back (the host's drift cancels), an
+oracle timed on sampled calls, and each call recorded by how the runner served it. The runner
+captures inside the call that triggers the capture, so that call's wall time holds the whole
+capture (warm-up, capture, checked first replay) and no other call is charged for it.
+Results: docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`".
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from rocm_vit.cli.traffic import (
     latency_summary,
     oracle_by_sighting,
     sighting_lines,
-    spread_capture_work,
     standard_streams,
 )
 from rocm_vit.cli.workload import build_tower, progress, table_lines
@@ -41,7 +42,6 @@ def measure_tower(
     seed: int,
     names: Sequence[str] = TOWER_STREAMS,
     oracle_calls: int = 100,
-    idle_ms: float = 0.0,
     buckets_first: bool = False,
 ) -> dict[str, Any]:
     """Each stream in ``names``, every call timed twice in a row: all-eager on a twin tower (the same
@@ -49,11 +49,9 @@ def measure_tower(
     order, so that both meet the same host: its launch time drifted up to 23 % within a process over
     minutes (the H200, docs/benchmarks.md), more than the margins compared. Wall ms with the caller's
     stream synchronized around each call, after one untimed eager pass that compiles every kernel
-    variant the stream needs. A capture a call defers is waited for before the next call, and its
-    time charged to the calls behind it (``spread_capture_work``, as the simulation charges it).
-    Then the oracle on ``oracle_calls`` sampled calls (``_oracle_replay_ms``). The second half of
-    each stream is also given alone: the runner's steady state. ``idle_ms``: the caller sleeps that
-    long before each timed call, which a capture takes first. ``buckets_first``: each runner
+    variant the stream needs; a call that captures is timed with its capture. Then the oracle on
+    ``oracle_calls`` sampled calls (``_oracle_replay_ms``). The second half of each stream is also
+    given alone: the runner's steady state. ``buckets_first``: each runner
     captures its padded buckets before the stream (``VisionTower.capture_padded_buckets``), as a
     server would at startup; the stream's counts leave those calls and captures out."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -70,15 +68,13 @@ def measure_tower(
             captured_first = tower.capture_padded_buckets() if buckets_first else 0
             first = runner.stats()
             half = len(stream.calls) // 2
-            timed = _paired_calls(tower, twin, stream.calls, seed, idle_ms, f"{stream.name}, paired")
+            timed = _paired_calls(tower, twin, stream.calls, seed, f"{stream.name}, paired")
             at_half, stats = _since(first, timed.stats_at_half), _since(first, runner.stats())
             tower.disable_graphs()
-            graphed, charged = spread_capture_work(timed.graphs, timed.eager, timed.capture, idle_ms)
-            kinds = list(zip(timed.served, charged, strict=True))
+            eager, graphed, kinds = timed.eager, timed.graphs, timed.served
             oracle = _oracle_savings(tower, stream.calls, timed.eager, oracle_calls, seed)
             possible = _mean_saving(oracle)
             counts = {k: stats[k] for k in ("replays", "captures")}
-            eager = timed.eager
             results.append(
                 {
                     "stream": stream.name,
@@ -91,9 +87,8 @@ def measure_tower(
                         {k: stats[k] - at_half[k] for k in counts},
                         _mean_saving(oracle[half:]),
                     ),
-                    # Waited for captures after their calls; of the runner's own time, capturing
-                    # (the pool measured too) and checking first replays (their device time too).
-                    "capture_ms": sum(timed.capture),
+                    # Inside the calls that captured: capturing (the pool measured too) and
+                    # checking first replays (their device time too).
                     "runner_capture_ms": 1e3 * stats["capture_seconds"],
                     "runner_verify_ms": 1e3 * stats["verify_seconds"],
                     "launch_ms": stats["launch_ms"],
@@ -106,8 +101,8 @@ def measure_tower(
                     "second_half_by_kind": by_kind(eager[half:], graphed[half:], kinds[half:], oracle[half:]),
                 }
             )
-    return {"mode": "tower", "preset": preset_name, "device": str(device), "idle_ms": idle_ms,
-            "buckets_first": buckets_first, "streams": results}  # fmt: skip
+    return {"mode": "tower", "preset": preset_name, "device": str(device), "buckets_first": buckets_first,
+            "streams": results}  # fmt: skip
 
 
 def _since(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
@@ -160,48 +155,37 @@ def _compared(eager: list[float], graphed: list[float], counts: dict[str, int], 
 
 @dataclass
 class _Paired:
-    """Per call: ms all-eager, ms under graphs, ms waited for the capture it deferred, how it was served."""
+    """Per call: ms all-eager, ms under graphs (a capture's included), how it was served."""
 
     eager: list[float] = field(default_factory=list)
     graphs: list[float] = field(default_factory=list)
-    capture: list[float] = field(default_factory=list)
     served: list[str] = field(default_factory=list)
     stats_at_half: dict[str, Any] = field(default_factory=dict)
 
 
-def _paired_calls(
-    tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int, idle_ms: float, label: str
-) -> _Paired:
+def _paired_calls(tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int, label: str) -> _Paired:
     """Each call on ``twin`` (all-eager) and through ``tower``'s runner, eager first on even calls,
-    graphs first on odd ones; after the graphs' call, the wait for the capture it deferred (0 if none:
-    every capture is waited for, so no other is pending).
-    ``served`` comes from the runner's ``counters`` around the call (``served_as``)."""
+    graphs first on odd ones. ``served`` comes from the runner's counters around the call
+    (``served_as``)."""
     runner = tower.graph_runner
     timed = _Paired(stats_at_half=runner.stats())  # a stream of one call has an empty first half
     for index, (grid, pixels) in enumerate(_calls(tower, progress(list(grids), label, "call"), seed)):
         if index % 2 == 0:
-            timed.eager.append(_timed(twin, pixels, grid, idle_ms))
-        _time_under_graphs(tower, pixels, grid, idle_ms, timed)
+            timed.eager.append(_timed(twin, pixels, grid))
+        _time_under_graphs(tower, pixels, grid, timed)
         if index % 2 == 1:
-            timed.eager.append(_timed(twin, pixels, grid, idle_ms))
+            timed.eager.append(_timed(twin, pixels, grid))
         if index + 1 == len(grids) // 2:
             timed.stats_at_half = runner.stats()
     return timed
 
 
-def _time_under_graphs(
-    tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...], idle_ms: float, timed: _Paired
-) -> None:
-    """One call through ``tower``'s runner: its ms, how it was served, and the wait for the capture it
-    deferred (0 if none)."""
+def _time_under_graphs(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...], timed: _Paired) -> None:
+    """One call through ``tower``'s runner: its ms and how it was served."""
     runner = tower.graph_runner
-    before = runner.counters()
-    timed.graphs.append(_timed(tower, pixels, grid, idle_ms))
-    timed.served.append(served_as(before, runner.counters()))
-    started = time.perf_counter()
-    runner.wait_for_captures()
-    waited = (time.perf_counter() - started) * 1e3
-    timed.capture.append(waited if timed.served[-1].endswith("capture_deferred") else 0.0)
+    before = served_counters(runner)
+    timed.graphs.append(_timed(tower, pixels, grid))
+    timed.served.append(served_as(before, served_counters(runner)))
 
 
 def _calls(tower: Any, grids: Iterable[tuple[GridTHW, ...]], seed: int) -> Iterator[tuple[tuple, torch.Tensor]]:
@@ -215,13 +199,10 @@ def _calls(tower: Any, grids: Iterable[tuple[GridTHW, ...]], seed: int) -> Itera
         yield grid, torch.randn(patches, width, generator=generator, device=device, dtype=tower.dtype)
 
 
-def _timed(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...], idle_ms: float = 0.0) -> float:
-    """Wall ms of one call, the device idle and ``idle_ms`` slept before the clock starts. The caller's
-    stream, as a server waits for its own work: a device-wide synchronize while the runner's thread
-    captures would fail (and break that capture)."""
+def _timed(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...]) -> float:
+    """Wall ms of one call, the device idle before the clock starts; the caller's stream is
+    synchronized, as a server waits for its own work."""
     _synchronize_stream(tower.device)
-    if idle_ms:
-        time.sleep(idle_ms / 1e3)
     started = time.perf_counter()
     tower(pixels, list(grid))
     _synchronize_stream(tower.device)
@@ -246,35 +227,46 @@ def _oracle_replay_ms(tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: in
     return replay_ms
 
 
+def served_counters(runner: Any) -> dict[str, int]:
+    """The runner's ``counters`` and its ``captures`` (``counters`` lacks them): read between calls,
+    where no capture holds the runner's lock (each runs inside its call)."""
+    return {**runner.counters(), "captures": runner.stats()["captures"]}
+
+
 def served_as(before: dict[str, int], after: dict[str, int]) -> str:
-    """How one call was served, from the runner's ``counters`` around it: ``replay`` or its eager
-    reason, prefixed ``padded`` where it ran padded."""
-    changed = [name for name in ("replays", *EAGER_REASONS) if after[name] > before[name]]
-    kind = "replay" if changed == ["replays"] else (changed or ["unknown"])[0]
+    """How one call was served, from ``served_counters`` around it: its eager reason (a capture that
+    failed or whose first replay differed has one), else ``capture`` (captured inside the call and
+    served by its first replay), else ``replay``; prefixed ``padded`` where it ran padded."""
+    reasons = [reason for reason in EAGER_REASONS if after[reason] > before[reason]]
+    if reasons:
+        kind = reasons[0]
+    elif after["captures"] > before["captures"]:
+        kind = "capture"
+    else:
+        kind = "replay" if after["replays"] > before["replays"] else "unknown"
     return f"padded {kind}" if after["padded"] > before["padded"] else kind
 
 
 def by_kind(
     eager: Sequence[float],
     graphed: Sequence[float],
-    served: Sequence[tuple[str, bool]],
+    served: Sequence[str],
     oracle: Sequence[Sequence[float]],
 ) -> list[dict]:
-    """Calls grouped by how they were served and whether a capture was charged to them: how many,
-    their mean ms under graphs and all-eager, how many were over 10 % slower than eager, with the ms
-    over, and the oracle's mean saving on the group's sampled calls (``oracle``: per call, its
-    samples' savings; None where none was sampled), which tells where a share is lost."""
-    groups: dict[tuple[str, bool], list[tuple[float, float, Sequence[float]]]] = {}
-    for eager_ms, graph_ms, how, savings in zip(eager, graphed, served, oracle, strict=True):
-        groups.setdefault(how, []).append((eager_ms, graph_ms, savings))
+    """Calls grouped by how they were served (``served_as``): how many, their mean ms under graphs
+    and all-eager, how many were over 10 % slower than eager, with the ms over, and the oracle's mean
+    saving on the group's sampled calls (``oracle``: per call, its samples' savings; None where none
+    was sampled), which tells where a share is lost."""
+    groups: dict[str, list[tuple[float, float, Sequence[float]]]] = {}
+    for eager_ms, graph_ms, kind, savings in zip(eager, graphed, served, oracle, strict=True):
+        groups.setdefault(kind, []).append((eager_ms, graph_ms, savings))
     rows = []
-    for (kind, beside), calls in sorted(groups.items(), key=lambda item: -len(item[1])):
+    for kind, calls in sorted(groups.items(), key=lambda item: -len(item[1])):
         slower = [graph_ms - eager_ms for eager_ms, graph_ms, _ in calls if graph_ms > _SLOWER_CALL * eager_ms]
         sampled = [saving for _, _, savings in calls for saving in savings]
         rows.append(
             {
                 "kind": kind,
-                "beside_capture": beside,
                 "calls": len(calls),
                 "eager_mean_ms": statistics.fmean(eager_ms for eager_ms, _, _ in calls),
                 "graphs_mean_ms": statistics.fmean(graph_ms for _, graph_ms, _ in calls),
@@ -314,9 +306,8 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                 ]
             )
     captures = [
-        f"{stream['stream']}: {stream['graphs']['captures']} captures, {stream['capture_ms']:.0f} ms waited for "
-        f"after their calls (the runner: {stream['runner_capture_ms']:.0f} ms capturing, "
-        f"{stream['runner_verify_ms']:.0f} ms checking first replays), charged to the calls behind them"
+        f"{stream['stream']}: {stream['graphs']['captures']} captures inside their calls (the runner: "
+        f"{stream['runner_capture_ms']:.0f} ms capturing, {stream['runner_verify_ms']:.0f} ms checking first replays)"
         + (f"; {stream['captured_first']} captured before the stream" if stream.get("captured_first") else "")
         for stream in report["streams"]
     ]
@@ -327,7 +318,7 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
             kinds.append(
                 [
                     stream["stream"],
-                    row["kind"] + (", beside a capture" if row["beside_capture"] else ""),
+                    row["kind"],
                     str(row["calls"]),
                     f"{row['eager_mean_ms']:.2f}",
                     f"{row['graphs_mean_ms']:.2f}",
@@ -337,10 +328,8 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
             )
     kinds_header = ["stream", "second half: served as", "calls", "eager mean", "graphs mean", "over 10 % slower",
                     "oracle saves (samples)"]  # fmt: skip
-    idle = f", {report['idle_ms']:g} ms idle between calls" if report.get("idle_ms") else ""
-    if report.get("buckets_first"):
-        idle += ", padded buckets captured first"
-    title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']}{idle} (measured)"
+    first = ", padded buckets captured first" if report.get("buckets_first") else ""
+    title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']}{first} (measured)"
     notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",
              "its last N: the stream's second half, the runner's steady state"]  # fmt: skip

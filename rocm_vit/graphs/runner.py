@@ -9,8 +9,9 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
   and every graph's first offsets are made on the caller's stream, never on the capture stream;
 - a graph last in the pool that captures go to is reset only once another capture there has begun;
 - with ``padding``, whether a call runs padded follows from its layout alone, eager or replayed;
-- a new graph is kept only if its first replay equals an eager run of its inputs bit for bit: its
-  warm-up, or, for a deferred capture into a pool that has had one, the deferring call's own output;
+- a new graph is kept only if its first replay equals its warm-up (an eager run of its inputs) bit for bit;
+- captures run on the caller's thread, inside its call: no thread of the runner's own touches the
+  device while the server's threads do (docs/design.md, "Hazards");
 - ``run`` returns a clone; one marker event orders the runner's device work on any stream;
 - admission (the cost model, call counts), eviction and release follow the call sequence and
   rank-agreed sizes and launch times (``agree_max``), so tensor-parallel ranks decide alike.
@@ -18,17 +19,13 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
 import math
-import os
 import statistics
 import threading
 import time
-import weakref
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -62,8 +59,6 @@ EAGER_REASONS = (
     "over_capacity",
     "over_max_tokens",
     "no_saving",
-    "capture_deferred",
-    "capturing",
     "below_min_hits",
     "below_payback",
     "over_budget",
@@ -83,10 +78,6 @@ _MAX_DEFAULT_BUDGET = 4 << 30
 _MAX_TRACKED_LAYOUTS = 4096
 # Call counts are halved every this many calls per graph of capacity: old popularity fades.
 _AGING_CALLS_PER_GRAPH = 16
-# How long the capture thread waits for work before it checks whether its runner still exists.
-_CAPTURE_THREAD_POLL_S = 0.5
-# The longest a capture in flight may hold up the interpreter's exit (``_stop_capture_threads``).
-_EXIT_JOIN_S = 10.0
 # The launch time is the median host time of this many recent eager runs, once there are enough.
 _LAUNCH_SAMPLES = 64
 _MIN_LAUNCH_SAMPLES = 8
@@ -191,43 +182,11 @@ class _Staging:
 
 
 @dataclass
-class _Pending:
-    """A capture decided on a call that was served eagerly: copies of its inputs, for the capture."""
-
-    key: tuple
-    signature: Signature
-    layout: AttentionLayout
-    tensors: tuple[torch.Tensor, ...]
-    offsets: dict[str, torch.Tensor]  # the new graph's own (``_graph_offsets``)
-    stream: Any  # the caller's, where the copies were made and are freed
-    # The caller's thread-local modes, which the capture thread takes on.
-    grad_enabled: bool
-    inference_mode: bool
-    # The deferring call's own eager output (a copy: the caller owns the output) and a marker after
-    # it on ``stream``: what the new graph's first replay must equal, so no warm-up recomputes it.
-    reference: torch.Tensor | None = None
-    reference_marker: Any = None
-
-    @contextlib.contextmanager
-    def callers_modes(self) -> Iterator[None]:
-        """The caller's grad and inference modes and current device, in the capture thread."""
-        device = self.tensors[0].device
-        with contextlib.ExitStack() as modes:
-            modes.enter_context(torch.inference_mode(self.inference_mode))
-            modes.enter_context(torch.set_grad_enabled(self.grad_enabled))
-            if device.type == "cuda":
-                modes.enter_context(torch.cuda.device(device))
-            yield
-
-
-@dataclass
 class _Attempt:
     """A capture's outcome before the ranks agree on it."""
 
     entry: _Graph | None
-    # What the first replay must equal bit for bit: the warm-up's output or the deferring call's.
-    # ``None`` where neither exists: the warm-up did not run here.
-    reference: torch.Tensor | None
+    reference: torch.Tensor | None  # the warm-up's output, which the first replay must equal; None if it did not run
     error: Exception | None
     pool_before: int  # the pool's bytes once room was made, before the capture
     # Graphs were let go of or pools released before the error: this rank's graphs may differ from the others'.
@@ -243,11 +202,11 @@ class ViTGraphRunner:
     stream, and raises only what the eager ``forward_blocks`` would. Options (docs/usage.md,
     "Graphs"): ``capacity``, ``min_hits``, ``max_tokens`` (also the staging size),
     ``budget_bytes`` (``None``: ``default_budget_bytes``), ``cost_model`` (``None``: every layout is
-    worth a graph), ``clock`` (times eager runs), ``defer_captures`` (captures on the runner's thread;
-    ignored with ``agree_max``, the element-wise maximum over ranks that must decide alike),
-    ``padding`` (runs the layouts it pads padded, eagerly too; ``layout_args`` must then take a
-    ``PaddedLayout``), ``prepare_capture`` (called on the runner's stream before each warm-up and
-    capture: what ``forward_blocks`` makes lazily per stream is made there, outside the pool).
+    worth a graph), ``clock`` (times eager runs), ``agree_max`` (the element-wise maximum over the
+    ranks that must decide alike), ``padding`` (runs the layouts it pads padded, eagerly too;
+    ``layout_args`` must then take a ``PaddedLayout``), ``prepare_capture`` (called on the runner's
+    stream before each warm-up and capture: what ``forward_blocks`` makes lazily per stream is made
+    there, outside the pool).
     ``forward_blocks`` is never given the caller's tensors to write: an eager run takes a copy of ``x``.
     """
 
@@ -265,7 +224,6 @@ class ViTGraphRunner:
         agree_max: AgreeMax | None = None,
         cost_model: CostModel | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        defer_captures: bool = False,
         padding: Padding | None = None,
     ) -> None:
         for name, value, least in (("capacity", capacity, 0), ("min_hits", min_hits, 1)):
@@ -289,18 +247,12 @@ class ViTGraphRunner:
         self._clock = clock
         self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
         self._launch_samples_seen = 0
-        # Bumped as a capture is handed over or begins and as it ends: odd while one is pending or
-        # under way. An eager run meanwhile times the capture too, not the host's launches.
-        self._capture_marks = 0
         self._layout_host_ms: OrderedDict[tuple, deque[float]] = OrderedDict()  # recent runs, by layout
         # The launch time agreed across ranks, and how many samples had been seen then.
         self._launch_agreed: tuple[float, int] | None = None
         self._calls = 0
         self._padded_calls = 0
         self._lock = threading.Lock()
-        self._defer = defer_captures and agree_max is None
-        self._queue = _CaptureQueue()
-        self._capture_thread: threading.Thread | None = None
         self._counts_lock = threading.Lock()  # eager runs counted without the runner's lock
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently used first
         self._staging: dict[Signature, _Staging] = {}
@@ -388,7 +340,6 @@ class ViTGraphRunner:
         """``real_tokens``: ``layout`` is a padded layout and ``tensors`` have rows for this many of
         its tokens. A replay pads them in staging, filling the padding rows with zeros; any other
         run takes padded copies (``pad_rows``), as ``run_eager`` does."""
-        x = tensors[0]
         if layout.offsets_per_call:
             with self._counts_lock:
                 self._padded_calls += 1
@@ -399,81 +350,64 @@ class ViTGraphRunner:
             for t in tensors
         )
         key = (layout.graph_key, shapes)
-        if not self._lock.acquire(blocking=False):
-            if self._queue.capturing.is_set():  # a deferred capture holds the runner: do not wait for it
-                with self._counts_lock:
-                    self._eager_runs["capturing"] += 1
-                # Not timed: the capture thread slows this call's launches (the GIL, the device).
-                return self._timed_eager(_padded(tensors, real_tokens, layout), layout, timed=False)
-            self._lock.acquire()
-        pending: _Pending | None = None
-        try:
-            self._age()
-            entry = self._graphs.get(key)
-            if entry is not None:
-                self._graphs.move_to_end(key)
-                self._uses[key] += 1
-                return self._replay(entry, layout, tensors, immutable)
-            tensors = _padded(tensors, real_tokens, layout)
-            reason = self._admission(key, layout, x.device)
-            if reason is None:
-                signature = _signature(tensors, layout.num_patches)
-                reason = self._staging_over_budget(signature)
-            if reason is None and self._defer:
-                pending = self._pending_capture(key, signature, layout, tensors)
-                reason = "capture_deferred"
-            if reason is None:
-                self._bump_capture_marks()
-                try:
-                    output, pool_before = self._capture_and_verify(key, signature, layout, tensors, immutable)
-                finally:
-                    self._bump_capture_marks()
-                # Here, not inside: a pool is released only once no local holds the warm-up's output.
-                self._hold_budget(layout.num_patches, pool_before)
-                return output
-            self._eager_runs[reason] += 1
-        finally:
-            self._lock.release()
-        output = self._timed_eager(tensors, layout, timed=reason != "no_gpu")
-        if pending is not None:  # after this call's launches: its capture neither delays nor times them
-            pending.reference = output.clone()
-            pending.reference_marker = self._mechanism.mark(pending.stream, None)
-            self._hand_over(pending)
-        return output
+        with self._lock:
+            output, reason, tensors = self._decide_and_serve(key, tensors, layout, immutable, real_tokens)
+        if output is not None:
+            return output
+        return self._timed_eager(tensors, layout, timed=reason != "no_gpu")  # outside the lock: threads run it at once
+
+    def _decide_and_serve(
+        self,
+        key: tuple,
+        tensors: tuple[torch.Tensor, ...],
+        layout: AttentionLayout,
+        immutable: bool,
+        real_tokens: int | None,
+    ) -> tuple[torch.Tensor | None, str | None, tuple[torch.Tensor, ...]]:
+        """Under the runner's lock: replay ``key``'s graph, or capture it (on this thread, inside this
+        call); either way ``(output, None, tensors)``. Else ``(None, why, tensors as eager takes them)``."""
+        self._age()
+        entry = self._graphs.get(key)
+        if entry is not None:
+            self._graphs.move_to_end(key)
+            self._uses[key] += 1
+            return self._replay(entry, layout, tensors, immutable), None, tensors
+        tensors = _padded(tensors, real_tokens, layout)
+        reason = self._admission(key, layout, tensors[0].device)
+        if reason is None:
+            signature = _signature(tensors, layout.num_patches)
+            reason = self._staging_over_budget(signature)
+        if reason is None:
+            output, pool_before = self._capture_and_verify(key, signature, layout, tensors, immutable)
+            # Here, not inside: a pool is released only once no local holds the warm-up's output.
+            self._hold_budget(layout.num_patches, pool_before)
+            return output, None, tensors
+        self._eager_runs[reason] += 1
+        return None, reason, tensors
 
     @property
     def padding(self) -> Padding | None:
         """The static rule of which layouts run padded (``None``: none do)."""
         return self._padding
 
-    def wait_for_captures(self, timeout: float | None = None) -> bool:
-        """Block until no deferred capture is pending or running; ``False`` if ``timeout`` passed first."""
-        queue = self._queue
-        with queue.wake:
-            return queue.wake.wait_for(lambda: queue.pending is None and not queue.capturing.is_set(), timeout)
-
     def _timed_eager(
         self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout, timed: bool = True
     ) -> torch.Tensor:
-        marks = self._capture_marks
         started = self._clock()
         output = self._eager(tensors, layout)
         if timed:
             host_ms = (self._clock() - started) * 1e3
-            quiet = marks % 2 == 0 and self._capture_marks == marks  # no capture pending or under way
             with self._counts_lock:  # outside the runner's lock: callers of other threads time theirs
-                # Without a cost model, every quiet run teaches.
-                if quiet and (
-                    self._cost_model is None or self._launch_bound(layout, host_ms, self._recent_runs(layout, host_ms))
-                ):
+                # Without a cost model, every run teaches.
+                if self._cost_model is None or self._launch_bound(layout, host_ms, self._recent_runs(layout, host_ms)):
                     self._launch_samples.append(host_ms)
                 self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
         return output
 
     def counters(self) -> dict[str, int]:
         """The calls served so far: ``replays``, eager runs by reason, ``padded`` calls of either kind.
-        Unlike ``stats``, read without the runner's lock: a caller can read them between its calls
-        while a capture runs without waiting for it (``bench-traffic --mode tower`` does, call by call)."""
+        Unlike ``stats``, read without the runner's lock: a caller on another thread reads them
+        without waiting for a capture (``bench-traffic --mode tower`` reads them call by call)."""
         with self._counts_lock:
             return {"replays": self._replays, **self._eager_runs, "padded": self._padded_calls}
 
@@ -711,11 +645,9 @@ class ViTGraphRunner:
         layout: AttentionLayout,
         tensors: tuple[torch.Tensor, ...],
         immutable: bool,
-        pending: _Pending | None = None,
-    ) -> tuple[torch.Tensor | None, int]:
+    ) -> tuple[torch.Tensor, int]:
         """Capture ``key``, keep its graph only if every rank captured it and its first replay equals
-        its eager reference everywhere, and serve this call (not a ``pending`` capture's: its call was
-        served already, its output is the reference). Returns the output and the pool's bytes before
+        its warm-up everywhere, and serve this call. Returns the output and the pool's bytes before
         the capture.
 
         Ranks never part ways here (docs/design.md, "Ranks"): whatever fails on one rank (making room,
@@ -724,10 +656,9 @@ class ViTGraphRunner:
         run on this rank (a warm-up or replay that failed before launching) runs eagerly in its
         place, which makes the same all-reduces in the same order. Every rank then runs the same
         forwards: warm-up, capture, [eager or replay], [eager]."""
-        serve = pending is None
         need = self._scratch.bound(layout.num_patches)
         started = time.perf_counter()
-        attempt = self._capture(signature, layout, tensors, immutable, pending)
+        attempt = self._capture(signature, layout, tensors, immutable)
         if attempt.reference is None and self._agree_max is not None:
             self._eager(tensors, layout)  # the warm-up's forward, in its place; raises if eager fails
         try:
@@ -742,9 +673,9 @@ class ViTGraphRunner:
         if room_failed:  # graphs went on one rank only: every rank starts again from none
             self._release_pools()
         if failed:
-            output = self._eager(tensors, layout) if serve else None  # raises if eager fails too: nothing marked
+            output = self._eager(tensors, layout)  # raises if eager fails too: nothing marked
             why = attempt.error or "another rank's capture failed"
-            self._remember_failure(key, layout, "capture_failed", why, served=serve)
+            self._remember_failure(key, layout, "capture_failed", why)
             return output, attempt.pool_before
         entry = attempt.entry
         self._graphs[key] = entry
@@ -754,8 +685,6 @@ class ViTGraphRunner:
         self._account(entry, need, attempt.pool_before)
         verify_started = time.perf_counter()
         output, replay_error = self._first_replay(entry, layout, tensors, immutable)
-        if pending is not None:  # its reference was written on the caller's stream
-            self._mechanism.follow(self._mechanism.current_stream(self._device), pending.reference_marker)
         differs = output is None or not _bitwise_equal(output, attempt.reference)
         replay_failed, unverified = self._agree([int(replay_error is not None), int(differs)])
         self._verify_seconds += time.perf_counter() - verify_started
@@ -765,11 +694,11 @@ class ViTGraphRunner:
                 reason, why = "capture_failed", replay_error or "another rank's first replay failed"
             else:
                 reason, why = "capture_unverified", "its first replay differs from an eager run of its inputs"
-            output = self._eager(tensors, layout) if serve else None
-            self._remember_failure(key, layout, reason, why, served=serve)
+            output = self._eager(tensors, layout)
+            self._remember_failure(key, layout, reason, why)
             return output, attempt.pool_before
-        self._replays += serve  # a deferred capture's check serves no call
-        return (output if serve else None), attempt.pool_before
+        self._replays += 1
+        return output, attempt.pool_before
 
     def _first_replay(
         self, entry: _Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
@@ -792,78 +721,26 @@ class ViTGraphRunner:
         del self._uses[key]
         self._let_go(entry)
 
-    def _pending_capture(
-        self, key: tuple, signature: Signature, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...]
-    ) -> _Pending | None:
-        """``key``'s capture for the capture thread, with copies of this call's inputs; ``None`` while
-        another is pending (one at a time: the layout is asked for again at its next call)."""
-        if self._queue.pending is not None:
-            return None
-        device = tensors[0].device
-        stream = self._mechanism.current_stream(device)
-        self._follow_marker(stream)  # staging is not read here, but the copies join the runner's order
-        copies = tuple(tensor.clone() for tensor in tensors)
-        offsets = self._graph_offsets(layout, device)
-        self._mark(stream)  # the capture waits for the copies and the offsets
-        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        return _Pending(key, signature, layout, copies, offsets, stream, *modes)
-
-    def _hand_over(self, pending: _Pending) -> None:
-        """Give ``pending`` to the capture thread, started at the first; dropped if another came first."""
-        with self._queue.wake:
-            if self._queue.pending is not None:
-                return
-            self._queue.pending = pending
-            self._bump_capture_marks()  # and again when the capture thread is done with it
-            if self._capture_thread is None:
-                self._capture_thread = threading.Thread(
-                    target=_capture_loop, args=(weakref.ref(self), self._queue), name="rocm-vit-capture", daemon=True
-                )
-                self._capture_thread.start()
-                _CAPTURE_THREADS[self._capture_thread] = self._queue
-            self._queue.wake.notify_all()
-
-    def _bump_capture_marks(self) -> None:
-        with self._counts_lock:  # bumped from the caller's thread and from the capture thread
-            self._capture_marks += 1
-
-    def _capture_pending(self, pending: _Pending) -> None:
-        """The deferred capture, under the runner's lock, as ``run`` would have made it inline."""
-        key, layout, signature = pending.key, pending.layout, pending.signature
-        try:
-            if key in self._graphs or key in self._failed or self._staging_over_budget(signature):
-                return
-            with pending.callers_modes():
-                _, pool_before = self._capture_and_verify(key, signature, layout, pending.tensors, False, pending)
-            self._hold_budget(layout.num_patches, pool_before)
-        finally:
-            self._follow_marker(pending.stream)  # the copies are freed on the caller's stream, after use
-            self._bump_capture_marks()  # the capture handed over in _hand_over is done
-
     def _capture(
         self,
         signature: Signature,
         layout: AttentionLayout,
         tensors: tuple[torch.Tensor, ...],
         immutable: bool,
-        pending: _Pending | None = None,
     ) -> _Attempt:
-        """Make room, then capture into the runner's pool on its stream. A pool's first capture, and
-        every inline one, warms up first: what ``forward_blocks`` makes lazily per thread and stream
-        (and compiles) is made there, outside any capture, and the pool is registered
-        (``CudaGraphs.warm_up``). A later deferred capture skips it: its layout ran eagerly at every
-        sighting, and the deferring call's output is the reference, which halves the host work a
-        capture takes from the calls beside it. Never raises: the error is in the attempt."""
+        """Make room, then capture into the runner's pool on its stream after an eager warm-up there:
+        what ``forward_blocks`` makes lazily per thread and stream (and compiles) is made outside any
+        capture, the pool is registered (``CudaGraphs.warm_up``), and the warm-up's output is what the
+        first replay must equal. Never raises: the error is in the attempt."""
         device = tensors[0].device
-        reference = None if pending is None or self._pool is None else pending.reference
-        pool_before = self._pool_bytes
+        reference = None
         try:
             self._make_room(signature, layout.num_patches)
         except Exception as error:
             return _Attempt(None, reference, error, self._pool_bytes, room_failed=True)
         pool_before = self._pool_bytes
         try:
-            offsets = self._graph_offsets(layout, device) if pending is None else pending.offsets
+            offsets = self._graph_offsets(layout, device)
             if self._pool is None:
                 self._pool = self._mechanism.new_pool(device)
                 self._stream = self._mechanism.new_stream(device)
@@ -1021,14 +898,12 @@ class ViTGraphRunner:
         attn_args = self.layout_args(layout, layout.cu_seqlens_tensors(x.device))
         return self.forward_blocks(x.clone(), attn_args, cos, sin, *inputs)
 
-    def _remember_failure(
-        self, key: tuple, layout: AttentionLayout, reason: str, why: object, served: bool = True
-    ) -> None:
+    def _remember_failure(self, key: tuple, layout: AttentionLayout, reason: str, why: object) -> None:
         self._hits.pop(key, None)
         self._failed[key] = reason
         if len(self._failed) > _MAX_TRACKED_LAYOUTS:
             self._failed.popitem(last=False)
-        self._eager_runs[reason] += served
+        self._eager_runs[reason] += 1
         logger.warning(
             "graph capture of %d tokens in %d segments is not used (%s: %s); this layout runs eagerly",
             layout.num_patches,
@@ -1041,69 +916,6 @@ class ViTGraphRunner:
         if topic not in self._logged:
             self._logged.add(topic)
             logger.warning(message, *args)
-
-
-class _CaptureQueue:
-    """What the runner and its capture thread share; the thread holds the runner only to capture, so
-    a dropped runner is freed (its graphs and pool with it) and the thread then ends."""
-
-    def __init__(self) -> None:
-        self.pending: _Pending | None = None
-        self.capturing = threading.Event()  # the capture thread has the runner's lock or waits for it
-        self.wake = threading.Condition()  # a capture is pending, or one ended, or the process exits
-        self.stopping = False  # the interpreter exits: the thread ends after the capture it is in
-
-
-# Capture threads still running, with their queues: each is stopped at interpreter exit.
-_CAPTURE_THREADS: weakref.WeakKeyDictionary[threading.Thread, _CaptureQueue] = weakref.WeakKeyDictionary()
-
-
-def _stop_capture_threads() -> None:
-    """At interpreter exit, before daemon threads are cut off: each capture thread finishes the
-    capture it is in and ends. Cut off inside a torch call, a thread unwinds through C++ and the
-    process aborts ("terminate called without an active exception"; docs/design.md, "Hazards"):
-    test processes did, and a server stopped while a capture runs would dump core."""
-    threads = list(_CAPTURE_THREADS.items())
-    for _, queue in threads:
-        with queue.wake:
-            queue.stopping = True
-            queue.wake.notify_all()
-    for thread, _ in threads:
-        thread.join(_EXIT_JOIN_S)
-
-
-atexit.register(_stop_capture_threads)
-if hasattr(os, "register_at_fork"):  # POSIX
-    # Threads do not survive a fork: a child has none to stop, and a queue's lock may have been held.
-    os.register_at_fork(after_in_child=_CAPTURE_THREADS.clear)
-
-
-def _capture_loop(runner_ref: weakref.ref[ViTGraphRunner], queue: _CaptureQueue) -> None:
-    while True:
-        with queue.wake:
-            if not queue.wake.wait_for(lambda: queue.pending is not None or queue.stopping, _CAPTURE_THREAD_POLL_S):
-                if runner_ref() is None:
-                    return
-                continue
-            if queue.stopping:  # a pending capture is dropped: nothing will replay it
-                queue.pending = None
-                queue.wake.notify_all()
-                return
-            queue.capturing.set()
-        runner = runner_ref()
-        try:
-            if runner is None:
-                return
-            with runner._lock:
-                pending, queue.pending = queue.pending, None
-                runner._capture_pending(pending)
-        except Exception:  # the thread must survive whatever one capture does
-            logger.exception("deferred graph capture failed; its layout will be asked for again")
-        finally:
-            del runner
-            with queue.wake:
-                queue.capturing.clear()
-                queue.wake.notify_all()
 
 
 def _nothing() -> None:

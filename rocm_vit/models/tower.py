@@ -183,13 +183,14 @@ class VisionTower(nn.Module, ABC):
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
         ``max_tokens=None``: the policy's (8192 unless set); ``budget_bytes=None``: the runner's default.
-        ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, at
-        capacity only layouts called more often than the least used graph, and off the requests'
-        path, on the runner's capture thread (``False``: every layout within the limits at its call,
-        as ``bench`` and ``verify`` need; the limits: docs/design.md, "Runner"). ``padded`` (``None``: as
-        ``by_benefit``; only where the attention backend takes device offsets alone): calls of a layout
-        the policy's cost model says pays padded run padded to a bucket of tokens, eager or replayed,
-        so layouts that never repeat share a graph (docs/design.md, "Padding").
+        ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, once
+        its calls repay a share of the capture, at capacity only layouts called more often than the
+        least used graph (``False``: every layout within the limits, as ``bench`` and ``verify`` need;
+        the limits: docs/design.md, "Runner"). Captures run inside the call that triggers them.
+        ``padded`` (``None``: as ``by_benefit``; only where the attention backend takes device offsets
+        alone): calls of a layout the policy's cost model says pays padded run padded to a bucket of
+        tokens, eager or replayed, so layouts that never repeat share a graph (docs/design.md,
+        "Padding").
         ``runner_options`` go to the runner (``mechanism``, ``agree_max``). On a CPU tower the
         runner serves every call eagerly and logs that once.
         """
@@ -207,7 +208,6 @@ class VisionTower(nn.Module, ABC):
             max_tokens=max_tokens,
             budget_bytes=budget_bytes,
             cost_model=cost_model,
-            defer_captures=by_benefit,
             padding=padding,
             prepare_capture=self.prepare_capture,  # on the runner's stream, before the pool takes memory
             **runner_options,
@@ -224,9 +224,8 @@ class VisionTower(nn.Module, ABC):
 
     def capture_padded_buckets(self) -> int:
         """Capture now, before serving, the graph of each bucket the runner pads one image or two to:
-        one call of random pixels each (``Padding.bucket_call_grids``), each capture waited for. A
-        server's first requests then neither wait for these captures nor share the host with them. Call it
-        under the grad mode the server's calls run in (``torch.no_grad()`` or
+        one call of random pixels each (``Padding.bucket_call_grids``). A server's first requests then
+        do not pay for these captures. Call it under the grad mode the server's calls run in (``torch.no_grad()`` or
         ``torch.inference_mode()``): the staging buffers made here serve them, and tensors made
         under inference mode cannot be written outside it. Returns how many graphs were captured
         (0 without graphs or padding). Compiles the attention kernels first (``prepare_kernels``)."""
@@ -239,7 +238,6 @@ class VisionTower(nn.Module, ABC):
         call_grids = runner.padding.bucket_call_grids(config.spatial_merge_size)
         for grids, pixels in bucket_calls(call_grids, width, self.device, self.dtype):
             self(pixels, grids)
-            runner.wait_for_captures()
         captured = runner.stats()["captures"] - captures
         logger.info("captured %d padded bucket graphs before serving", captured)
         return captured

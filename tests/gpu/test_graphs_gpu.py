@@ -183,39 +183,41 @@ def test_thread_local_capture_while_another_thread_reads_values_back(mode: str) 
 
 
 @torch.inference_mode()
-def test_a_layout_freed_during_a_deferred_capture_breaks_neither_the_capture_nor_pinned_allocations() -> None:
+def test_a_layout_freed_on_another_thread_during_a_capture_breaks_neither_the_capture_nor_pinned_allocations() -> None:
     """The host allocator records a pinned block's free on every stream that copied from it. Were a
     graph's offsets copied from their layout's pinned memory on the capture stream, a layout freed
-    during a later capture (a tower's layout cache evicts while serving) would record a captured
-    event there: the next pinned allocation of any thread failed on it, a request raised, and the
-    capture was lost (bench-traffic on the H200)."""
-    started, proceed = threading.Event(), threading.Event()
+    during a later capture (a tower's layout cache evicts while another thread serves) would record a
+    captured event there: the next pinned allocation of any thread failed on it, a request raised,
+    and the capture was lost (bench-traffic on the H200)."""
+    started, freed = threading.Event(), threading.Event()
+    layouts = [VisionLayout.from_grid_thw([(1, 2, 4)]).attention]
 
     def forward_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 16 and torch.cuda.is_current_stream_capturing():  # the second capture: held open
             started.set()
-            assert proceed.wait(timeout=60)
+            assert freed.wait(timeout=60)
         return x * cos + sin
 
-    layout_args = get_backend("sdpa").layout_args
-    runner = ViTGraphRunner(forward_blocks, layout_args, min_hits=1, defer_captures=True, budget_bytes=1 << 30)
+    def free_the_first_layout() -> None:
+        assert started.wait(timeout=60)
+        try:
+            layouts.clear()  # the last reference: its pinned offsets are freed now, during the capture
+            gc.collect()
+            torch.empty(64, pin_memory=True)  # a pinned allocation queries the events of freed blocks
+        finally:
+            freed.set()
+
+    runner = ViTGraphRunner(forward_blocks, get_backend("sdpa").layout_args, min_hits=1, budget_bytes=1 << 30)
 
     def call(layout) -> None:
         x, cos, sin = (torch.randn(layout.num_patches, 8, device=DEVICE) for _ in range(3))
         runner.run(x, layout, cos, sin)
 
-    first = VisionLayout.from_grid_thw([(1, 2, 4)]).attention
-    call(first)
-    assert runner.wait_for_captures(timeout=60)
-    call(VisionLayout.from_grid_thw([(1, 4, 4)]).attention)  # its capture waits inside, on the other thread
-    assert started.wait(timeout=60)
-    try:
-        del first  # the last reference: its pinned offsets are freed now, during the capture
-        gc.collect()
-        torch.empty(64, pin_memory=True)  # a pinned allocation queries the events of freed blocks
-    finally:
-        proceed.set()
-    assert runner.wait_for_captures(timeout=60)
+    call(layouts[0])
+    other = threading.Thread(target=free_the_first_layout)
+    other.start()
+    call(VisionLayout.from_grid_thw([(1, 4, 4)]).attention)  # its capture waits inside, for the other thread
+    other.join(timeout=60)
     stats = runner.stats()
     assert (stats["captures"], stats["eager_runs"]["capture_failed"]) == (2, 0)
 
@@ -485,7 +487,6 @@ def test_padded_graphs_equal_their_padded_eager_calls_bitwise_and_stay_as_close_
     mismatched, errors, unpadded_errors = [], [], []
     for p, g, plain in zip(pixels * 2, grids * 2, unpadded * 2, strict=True):
         out = tower(p, g)
-        runner.wait_for_captures(timeout=120)
         if not torch.equal(out, tower(p, g, use_graphs=False)):
             mismatched.append(g)
         exact = reference(p.float(), g)
@@ -537,7 +538,7 @@ def test_no_collection_runs_inside_a_capture_while_a_dropped_tower_with_graphs_a
     """A dropped tower with graphs waits for the cyclic collector (it and its runner refer to each
     other), and a collection that destroys its graphs on the capturing thread invalidated a capture
     (docs/design.md, "Hazards"). With the collector run at nearly every allocation, a new tower's
-    deferred captures must all hold, and no collection may start on a capturing stream."""
+    captures must all hold, and no collection may start on a capturing stream."""
     dropped = _tower()
     _capture_at_once(dropped)
     grid = [(1, 8, 8)]
@@ -545,7 +546,6 @@ def test_no_collection_runs_inside_a_capture_while_a_dropped_tower_with_graphs_a
     del dropped
     tower = _tower()
     runner = _capture_at_once(tower)
-    runner._defer = True  # on the capture thread, as by_benefit does
     grids = [list(workload.grid_thw) for workload in _workloads(tower, 6, seed=7)]
     on_capturing_stream = []
 
@@ -560,7 +560,6 @@ def test_no_collection_runs_inside_a_capture_while_a_dropped_tower_with_graphs_a
         for index, grid in enumerate(grids):
             pixels = _pixels(tower, grid, index)
             tower(pixels, grid)
-            assert runner.wait_for_captures(timeout=120)
             assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
     finally:
         gc.set_threshold(*thresholds)
@@ -576,22 +575,18 @@ def test_no_collection_runs_inside_a_capture_while_a_dropped_tower_with_graphs_a
     ("name", "overrides"),
     [("tiny", {}), ("qwen3-vl-8b", {"depth": 4, "deepstack_visual_indexes": [1]}), QWEN25_TRIMMED],
 )
-def test_deferred_captures_checked_against_their_calls_output_equal_eager_and_leave_the_pool_empty(
-    name: str, overrides: dict
-) -> None:
-    """After a pool's first capture, a deferred capture runs no warm-up: its first replay is compared
-    with the deferring call's own eager output (the caller's stream, the ordinary cache). Every graph
-    must still pass that check, equal eager bit for bit, and leave nothing allocated in the pool."""
+def test_captures_inside_their_calls_equal_eager_and_leave_the_pool_empty(name: str, overrides: dict) -> None:
+    """Each capture runs inside the call that triggers it, after a warm-up in the pool, and serves that
+    call by its first replay: every graph must pass its check, equal eager bit for bit, and leave
+    nothing allocated in the pool."""
     tower = _tower(name, **overrides)
     mechanism = _CountedWarmUps()
     runner = _capture_at_once(tower, mechanism=mechanism)
-    runner._defer = True  # deferred as by_benefit does, with every layout admitted
     grids = [list(workload.grid_thw) for workload in _workloads(tower, 24, seed=5)]
     mismatched = []
     for index, grid in enumerate(grids):
         pixels = _pixels(tower, grid, index)
-        first = tower(pixels, grid)  # eager: its capture follows on the capture thread
-        assert runner.wait_for_captures(timeout=120)
+        first = tower(pixels, grid)  # captured inside this call, served by the first replay
         replayed = tower(pixels, grid)
         eager = tower(pixels, grid, use_graphs=False)
         if not (torch.equal(first, eager) and torch.equal(replayed, eager)):
@@ -600,7 +595,7 @@ def test_deferred_captures_checked_against_their_calls_output_equal_eager_and_le
     assert mismatched == []
     assert stats["eager_runs"]["capture_unverified"] == stats["eager_runs"]["capture_failed"] == 0
     assert stats["captures"] == len({str(grid) for grid in grids}) and stats["pool_releases"] == 0
-    assert mechanism.warm_ups == 1
+    assert mechanism.warm_ups == len({str(grid) for grid in grids})  # one per capture
     torch.cuda.synchronize()
     pool_id = tuple(runner._pool)
     pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]

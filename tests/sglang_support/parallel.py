@@ -128,7 +128,7 @@ def _serve(model: torch.nn.Module, rank: int, world_size: int, failure: str | No
         "graphs": stats["graphs"],
         "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
         "failures": stats["failures"],
-        "stopped": stats["deferred"],
+        "stopped": stats["stopped"],
         "agrees": adapter._agree is not None,
         "all_reduce": _difference(_all_reduce_counts(model), before),
     }
@@ -250,7 +250,7 @@ def _adapter(model: torch.nn.Module, **settings_or_failures: Any) -> Any:
     settings = {name: value for name, value in settings_or_failures.items() if name.isupper()}
     failures = {name: value for name, value in settings_or_failures.items() if not name.isupper()}
     with _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", **settings}):
-        adapter = graph_runner.ViTGraphRunnerAdapter(model, mechanism=StandInGraphs(**failures), defer_captures=False)
+        adapter = graph_runner.ViTGraphRunnerAdapter(model, mechanism=StandInGraphs(**failures))
     model.graph_runners = adapter
     return adapter
 

@@ -196,9 +196,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     eager = _run(model, inputs, graphs=False)
     report["aiter_vs_sdpa"] = _max_difference(eager, eager_before)
     report["graph_vs_eager"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism())
-    report["graph_vs_eager_deferred"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), defer=True)
     report["graph_vs_eager_padded"] = _graph_vs_eager(model, inputs, eager, _stand_in_mechanism(), padding=True)
-    report["deferral_by_setting"] = _deferral_by_setting(model)
     report["buckets_at_start"] = _buckets_at_start(model, _stand_in_mechanism())
     report["eager_warm_up_at_start"] = _eager_warm_up_at_start(model)
     report["adapter_safety"] = _adapter_safety(model, inputs, eager)
@@ -220,7 +218,7 @@ def _cpu_scenario(report: dict[str, Any], records: list[logging.LogRecord]) -> N
     model.load_state_dict(state_2_5)
     eager = _run_2_5(model, inputs_2_5, graphs=False)
     report["qwen2_5_vl"]["aiter_vs_sdpa"] = _max_difference(eager, eager_before_2_5)
-    model.cuda_graph_runner = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism(), defer_captures=False)
+    model.cuda_graph_runner = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
     graphed = _run_2_5(model, inputs_2_5, graphs=True)
     again = _run_2_5(model, inputs_2_5, graphs=True)
     stats = model.cuda_graph_runner.stats()
@@ -404,36 +402,27 @@ def _graph_vs_eager(
     inputs: list,
     eager: list[torch.Tensor],
     mechanism: Any,
-    defer: bool = False,
     padding: bool = False,
 ) -> dict:
     """Graph path (SGLang's forward_with_cuda_graph -> the adapter) against ``eager``, bit for bit.
 
-    Captured on the triggering call (counts are exact); with ``defer``, on the runner's thread, each
-    call waited for (the triggering call is then served eagerly). Small layouts run padded only with
+    Captured inside the triggering call, which its graph's first replay serves. Small layouts run padded only with
     ``padding``: the bit-for-bit reference is then the runner's own eager calls (capacity 0, padded
     alike), and SGLang's eager forward the accuracy reference."""
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
     def adapter_with(**environ: str) -> ViTGraphRunnerAdapter:
         with _environment({"SGLANG_VIT_CUDA_GRAPH_PADDING": str(int(padding)), **environ}):
-            return ViTGraphRunnerAdapter(model, mechanism=mechanism, defer_captures=defer)
+            return ViTGraphRunnerAdapter(model, mechanism=mechanism)
 
     if padding:
         model.graph_runners = adapter_with(SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="0")
         eager_padded = _run(model, inputs, graphs=True)
     adapter = model.graph_runners = adapter_with()
 
-    def each_waited() -> list[torch.Tensor]:
-        outputs = []
-        for request in inputs:
-            outputs += _run(model, [request], graphs=True)
-            assert adapter.wait_for_captures(timeout=60)
-        return outputs
-
-    graphed = each_waited()
+    graphed = _run(model, inputs, graphs=True)
     kept = graphed[0].clone()
-    again = each_waited()  # every layout replays now
+    again = _run(model, inputs, graphs=True)  # every layout replays now
     stats = adapter.stats()
     reference = eager_padded + eager_padded if padding else eager + eager
     return {
@@ -540,18 +529,6 @@ def _environment(variables: dict[str, str]) -> Iterator[None]:
                 del os.environ[name]
             else:
                 os.environ[name] = value
-
-
-def _deferral_by_setting(model: torch.nn.Module) -> dict[str, bool]:
-    """Whether the adapter's runner defers captures, by SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES."""
-    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
-
-    deferred = {}
-    for value in ("1", "0"):
-        with _environment({"SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES": value}):
-            adapter = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
-        deferred[value] = adapter._runner._defer
-    return deferred
 
 
 def _parameters(obj: Any, path: str) -> list[str]:
@@ -703,12 +680,12 @@ def _adapter_safety(model: torch.nn.Module, inputs: list, eager: list[torch.Tens
     stats = adapter.stats()
     return {
         "untouched_input": _fallback_from_the_callers_input(model, inputs, eager),
-        "refused": {"deferred": refused["deferred"], "graphs": refused.get("graphs")},
+        "refused": {"stopped": refused["stopped"], "graphs": refused.get("graphs")},
         "runner_calls": len(runner_calls),
         "handed_over": handed_over,
         "served_equal_to_eager": served,
         "failures": stats["failures"],
-        "deferred": stats["deferred"],
+        "stopped": stats["stopped"],
     }
 
 
@@ -773,7 +750,7 @@ def _fallback_serves_every_request(state: dict, inputs: list, aiter_kernel: Call
     eager = _run(model, requests, graphs=False)
     mechanism = _stand_in_mechanism()
     mechanism.fail_later_replays = 1
-    adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism, defer_captures=False)
+    adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism)
     try:
         served = _run(model, requests, graphs=True)
         error = None

@@ -104,10 +104,10 @@ class ViTGraphRunnerAdapter:
     rocm-vit's runner (logged with its traceback) run SGLang's eager block loop: a request never
     fails because of rocm-vit. Only a tower whose blocks do not fit that loop either is left to
     SGLang's own runner, as without the plugin. ``mechanism`` replaces CUDA/HIP graphs (tests on a
-    CPU pass a stand-in); ``defer_captures=False`` captures on the triggering call (tests that count).
+    CPU pass a stand-in).
     """
 
-    def __init__(self, vit: nn.Module, *, mechanism: GraphMechanism | None = None, defer_captures: bool = True) -> None:
+    def __init__(self, vit: nn.Module, *, mechanism: GraphMechanism | None = None) -> None:
         self.vit = vit
         # SGLang's runner: only for a tower whose blocks do not fit the eager loop either.
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
@@ -115,11 +115,10 @@ class ViTGraphRunnerAdapter:
         self._failures = 0
         self._calls = 0
         self._agree: AgreeMax | None = None  # over the ranks that run the same ViT calls, if several
-        self._deferred_stats: dict[str, Any] = {}  # the runner's last counters, once it stopped serving
+        self._stopped_stats: dict[str, Any] = {}  # the runner's last counters, once it stopped serving
         self._runner: ViTGraphRunner | None = None
         settings = _settings()
         self.captures_buckets_at_start = settings.vit_cuda_graph and settings.graph_capture_buckets
-        self.warms_up_at_start = not settings.vit_cuda_graph  # SGLang's own eager forward serves it
         _ADAPTERS.add(self)
         eager_problem = eager_unsupported_reason(vit)
         self._serves_eagerly = eager_problem is None
@@ -131,7 +130,7 @@ class ViTGraphRunnerAdapter:
             self._takes_position_embeddings = "position_embeddings" in _parameters(vit.blocks[0].forward)
         problem = eager_problem or unsupported_reason(vit, self._upstream)
         if problem is None:
-            self._runner, problem = self._build_runner(settings, mechanism, defer_captures)
+            self._runner, problem = self._build_runner(settings, mechanism)
         if not settings.vit_cuda_graph:
             return
         if problem is not None:
@@ -157,7 +156,7 @@ class ViTGraphRunnerAdapter:
         return self._runner is not None
 
     def _build_runner(
-        self, settings: Settings, mechanism: GraphMechanism | None, defer_captures: bool
+        self, settings: Settings, mechanism: GraphMechanism | None
     ) -> tuple[ViTGraphRunner | None, str | None]:
         vit = self.vit
         backend = vit.blocks[0].attn.qkv_backend_name
@@ -184,8 +183,6 @@ class ViTGraphRunnerAdapter:
                 max_tokens=max_tokens,
                 cost_model=cost_model,
                 padding=Padding(cost_model, max_tokens) if settings.graph_padding else None,
-                # Ignored where the TP ranks must capture in step.
-                defer_captures=defer_captures and settings.graph_defer_captures,
                 budget_bytes=None if budget_mb is None else budget_mb << 20,
                 mechanism=mechanism,
                 agree_max=self._agree,
@@ -269,15 +266,15 @@ class ViTGraphRunnerAdapter:
             self._stop_serving()
 
     def _stop_serving(self) -> None:
-        self._deferred_stats = self._runner.stats()
+        self._stopped_stats = self._runner.stats()
         self._runner = None
 
     def capture_padded_buckets(self) -> int:
         """Capture now the graph of each bucket the runner pads one image or two to
         (``Padding.bucket_call_grids``): one call of random pixels each through SGLang's own
-        ``forward_with_cuda_graph``, so each graph has a request's shapes and dtypes, each capture
-        waited for. Call it under the grad mode of the server's calls, or under ``torch.no_grad()``,
-        whose tensors inference mode may write too. Returns how many graphs were captured: 0 where
+        ``forward_with_cuda_graph``, so each graph has a request's shapes and dtypes. Call it under
+        the grad mode of the server's calls, or under ``torch.no_grad()``, whose tensors inference
+        mode may write too. Returns how many graphs were captured: 0 where
         the runner pads nothing (padding off, Qwen2.5-VL's windows), stopped serving, or is not the
         one its tower holds (SGLang's forward reaches that one)."""
         runner, vit = self._runner, self.vit
@@ -294,32 +291,33 @@ class ViTGraphRunnerAdapter:
             vit.forward_with_cuda_graph(pixels, torch.tensor(grids, dtype=torch.int32))
             if self._runner is not runner:  # it failed, and SGLang's eager blocks serve from now on
                 return 0
-            runner.wait_for_captures()
         return runner.stats()["captures"] - captures
 
     def warm_up(self) -> None:
-        """One call of a small random image (one merge block square, four merged tokens) through
-        SGLang's own ``forward``, for a tower SGLang serves eagerly (ViT graphs off): what its eager
-        path compiles at its first call, rocm-vit's compiled rotary on ROCm (seconds), compiles here
-        instead of in the first request. Under ``torch.no_grad()``: the compiled rotary serves
-        ``inference_mode`` calls too."""
+        """An eager call of a random image through SGLang's own ``forward`` under ``no_grad`` and one
+        under ``inference_mode``: what a request's eager call compiles (rocm-vit's compiled rotary on
+        ROCm: seconds) compiles here instead. Dynamo compiles once per kind of tensor (an inference
+        tensor's dispatch keys differ) and for every token count (no duck sizing); captures at start
+        compile the ``no_grad`` kind only. With rocm-vit's runner serving the tower the image is
+        larger than it captures (``max_tokens``), so nothing is captured or counted towards a capture;
+        else two merge blocks square."""
         vit, width = self.vit, _pixel_width(self.vit)
         merge = getattr(vit, "spatial_merge_size", None)
         if width is None or not isinstance(merge, int):
             return
-        grid = (1, 2 * merge, 2 * merge)
-        for grids, pixels in bucket_calls([[grid]], width, vit.device, vit.dtype):
-            vit(pixels, torch.tensor(grids, dtype=torch.int32))
-
-    def wait_for_captures(self, timeout: float | None = None) -> bool:
-        """``ViTGraphRunner.wait_for_captures``; ``True`` at once without a runner."""
-        return self._runner is None or self._runner.wait_for_captures(timeout)
+        rows = 2 * merge
+        columns = rows if self._runner is None else merge * -(-(self._runner.max_tokens + 1) // (rows * merge))
+        for grad_mode in (torch.no_grad, torch.inference_mode):
+            with grad_mode():  # the pixels too: made under inference mode, they are inference tensors
+                for grids, pixels in bucket_calls([[(1, rows, columns)]], width, vit.device, vit.dtype):
+                    vit(pixels, torch.tensor(grids, dtype=torch.int32))
 
     def stats(self) -> dict[str, Any]:
         """The rocm-vit runner's counters (captures, replays, evictions, eager runs by reason, bytes
-        held), plus ``failures`` (calls rocm-vit failed and handed to SGLang) and ``deferred``."""
-        stats = self._runner.stats() if self._runner is not None else dict(self._deferred_stats)
-        return {**stats, "failures": self._failures, "deferred": self._runner is None}
+        held), plus ``failures`` (calls rocm-vit failed and handed to SGLang) and ``stopped`` (after
+        a failure, every call goes to SGLang)."""
+        stats = self._runner.stats() if self._runner is not None else dict(self._stopped_stats)
+        return {**stats, "failures": self._failures, "stopped": self._runner is None}
 
     def _eager(
         self,

@@ -45,29 +45,34 @@ def capture_buckets_after(original_init_cuda_graphs: Callable[..., None]) -> Cal
 @torch.no_grad()  # as SGLang's own captures: inference mode may write these tensors, not the reverse
 def capture_vit_buckets(model: nn.Module) -> int:
     """Capture the padded buckets of each ViT in ``model`` whose runner is to
-    (``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``, on by default with ViT graphs); warm up with one
-    eager call each ViT that SGLang serves eagerly (graphs off). Never raises: a tower whose
-    captures fail here captures its buckets when requests reach them, one whose warm-up fails
-    compiles in its first request. Returns how many graphs were captured."""
+    (``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``, on by default with ViT graphs), then warm each ViT up
+    with an eager call under ``no_grad`` and one under ``inference_mode``
+    (``ViTGraphRunnerAdapter.warm_up``): what a request's eager call would compile compiles here,
+    whatever SGLang serves under. Never raises: a tower whose captures fail here captures its buckets
+    when requests reach them, one whose warm-up fails compiles in its first request. Returns how
+    many graphs were captured."""
     captured = 0
     for adapter in adapters_in(model):
-        if adapter.warms_up_at_start:
-            _warm_up(adapter)
-        if not adapter.captures_buckets_at_start:
-            continue
-        tower, started = type(adapter.vit).__name__, time.perf_counter()
-        try:
-            graphs = adapter.capture_padded_buckets()
-        except Exception:  # server start must go on; the runner captures on demand instead
-            logger.exception("rocm-vit: capturing the padded buckets of %s at start failed", tower)
-            continue
-        if graphs:
-            held_mib = adapter.stats().get("bytes_held", 0) / 2**20
-            seconds = time.perf_counter() - started
-            logger.info("rocm-vit: %d padded bucket graphs of %s captured at start in %.1f s (%.0f MiB held)",
-                        graphs, tower, seconds, held_mib)  # fmt: skip
-        captured += graphs
+        if adapter.captures_buckets_at_start:
+            captured += _capture_buckets(adapter)
+        _warm_up(adapter)
     return captured
+
+
+def _capture_buckets(adapter: ViTGraphRunnerAdapter) -> int:
+    """``adapter.capture_padded_buckets()``, timed and logged; a failure is logged and counts none."""
+    tower, started = type(adapter.vit).__name__, time.perf_counter()
+    try:
+        graphs = adapter.capture_padded_buckets()
+    except Exception:  # server start must go on; the runner captures on demand instead
+        logger.exception("rocm-vit: capturing the padded buckets of %s at start failed", tower)
+        return 0
+    if graphs:
+        held_mib = adapter.stats().get("bytes_held", 0) / 2**20
+        seconds = time.perf_counter() - started
+        logger.info("rocm-vit: %d padded bucket graphs of %s captured at start in %.1f s (%.0f MiB held)",
+                    graphs, tower, seconds, held_mib)  # fmt: skip
+    return graphs
 
 
 def _warm_up(adapter: ViTGraphRunnerAdapter) -> None:
@@ -78,4 +83,4 @@ def _warm_up(adapter: ViTGraphRunnerAdapter) -> None:
     except Exception:  # server start must go on; the first request compiles instead
         logger.exception("rocm-vit: the eager warm-up of %s at start failed", tower)
         return
-    logger.info("rocm-vit: %s warmed up with one eager call at start in %.1f s", tower, time.perf_counter() - started)
+    logger.info("rocm-vit: %s warmed up with eager calls at start in %.1f s", tower, time.perf_counter() - started)
