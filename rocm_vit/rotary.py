@@ -62,11 +62,12 @@ def _compiled() -> RotaryFn:
     def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         pattern = _call_pattern(q, k, cos, sin)
         rotated = compiled.get(pattern, _NOT_YET)
-        if rotated is _NOT_YET:
+        tracing = rotated is _NOT_YET  # Dynamo traces at this call
+        if tracing:
             rotated = compiled[pattern] = _compile_for_one_pattern()
         if rotated is not None:
             try:
-                with _one_mode_without_grad():
+                with _one_mode_without_grad(), _without_duck_sizing() if tracing else contextlib.nullcontext():
                     q_rotated, k_rotated = rotated(q, k, cos, sin)
             except Exception as error:  # a compiler failure must not fail the request
                 compiled[pattern] = None
@@ -94,6 +95,18 @@ def _one_mode_without_grad() -> contextlib.AbstractContextManager:
     again inside the first request of a server that runs under ``inference_mode``
     (``SGLANG_ENABLE_TORCH_INFERENCE_MODE``). Its outputs only feed the copies into q and k."""
     return contextlib.nullcontext() if torch.is_grad_enabled() else torch.inference_mode()
+
+
+def _without_duck_sizing() -> contextlib.AbstractContextManager:
+    """Dynamo's duck sizing gives sizes equal at trace time one symbol: a first call of 16 tokens
+    through 16 heads compiled ``q.size(0) == q.size(1)`` into the guards, and the first request of
+    any other size compiled again (seconds on ROCm). Off while tracing, the token count stays its
+    own symbol. Only then: the patch costs ~40 us a call, the traced code nothing."""
+    from torch.fx.experimental import _config as fx_config
+
+    if not hasattr(fx_config, "use_duck_shape"):  # a torch without the switch
+        return contextlib.nullcontext()
+    return fx_config.patch(use_duck_shape=False)
 
 
 def _compile_for_one_pattern() -> Callable:

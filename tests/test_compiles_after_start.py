@@ -1,0 +1,55 @@
+"""Nothing compiles after the server started: SGLang's towers under the plugin, per configuration.
+
+Runs tests/sglang_support/compiles.py in a process of its own (the plugin patches SGLang for the life
+of a process) and reads its report: per configuration (graphs on and off, padding on and off,
+Qwen3-VL and Qwen2.5-VL, requests under ``no_grad`` and ``inference_mode``, bf16 and fp16), the graphs
+Dynamo compiled during 30 random requests after the plugin's start, with ROCm's compiled rotary.
+Triton's compiles are a GPU matter: tests/gpu/test_graphs_gpu.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent / "sglang_support" / "compiles.py"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed (make venv)"),
+]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    path = tmp_path_factory.mktemp("compiles") / "report.json"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
+    env.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", ROCM_VIT_PROFILE="off")
+    env.update(SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS="256")  # the toy towers' staging
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(path)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0 and path.exists(), f"compiles.py failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    return json.loads(path.read_text())
+
+
+def test_every_configuration_is_covered(report: list[dict[str, Any]]) -> None:
+    seen = {(r["model"], r["graphs"], r["padding"], r["mode"], r["dtype"]) for r in report}
+    assert len(seen) == len(report) == 16
+    assert {r["mode"] for r in report} == {"no_grad", "inference_mode"}
+    assert any(r["captured_at_start"] > 0 for r in report)  # the padded buckets, where graphs pad
+
+
+def test_no_request_compiles_after_the_start_in_any_configuration(report: list[dict[str, Any]]) -> None:
+    """The start compiles the rotary for both kinds of tensor (an inference tensor's dispatch keys
+    differ, and Dynamo guards on them) and for any token count; the requests then compile nothing."""
+    compiled = [r for r in report if r["compiled_in_requests"]]
+    assert compiled == []
+    assert all(r["compiled_at_start"] >= 1 for r in report)
