@@ -132,12 +132,21 @@ def test_the_oracles_saving_is_split_by_whether_a_graph_of_an_earlier_call_could
     }
     assert oracle_by_sighting(grids, [[] for _ in grids], max_tokens=64) is None
     report = {"preset": "tiny", "device": "cuda", "streams": []}
-    stream = {"stream": "chat", "calls": 6, "eager": {"mean_ms": 9.0, "p90_ms": 9.0}, "possible_saving_ms": 3.0}
-    stream |= {"graphs": {"mean_ms": 6.0, "p90_ms": 9.0, "replays": 3, "captures": 1}, "share": 1.0}
+    stream = {
+        "stream": "chat",
+        "calls": 6,
+        "eager": {"mean_ms": 9.0, "p50_ms": 8.0, "p90_ms": 9.0, "p99_ms": 12.0},
+        "possible_saving_ms": 3.0,
+    }
+    stream |= {
+        "graphs": {"mean_ms": 6.0, "p50_ms": 6.0, "p90_ms": 9.0, "p99_ms": 9.0, "replays": 3, "captures": 1},
+        "share": 1.0,
+    }
     stream |= {"second_half": stream.copy(), "runner_capture_ms": 150, "runner_verify_ms": 20}
     report["streams"].append(stream | {"second_half_by_kind": [], "oracle_by_sighting": split})
     lines = "\n".join(traffic_tower.format_tower_table(report))
     assert "chat: the oracle's saving lies 10% on repeats, 30% on first sightings, 40% on repeats over " in lines
+    assert "9.00 / 8.00 / 9.00 / 12.00" in lines  # mean, p50, p90, p99
     assert "chat: 1 captures inside their calls (the runner: 150 ms capturing, 20 ms checking first replays)" in lines
 
 

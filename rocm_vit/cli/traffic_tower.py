@@ -284,9 +284,13 @@ def _synchronize_stream(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+def _latencies(summary: dict[str, float]) -> str:
+    return " / ".join(f"{summary[key]:.2f}" for key in ("mean_ms", "p50_ms", "p90_ms", "p99_ms"))
+
+
 def format_tower_table(report: dict[str, Any]) -> list[str]:
-    header = ["stream", "calls", "replays", "captures", "eager mean / p90", "graphs mean / p90", "ratio mean / p90",
-              "oracle saves", "share"]  # fmt: skip
+    header = ["stream", "calls", "replays", "captures", "eager mean / p50 / p90 / p99",
+              "graphs mean / p50 / p90 / p99", "ratio mean / p90", "oracle saves", "share"]  # fmt: skip
     cells = []
     for stream in report["streams"]:
         half = stream["second_half"]
@@ -298,8 +302,8 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                     str(compared["calls"]),
                     str(graphs["replays"]),
                     str(graphs["captures"]),
-                    f"{eager['mean_ms']:.2f} / {eager['p90_ms']:.2f}",
-                    f"{graphs['mean_ms']:.2f} / {graphs['p90_ms']:.2f}",
+                    _latencies(eager),
+                    _latencies(graphs),
                     f"{graphs['mean_ms'] / eager['mean_ms']:.3f}x / {graphs['p90_ms'] / eager['p90_ms']:.3f}x",
                     "-" if possible is None else f"{possible:.2f} ms",
                     "-" if share is None else f"{share:.0%}",
