@@ -8,16 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from rocm_vit.backends.aiter_attn import AITER_MISSING
 from rocm_vit.backends.fa4_attn import FA4_MISSING
-from rocm_vit.platform import PlatformName
-
-if TYPE_CHECKING:
-    from rocm_vit.policy import Facts
+from rocm_vit.platform import Facts, PlatformName
 
 ANY_PLATFORM: frozenset[PlatformName] = frozenset({"cuda", "rocm", "cpu"})
 

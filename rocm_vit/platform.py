@@ -25,6 +25,21 @@ EMULATED_ARCHS = ("gfx942", "gfx950")
 
 
 @dataclass(frozen=True)
+class Facts:
+    """What the machine offers, gathered once: what the policy decides from besides settings, and
+    what each backend's requirements are checked against."""
+
+    platform: PlatformName
+    arch: str = ""
+    device_name: str = ""
+    emulated_on: str = ""
+    modules: frozenset[str] = frozenset()
+    triton_interpret: bool = False
+    gelu_epilogue_op: bool = True  # torch._addmm_activation exists (private, so checked)
+    capability: tuple[int, int] | None = None  # CUDA compute capability, from arch ("sm_90" -> (9, 0))
+
+
+@dataclass(frozen=True)
 class PlatformInfo:
     """The device's name, arch and count; ``emulated_on``: the real NVIDIA arch under emulation, else ``""``."""
 

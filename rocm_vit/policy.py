@@ -25,8 +25,7 @@ import torch
 
 from rocm_vit.backend_requirements import REQUIREMENTS, backend_unavailable_reason
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, fit_cost_model
-from rocm_vit.graphs.runner import DEFAULT_MAX_TOKENS
-from rocm_vit.platform import PlatformName, platform_info
+from rocm_vit.platform import Facts, platform_info
 from rocm_vit.profile import (
     PROFILE_ENV,
     PROFILE_OFF,
@@ -36,7 +35,8 @@ from rocm_vit.profile import (
     profile_summary,
     read_profile,
 )
-from rocm_vit.settings import ENV_NAMES, Settings, load_settings
+from rocm_vit.settings import DEFAULT_MAX_TOKENS, ENV_NAMES, Settings, load_settings
+from rocm_vit.tower_config import preset
 
 logger = logging.getLogger(__name__)
 
@@ -64,20 +64,6 @@ TUNED_MARGIN = 0.03
 ALIGNMENT_TOKENS = 128
 ROTARY_IMPLS = ("triton", "compiled", "native")
 _DEFAULT_ROTARY = {"cuda": "triton", "rocm": "compiled", "cpu": "native"}
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the machine offers, gathered once: the inputs of ``resolve_policy`` besides settings."""
-
-    platform: PlatformName
-    arch: str = ""
-    device_name: str = ""
-    emulated_on: str = ""
-    modules: frozenset[str] = frozenset()
-    triton_interpret: bool = False
-    gelu_epilogue_op: bool = True  # torch._addmm_activation exists (private, so checked)
-    capability: tuple[int, int] | None = None  # CUDA compute capability, from arch ("sm_90" -> (9, 0))
 
 
 @dataclass(frozen=True)
@@ -489,8 +475,6 @@ def _graph_max_tokens(settings: Settings) -> Choice:
 def _graph_cost(profile: TunedProfile | None) -> Choice:
     """What a replay saves on a call, per layout, for a tower of the profile's preset's depth."""
     if profile is not None and profile.graphs:
-        from rocm_vit.models.config import preset  # the models import this module: not at import time
-
         blocks = preset(profile.preset).depth
         fitted = fit_cost_model([(t.patches, t.eager_ms, t.graph_ms) for t in profile.graphs], blocks)
         if fitted is not None:

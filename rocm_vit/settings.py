@@ -56,6 +56,9 @@ _FALSE = {"0", "false", "no", "off", ""}
 # layout captured on its second call, so one-off layouts (most of a real image mix) never are.
 DEFAULT_CAPACITY = 32
 DEFAULT_MIN_HITS = 2
+# A memory guard, not where graphs stop paying (the cost model decides that): staging is allocated
+# at this many patches (88 MB for Qwen3-VL-8B), and larger calls run eagerly.
+DEFAULT_MAX_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class Settings:
     vit_cuda_graph: bool = False
     graph_cache_capacity: int = DEFAULT_CAPACITY
     graph_min_hits: int = DEFAULT_MIN_HITS
-    graph_max_tokens: int | None = None  # None: the policy's (8192)
+    graph_max_tokens: int | None = None  # None: the policy's (DEFAULT_MAX_TOKENS)
     graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
     graph_padding: bool = True  # small layouts padded to shared buckets (docs/design.md, "Padding")
     graph_capture_buckets: bool = True  # padded buckets captured at server start (docs/sglang.md)

@@ -154,8 +154,8 @@ class Case:
 
 def _tower_shapes() -> list[dict[str, Any]]:
     """One entry per distinct tower shape over every preset."""
-    from rocm_vit.models.config import preset, preset_names
     from rocm_vit.models.qwen2_5_vl import padded_intermediate_size
+    from rocm_vit.tower_config import preset, preset_names
 
     shapes = {}
     for name in preset_names():

@@ -9,14 +9,14 @@ import pytest
 
 from rocm_vit.cli import bench_traffic
 from rocm_vit.cli.main import main
-from rocm_vit.cli.traffic import (
+from rocm_vit.graphs.cost import CostModel
+from rocm_vit.workloads.traffic import (
     CHECKPOINT_MAX_PIXELS,
     OPERATOR_CAP_PIXELS,
     chat_stream,
     image_grid,
     repeated_stream,
 )
-from rocm_vit.graphs.cost import CostModel
 
 
 @pytest.mark.parametrize(

@@ -191,8 +191,8 @@ def test_python_dash_m_runs_doctor_json(module: str, tmp_path: Path) -> None:
 def test_presets_build_their_own_tower_class() -> None:
     import torch
 
-    from rocm_vit.cli.workload import build_tower
     from rocm_vit.models import Qwen3VLVisionTower, Qwen25VLVisionTower
+    from rocm_vit.workloads.workload import build_tower
 
     qwen3 = build_tower("tiny", torch.device("cpu"), torch.float32, "sdpa", seed=0)
     qwen25 = build_tower("qwen2.5-vl-tiny", torch.device("cpu"), torch.float32, "sdpa", seed=0)
@@ -201,8 +201,8 @@ def test_presets_build_their_own_tower_class() -> None:
 
 
 def test_layouts_round_to_each_towers_merge_blocks() -> None:
-    from rocm_vit.cli.workload import parse_layouts
     from rocm_vit.models import preset
+    from rocm_vit.workloads.workload import parse_layouts
 
     # 32 px merge blocks for Qwen3-VL (patch 16), 28 px for Qwen2.5-VL (patch 14).
     assert parse_layouts("1x448x224", preset("tiny"))[0].grid_thw == ((1, 28, 14),)
@@ -211,8 +211,8 @@ def test_layouts_round_to_each_towers_merge_blocks() -> None:
 
 
 def test_photos_sweep_holds_the_real_sizes_of_long_sequence_attention():
-    from rocm_vit.cli.workload import parse_layouts
     from rocm_vit.models import preset
+    from rocm_vit.workloads.workload import parse_layouts
 
     patches = [workload.patches for workload in parse_layouts("photos", preset("qwen3-vl-8b"))]
     assert patches == [8160, 16320, 14400, 12800, 47376]
@@ -322,8 +322,8 @@ def test_bench_memory_rejects_bad_arguments(bad: list[str], capsys: pytest.Captu
 
 
 def test_mixed_stream_is_deterministic_per_seed() -> None:
-    from rocm_vit.cli.workload import mixed_stream
     from rocm_vit.models import preset
+    from rocm_vit.workloads.workload import mixed_stream
 
     config = preset("qwen3-vl-8b")
     assert mixed_stream(300, 7, config) == mixed_stream(300, 7, config)
@@ -336,8 +336,8 @@ def test_mixed_stream_sends_the_hot_share_to_small_hot_layouts_and_never_repeats
 ) -> None:
     from collections import Counter
 
-    from rocm_vit.cli.workload import mixed_stream, parse_layouts
     from rocm_vit.models import preset
+    from rocm_vit.workloads.workload import mixed_stream, parse_layouts
 
     config = preset(preset_name)
     stream = mixed_stream(1500, seed, config)
@@ -363,8 +363,8 @@ def test_mixed_stream_sends_the_hot_share_to_small_hot_layouts_and_never_repeats
 def test_churn_stream_repeats_hot_layouts_at_its_share_and_draws_the_rest_afresh() -> None:
     from collections import Counter
 
-    from rocm_vit.cli.workload import churn_stream
     from rocm_vit.models import preset
+    from rocm_vit.workloads.workload import churn_stream
 
     config = preset("qwen3-vl-8b")
     stream = churn_stream(1200, 0, config)
@@ -377,7 +377,7 @@ def test_churn_stream_repeats_hot_layouts_at_its_share_and_draws_the_rest_afresh
 
 
 def test_a_shallow_tower_keeps_its_widths_and_scales_its_block_indexes() -> None:
-    from rocm_vit.cli.workload import build_tower
+    from rocm_vit.workloads.workload import build_tower
 
     tower = build_tower("qwen3-vl-8b", torch.device("meta"), torch.bfloat16, "sdpa", 0, depth=4)
     assert (tower.config.depth, tower.config.hidden_size, tower.config.deepstack_visual_indexes) == (4, 1152, (1, 2, 3))
@@ -386,8 +386,8 @@ def test_a_shallow_tower_keeps_its_widths_and_scales_its_block_indexes() -> None
 
 
 def test_revisiting_workloads_repeat_earlier_layouts_at_the_given_share() -> None:
-    from rocm_vit.cli.workload import revisiting_workloads
     from rocm_vit.models import preset
+    from rocm_vit.workloads.workload import revisiting_workloads
 
     config = preset("qwen3-vl-8b")
     stream = revisiting_workloads(2000, 0, config, max_side_px=1344)

@@ -706,7 +706,7 @@ def test_bad_input_raises_before_anything_runs(generator: torch.Generator, chang
     before = runner.stats()
     with pytest.raises(ValueError, match=message):
         runner.run(x, layout, cos, sin, *extra)
-    assert runner.stats() == before and mechanism.events == [] and not runner._hits
+    assert runner.stats() == before and mechanism.events == [] and not runner._admission._hits
 
 
 def test_rotary_staging_keeps_the_dtype_the_model_passed(generator: torch.Generator) -> None:
@@ -971,7 +971,7 @@ def test_tower_refuses_bad_pixels_before_anything_runs(pixels: torch.Tensor, mes
     runner = tower.enable_graphs(min_hits=1, mechanism=StandInGraphs())
     with pytest.raises(ValueError, match=message):
         tower(pixels, [(1, 4, 6)])
-    assert not tower._layouts and runner.stats()["captures"] == 0 and not runner._hits
+    assert not tower._layouts and runner.stats()["captures"] == 0 and not runner._admission._hits
 
 
 def _per_token_model() -> CostModel:
@@ -1127,13 +1127,13 @@ def test_slow_runs_of_a_device_bound_layout_do_not_teach_the_launch_time(generat
     device_bound = _layout((1, 2, 10))  # 20 ms on the device
     for _ in range(16):
         _run_checked(runner, device_bound, generator)
-    runner._launch_ms()
+    runner._admission.launch_ms()
     assert runner.stats()["launch_ms"] == 10.0  # the model's: nothing launch-bound was timed
     runner._clock = _launches_in([13.6])
     close = _layout((1, 2, 6))  # 12 ms on the device
     for _ in range(18):
         _run_checked(runner, close, generator)
-    runner._launch_ms()
+    runner._admission.launch_ms()
     assert runner.stats()["launch_ms"] == 13.6
 
 
@@ -1144,12 +1144,12 @@ def test_device_bound_eager_runs_do_not_teach_the_launch_time(generator: torch.G
     runner, _ = _runner(min_hits=100, cost_model=_per_token_model(), clock=_launches_taking(30.0))
     for index in range(16):
         _run_checked(runner, _layout((1, 2, 14), (1, 2, 2 * index + 2)), generator)  # 32 or more tokens
-    runner._launch_ms()
+    runner._admission.launch_ms()
     assert runner.stats()["launch_ms"] == 10.0  # the model's: nothing launch-bound was timed
     runner._clock = _launches_taking(12.0)
     for _ in range(16):
         _run_checked(runner, _layout((1, 2, 2)), generator)
-    runner._launch_ms()
+    runner._admission.launch_ms()
     assert runner.stats()["launch_ms"] == 12.0
 
 

@@ -18,13 +18,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends", "rocm_vit.backends", "rocm_vit.version", "rocm_vit"),
     ("rocm_vit.platform", "rocm_vit.emulation"),
     ("rocm_vit.profile", "rocm_vit.settings"),
-    ("rocm_vit.layout",),
+    ("rocm_vit.layout", "rocm_vit.tower_config"),
     ("rocm_vit.graphs",),
     ("rocm_vit.backend_requirements", "rocm_vit.policy"),
     ("rocm_vit.attention", "rocm_vit.rotary", "rocm_vit.fusion"),
     ("rocm_vit.models",),
     ("rocm_vit.integrations",),
-    ("rocm_vit.cli", "rocm_vit.report", "rocm_vit.__main__"),
+    ("rocm_vit.workloads",),
+    ("rocm_vit.report",),
+    ("rocm_vit.cli", "rocm_vit.__main__"),
 )
 
 

@@ -16,8 +16,8 @@ from rocm_vit.attention import BACKENDS, AutoAttention, SdpaAttention, TritonAtt
 from rocm_vit.backend_requirements import ANY_PLATFORM, REQUIREMENTS
 from rocm_vit.cli.main import main
 from rocm_vit.layout import VisionLayout
-from rocm_vit.platform import PlatformInfo
-from rocm_vit.policy import Facts, resolve_policy
+from rocm_vit.platform import Facts, PlatformInfo
+from rocm_vit.policy import resolve_policy
 from rocm_vit.profile import (
     AttentionTiming,
     ConsumerTiming,

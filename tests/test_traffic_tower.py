@@ -10,8 +10,8 @@ import torch
 
 from rocm_vit.cli import traffic_tower
 from rocm_vit.cli.main import main
-from rocm_vit.cli.traffic import oracle_by_sighting, repeated_stream
-from rocm_vit.cli.workload import build_tower
+from rocm_vit.workloads.traffic import oracle_by_sighting, repeated_stream
+from rocm_vit.workloads.workload import build_tower
 
 
 def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(monkeypatch, capsys) -> None:

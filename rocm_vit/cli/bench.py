@@ -13,7 +13,10 @@ from pathlib import Path
 import torch
 
 from rocm_vit.cli.breakdown import format_breakdown, kernel_breakdown
-from rocm_vit.cli.workload import (
+from rocm_vit.models import VisionTower, preset_names
+from rocm_vit.platform import platform_info
+from rocm_vit.version import build_info
+from rocm_vit.workloads.workload import (
     NAMED_SWEEPS,
     Workload,
     bench_graph_options,
@@ -24,9 +27,6 @@ from rocm_vit.cli.workload import (
     random_pixels,
     table_lines,
 )
-from rocm_vit.models import VisionTower, preset_names
-from rocm_vit.platform import platform_info
-from rocm_vit.version import build_info
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from rocm_vit.cli.workload import KernelTimer, int_list
+from rocm_vit.workloads.workload import KernelTimer, int_list
 
 GridTHW = tuple[int, int, int]
 

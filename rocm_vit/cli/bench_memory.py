@@ -30,16 +30,6 @@ from pathlib import Path
 
 import torch
 
-from rocm_vit.cli.workload import (
-    DEFAULT_ONE_OFF_MAX_SIDE_PX,
-    Workload,
-    build_tower,
-    churn_stream,
-    mixed_stream,
-    progress,
-    revisiting_workloads,
-    table_lines,
-)
 from rocm_vit.graphs import (
     DEFAULT_CAPACITY,
     DEFAULT_MAX_TOKENS,
@@ -51,6 +41,16 @@ from rocm_vit.graphs.capture import GraphMechanism
 from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
 from rocm_vit.version import build_info
+from rocm_vit.workloads.workload import (
+    DEFAULT_ONE_OFF_MAX_SIDE_PX,
+    Workload,
+    build_tower,
+    churn_stream,
+    mixed_stream,
+    progress,
+    revisiting_workloads,
+    table_lines,
+)
 
 logger = logging.getLogger(__name__)
 

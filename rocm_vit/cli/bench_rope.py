@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from rocm_vit.cli.workload import table_lines
+from rocm_vit.workloads.workload import table_lines
 
 logger = logging.getLogger(__name__)
 

@@ -21,27 +21,28 @@ from typing import Any
 
 import torch
 
-from rocm_vit.cli.traffic import (
-    Stream,
-    latency_summary,
-    oracle_by_sighting,
-    sighting_lines,
-    standard_streams,
-)
 from rocm_vit.cli.traffic_tower import TOWER_STREAMS, format_tower_table, measure_tower
-from rocm_vit.cli.workload import progress, segment_lengths, table_lines
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.padding import Padding
 from rocm_vit.layout import AttentionLayout, VisionLayout
+from rocm_vit.workloads.traffic import (
+    MEAN_SLOWER_LIMIT,
+    P90_SLOWER_LIMIT,
+    Stream,
+    latency_summary,
+    oracle_by_sighting,
+    sighting_lines,
+    slower_than_eager,
+    standard_streams,
+)
+from rocm_vit.workloads.workload import progress, segment_lengths, table_lines
 
 BLOCKS = 27  # Qwen3-VL-8B
 MERGE = 2  # its spatial merge: the layouts' default
 # #44's targets.
 SHARE_TARGET = 0.85  # of the oracle's saving on the mean, chat with a 1.3 MP cap (its p90 within the limit too)
 REPEATED_SHARE_TARGET = 0.80  # 6 x 640x360 in one call
-MEAN_SLOWER_LIMIT = 1.01  # no stream slower than all-eager on the mean
-P90_SLOWER_LIMIT = 1.02
 _LIMITS = f"{MEAN_SLOWER_LIMIT - 1:.0%}, {P90_SLOWER_LIMIT - 1:.0%}"
 
 
@@ -295,14 +296,6 @@ def target_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             value = f"{now['capture']} captures (the oracle saves {possible:.0%})"
             rows.append({"target": f"{name}: left eager", "value": value, "met": now["capture"] == 0})
     return rows
-
-
-def slower_than_eager(eager: dict[str, Any], graphs: dict[str, Any]) -> bool:
-    """Whether summaries of the same calls under graphs are past the limits against all-eager."""
-    return (
-        graphs["mean_ms"] > MEAN_SLOWER_LIMIT * eager["mean_ms"]
-        or graphs["p90_ms"] > P90_SLOWER_LIMIT * eager["p90_ms"]
-    )
 
 
 def _share_row(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from rocm_vit.cli.workload import table_lines
+from rocm_vit.workloads.workload import table_lines
 
 KERNEL_CLASSES = ("gemm", "attention", "norm", "rotary", "memory", "other")
 

@@ -17,16 +17,16 @@ from typing import Any
 
 import torch
 
-from rocm_vit.cli.traffic import (
+from rocm_vit.graphs import EAGER_REASONS
+from rocm_vit.graphs.cost import MIN_SAVING_SHARE
+from rocm_vit.workloads.traffic import (
     GridTHW,
     latency_summary,
     oracle_by_sighting,
     sighting_lines,
     standard_streams,
 )
-from rocm_vit.cli.workload import build_tower, progress, table_lines
-from rocm_vit.graphs import EAGER_REASONS
-from rocm_vit.graphs.cost import MIN_SAVING_SHARE
+from rocm_vit.workloads.workload import build_tower, progress, table_lines
 
 _ORACLE_REPEATS = 7  # replays per layout the oracle times
 _SLOWER_CALL = 1.1  # a call this much slower than its eager twin is counted in ``by_kind``

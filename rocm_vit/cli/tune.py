@@ -23,15 +23,6 @@ from pathlib import Path
 import torch
 
 from rocm_vit.cli.bench_attention import LAYOUTS as BENCH_ATTN_LAYOUTS
-from rocm_vit.cli.workload import (
-    KernelTimer,
-    build_tower,
-    int_list,
-    median_ms,
-    parse_layouts,
-    progress,
-    random_pixels,
-)
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import preset, preset_names
 from rocm_vit.platform import PlatformInfo, platform_info
@@ -54,6 +45,15 @@ from rocm_vit.profile import (
     write_profile,
 )
 from rocm_vit.settings import Settings, load_settings
+from rocm_vit.workloads.workload import (
+    KernelTimer,
+    build_tower,
+    int_list,
+    median_ms,
+    parse_layouts,
+    progress,
+    random_pixels,
+)
 
 GridTHW = tuple[int, int, int]
 

@@ -14,10 +14,10 @@ import json
 
 import torch
 
-from rocm_vit.cli.workload import bench_graph_options, build_tower, random_pixels, random_workloads
 from rocm_vit.models import preset_names
 from rocm_vit.platform import platform_info
 from rocm_vit.version import build_info
+from rocm_vit.workloads.workload import bench_graph_options, build_tower, random_pixels, random_workloads
 
 _GRAD_MODES = {"inference": torch.inference_mode, "no_grad": torch.no_grad}
 

@@ -20,37 +20,31 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from rocm_vit.graphs.admission import Admission
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism
-from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
+from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.graphs.padding import Padding, pad_rows, padded_shape, real_rows
+from rocm_vit.graphs.staging import Signature, Staging, signature_of
 from rocm_vit.layout import AttentionLayout, PaddedLayout
-from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MIN_HITS
-
-if TYPE_CHECKING:  # the policy imports this package: no import back at run time
-    from rocm_vit.attention import AttnArgs
+from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_HITS
 
 logger = logging.getLogger(__name__)
 
 # forward_blocks(x, attn_args, cos, sin, *inputs) -> output
 ForwardBlocks = Callable[..., torch.Tensor]
 # layout_args(layout, cu_seqlens) -> attn_args: per segmentation, built on the given offsets tensors
-LayoutArgs = Callable[[AttentionLayout, Mapping[str, torch.Tensor]], "AttnArgs"]
-# Per per-call tensor, in call order: dtype, shape past the first dim, and rows per token (1 for x,
-# cos, sin; 1/4 for a window index with one entry per 2x2 merge block).
-Signature = tuple[tuple[torch.dtype, tuple[int, ...], Fraction], ...]
+# (a tower's: rocm_vit.attention.AttnArgs). The runner passes them on unread.
+LayoutArgs = Callable[[AttentionLayout, Mapping[str, torch.Tensor]], Mapping[str, Any]]
 # The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
 AgreeMax = Callable[[Sequence[int]], list[int]]
 
@@ -66,32 +60,10 @@ EAGER_REASONS = (
     "capture_unverified",
 )
 
-# A memory guard, not where graphs stop paying (the cost model decides that): staging is allocated
-# at this many patches (88 MB for Qwen3-VL-8B), and larger calls run eagerly.
-DEFAULT_MAX_TOKENS = 8192
 # Default budget: 1/64 of the device's memory, between 256 MiB and 4 GiB (H200: 2.2 GB; MI355X: 4 GiB).
 _BUDGET_FRACTION = 64
 _MIN_DEFAULT_BUDGET = 256 << 20
 _MAX_DEFAULT_BUDGET = 4 << 30
-
-# Layouts remembered while not (yet) captured, or as failed; bounded so endless new sizes stay flat.
-_MAX_TRACKED_LAYOUTS = 4096
-# Call counts are halved every this many calls per graph of capacity: old popularity fades.
-_AGING_CALLS_PER_GRAPH = 16
-# The launch time is the median host time of this many recent eager runs, once there are enough.
-_LAUNCH_SAMPLES = 64
-_MIN_LAUNCH_SAMPLES = 8
-_LAUNCH_REFRESH = 16
-# An eager run teaches the launch time where its layout's predicted device time is below half its
-# host time, or below 0.9 of the median host time of the layout's recent runs (docs/design.md,
-# "Runner"). A single run's own host time is not enough: on the H200, 1 x 1.3 MP (19.7 ms
-# predicted) ran in 18.4 ms, and the runs that noise made slower than 21.9 taught a launch time of
-# 23.8 ms; 6 x 640x360 (11.6 predicted) runs in 13.6 on the host, launch-bound, and so does its median.
-_LAUNCH_BOUND_SHARE = 0.9
-_CLEARLY_LAUNCH_BOUND_SHARE = 0.5
-_LAYOUT_RUNS_KEPT = 5  # recent host times per layout
-_LAYOUT_RUNS_NEEDED = 3
-_LAYOUTS_TIMED_KEPT = 256
 
 
 def default_budget_bytes(total_memory_bytes: int) -> int:
@@ -106,7 +78,7 @@ class _Graph:
     graph: Any
     output: torch.Tensor  # a view of staging's output buffer
     pool: Any  # the pool it was captured into (a failed capture moves later ones to a fresh pool)
-    staging: _Staging
+    staging: Staging
     inputs: tuple[torch.Tensor, ...]  # views of staging.inputs, one per per-call tensor
     # This graph's own int32 offsets by segmentation: written once, or before each replay of a
     # layout whose offsets are a per-call input (``offsets_per_call``).
@@ -117,68 +89,6 @@ class _Graph:
     @property
     def offsets_bytes(self) -> int:
         return sum(offsets.nbytes for offsets in self.offsets.values())
-
-
-class _Staging:
-    """The per-call inputs every graph of one signature reads and the output buffer it writes, at
-    ``max_tokens`` rows, never regrown.
-
-    A graph captures views of the first rows of each buffer, so every graph reads the same memory,
-    filled before each replay by device-to-device copies, and writes its output to the same memory,
-    cloned out after the replay.
-    """
-
-    def __init__(self, signature: Signature, max_tokens: int, device: torch.device) -> None:
-        self.inputs = tuple(
-            torch.empty(shape, dtype=dtype, device=device) for dtype, shape in _buffer_shapes(signature, max_tokens)
-        )
-        # Per input buffer, the tensor it holds when that tensor was passed as immutable (never
-        # written after it is passed): passed again, the very object needs no copy. Held, so that
-        # no other tensor can take its memory and pass for it.
-        self.sources: list[torch.Tensor | None] = [None] * len(self.inputs)
-        self._max_tokens = max_tokens
-        # By dtype, trailing shape and rows per token of what forward_blocks returns (one in practice).
-        self.outputs: dict[tuple[torch.dtype, tuple[int, ...], Fraction], torch.Tensor] = {}
-
-    @staticmethod
-    def planned_bytes(signature: Signature, max_tokens: int) -> int:
-        """What the input buffers of ``signature`` take, before allocating them."""
-        return sum(math.prod(shape) * dtype.itemsize for dtype, shape in _buffer_shapes(signature, max_tokens))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in (*self.inputs, *self.outputs.values()))
-
-    def output_view(self, like: torch.Tensor, tokens: int) -> torch.Tensor:
-        """Rows of the output buffer for an output shaped as ``like`` from ``tokens`` tokens."""
-        spec = (like.dtype, tuple(like.shape[1:]), Fraction(like.shape[0], tokens))
-        buffer = self.outputs.get(spec)
-        if buffer is None:
-            ((dtype, shape),) = _buffer_shapes((spec,), self._max_tokens)
-            buffer = self.outputs[spec] = torch.empty(shape, dtype=dtype, device=like.device)
-        return buffer[: like.shape[0]]
-
-    def views(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """The rows of each input buffer a graph of these tensors reads."""
-        return tuple(buffer[: given.shape[0]] for buffer, given in zip(self.inputs, tensors, strict=True))
-
-    def fill(self, views: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...], immutable: bool) -> None:
-        """Copy ``tensors`` into ``views``; a tensor with fewer rows than its view (a padded graph's
-        call) fills the first rows, and the rest, its padding, is zeroed, as ``pad_rows`` pads."""
-        # x (index 0) is the caller's per-call data: always copied.
-        for index, (view, given) in enumerate(zip(views, tensors, strict=True)):
-            keep = immutable and index > 0
-            if keep and self.sources[index] is given:
-                continue
-            self.sources[index] = None  # no claim on the buffer while its copy is not enqueued
-            rows = given.shape[0]
-            if rows == view.shape[0]:  # every exact graph's call: no slicing on the replay path
-                view.copy_(given)
-                if keep:  # a claim only where the given tensor fills the view
-                    self.sources[index] = given
-            else:
-                view[:rows].copy_(given)
-                view[rows:].zero_()
 
 
 @dataclass
@@ -238,29 +148,20 @@ class ViTGraphRunner:
         self.capacity = capacity
         self.min_hits = min_hits
         self.max_tokens = max_tokens
+        self._admission = Admission(
+            capacity=capacity, min_hits=min_hits, max_tokens=max_tokens, cost_model=cost_model, agree=self._agree
+        )
         self._budget_bytes = budget_bytes
         self._prepare_capture = prepare_capture or _nothing
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
-        self._cost_model = cost_model
         self._padding = padding
         self._clock = clock
-        self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
-        self._launch_samples_seen = 0
-        self._layout_host_ms: OrderedDict[tuple, deque[float]] = OrderedDict()  # recent runs, by layout
-        # The launch time agreed across ranks, and how many samples had been seen then.
-        self._launch_agreed: tuple[float, int] | None = None
-        self._calls = 0
         self._padded_calls = 0
         self._lock = threading.Lock()
         self._counts_lock = threading.Lock()  # eager runs counted without the runner's lock
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently used first
-        self._staging: dict[Signature, _Staging] = {}
-        self._hits: OrderedDict[tuple, int] = OrderedDict()  # calls of layouts without a graph
-        self._uses: dict[tuple, int] = {}  # calls of layouts with a graph, from before their capture
-        self._failed: OrderedDict[tuple, str] = OrderedDict()  # key -> capture_failed / capture_unverified
-        # Token count from which a capture was measured, alone in an empty pool, over the budget.
-        self._over_budget_tokens: int | None = None
+        self._staging: dict[Signature, Staging] = {}
         self._pool: Any = None
         self._retired_pools: list[Any] = []  # pools of failed captures: no graph, memory still reserved
         # The last graph let go of in ``_pool``, held until a capture has begun there (``_let_go``).
@@ -366,16 +267,16 @@ class ViTGraphRunner:
     ) -> tuple[torch.Tensor | None, str | None, tuple[torch.Tensor, ...]]:
         """Under the runner's lock: replay ``key``'s graph, or capture it (on this thread, inside this
         call); either way ``(output, None, tensors)``. Else ``(None, why, tensors as eager takes them)``."""
-        self._age()
+        self._admission.called()
         entry = self._graphs.get(key)
         if entry is not None:
             self._graphs.move_to_end(key)
-            self._uses[key] += 1
+            self._admission.replayed(key)
             return self._replay(entry, layout, tensors, immutable), None, tensors
         tensors = _padded(tensors, real_tokens, layout)
-        reason = self._admission(key, layout, tensors[0].device)
+        reason = self._admit(key, layout, tensors[0].device)
         if reason is None:
-            signature = _signature(tensors, layout.num_patches)
+            signature = signature_of(tensors, layout.num_patches)
             reason = self._staging_over_budget(signature)
         if reason is None:
             output, pool_before = self._capture_and_verify(key, signature, layout, tensors, immutable)
@@ -397,11 +298,7 @@ class ViTGraphRunner:
         output = self._eager(tensors, layout)
         if timed:
             host_ms = (self._clock() - started) * 1e3
-            with self._counts_lock:  # outside the runner's lock: callers of other threads time theirs
-                # Without a cost model, every run teaches.
-                if self._cost_model is None or self._launch_bound(layout, host_ms, self._recent_runs(layout, host_ms)):
-                    self._launch_samples.append(host_ms)
-                self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
+            self._admission.timed(layout, host_ms)  # outside the runner's lock: other threads time theirs
         return output
 
     def counters(self) -> dict[str, int]:
@@ -426,7 +323,6 @@ class ViTGraphRunner:
                 "eager_runs": dict(self._eager_runs),
                 "padded_calls": self._padded_calls,
                 "graphs": len(self._graphs),
-                "failed_layouts": len(self._failed),
                 "capture_seconds": self._capture_seconds,
                 "verify_seconds": self._verify_seconds,
                 "pool_bytes": self._pool_bytes,
@@ -434,52 +330,20 @@ class ViTGraphRunner:
                 "offsets_bytes": offsets_bytes,
                 "bytes_held": self._pool_bytes + staging_bytes + offsets_bytes,
                 "budget_bytes": self._budget_bytes,
-                "over_budget_from_tokens": self._over_budget_tokens,
                 "pool_growth_prediction": self._prediction_errors.summary(),
-                "capacity": self.capacity,
-                "min_hits": self.min_hits,
-                "max_tokens": self.max_tokens,
-                "launch_ms": self._launch_agreed[0]
-                if self._launch_agreed
-                else getattr(self._cost_model, "launch_ms", None),
+                **self._admission.stats(),
             }
 
     # Admission and room ---------------------------------------------------------------------------
 
-    def _admission(self, key: tuple, layout: AttentionLayout, device: torch.device) -> str | None:
-        """Why this layout runs eagerly now, or ``None`` when it may be captured."""
-        tokens = layout.num_patches
+    def _admit(self, key: tuple, layout: AttentionLayout, device: torch.device) -> str | None:
+        """Why this layout runs eagerly now (``Admission.decide``), or ``None`` when it is captured
+        now; the first admitted capture fixes the device and its default budget."""
         if not self._mechanism.available(device):
             self._log_once("no_gpu", "graphs need a CUDA/ROCm device; running %s eagerly", device)
             return "no_gpu"
-        if key in self._failed:
-            return self._failed[key]
-        if self._over_budget_tokens is not None and tokens >= self._over_budget_tokens:
-            return "over_budget"
-        if self.capacity == 0:
-            return "over_capacity"
-        if tokens > self.max_tokens:
-            return "over_max_tokens"
-        saving_ms = self._predicted_saving_ms(layout)
-        if saving_ms is not None and saving_ms <= 0:
-            return "no_saving"  # under MIN_SAVING_SHARE of the eager call: the model's error margin
-        hits = self._hits.pop(key, 0) + 1
-        self._hits[key] = hits
-        if len(self._hits) > _MAX_TRACKED_LAYOUTS:
-            self._hits.popitem(last=False)
-        # A padded graph serves every layout of its bucket: worth capturing at the bucket's first call.
-        if hits < (1 if layout.offsets_per_call else self.min_hits):
-            return "below_min_hits"
-        exact = saving_ms is not None and not layout.offsets_per_call
-        if exact and hits * saving_ms < PAYBACK_SHARE * self._cost_model.capture_ms:
-            return "below_payback"
-        if (
-            self._cost_model is not None
-            and len(self._graphs) >= self.capacity
-            and hits <= self._uses[self._least_used()]
-        ):
-            return "over_capacity"  # every graph held is called at least as often
-        if self._device is None:
+        reason = self._admission.decide(key, layout)
+        if reason is None and self._device is None:
             self._device = device
             if self._budget_bytes is None:
                 total = self._mechanism.total_memory(device)
@@ -487,66 +351,13 @@ class ViTGraphRunner:
                     total = -self._agree_max([-total])[0]
                 self._budget_bytes = default_budget_bytes(total)
                 logger.info("graph memory budget %.0f MiB (1/64 of %s)", self._budget_bytes / 2**20, device)
-        return None
-
-    def _predicted_saving_ms(self, layout: AttentionLayout) -> float | None:
-        """What a replay of ``layout`` saves at this host's launch time by the cost model
-        (``capturable_saving_ms``); ``None`` without a model."""
-        if self._cost_model is None:
-            return None
-        model = self._cost_model.with_launch_ms(self._launch_ms())
-        return model.capturable_saving_ms(layout.segmentations["full"].seq_lens)
-
-    def _recent_runs(self, layout: AttentionLayout, host_ms: float) -> Sequence[float]:
-        """The host ms of ``layout``'s last runs, this one included (bounded, by layout)."""
-        runs = self._layout_host_ms.pop(layout.graph_key, None) or deque(maxlen=_LAYOUT_RUNS_KEPT)
-        runs.append(host_ms)
-        self._layout_host_ms[layout.graph_key] = runs  # most recent last
-        if len(self._layout_host_ms) > _LAYOUTS_TIMED_KEPT:
-            self._layout_host_ms.popitem(last=False)
-        return runs
-
-    def _launch_bound(self, layout: AttentionLayout, host_ms: float, runs: Sequence[float]) -> bool:
-        """Whether an eager run of ``layout`` that took ``host_ms`` timed the host's launches: its
-        predicted device time is well below that, or below what the layout's recent runs typically
-        took (a device-bound call's host time is its device time, as the host waits for the launch
-        queue; judged by one run, noise would pass the slow ones); ``runs``: its recent host ms."""
-        device_ms = self._cost_model.device_ms(layout.segmentations["full"].seq_lens)
-        if device_ms < _CLEARLY_LAUNCH_BOUND_SHARE * host_ms:
-            return True
-        return len(runs) >= _LAYOUT_RUNS_NEEDED and device_ms < _LAUNCH_BOUND_SHARE * statistics.median(runs)
-
-    def _launch_ms(self) -> float:
-        """The host's launch time of an eager run: the median of recent ones, agreed across ranks
-        once enough were seen and again every ``_LAUNCH_REFRESH`` more (a collective per admission
-        would cost every eager call; ranks see the same calls, so they agree at the same one)."""
-        seen = self._launch_samples_seen
-        due = self._launch_agreed is None or seen - self._launch_agreed[1] >= _LAUNCH_REFRESH
-        if seen >= _MIN_LAUNCH_SAMPLES and due:
-            with self._counts_lock:  # appended to outside the runner's lock
-                samples = list(self._launch_samples) or [self._cost_model.launch_ms]  # none launch-bound yet
-            microseconds = round(statistics.median(samples) * 1e3)
-            self._launch_agreed = (self._agree([microseconds])[0] / 1e3, seen)
-        return self._cost_model.launch_ms if self._launch_agreed is None else self._launch_agreed[0]
-
-    def _least_used(self) -> tuple:
-        """The held graph called least often (the least recently used among equals)."""
-        return min(self._graphs, key=self._uses.__getitem__)
-
-    def _age(self) -> None:
-        """Halve every call count once per period, so what was popular long ago makes way."""
-        self._calls += 1
-        if self._calls % (_AGING_CALLS_PER_GRAPH * max(1, self.capacity)):
-            return
-        for counts in (self._uses, self._hits):
-            for key in counts:
-                counts[key] //= 2
+        return reason
 
     def _fixed_bytes(self, signature: Signature) -> int:
         """Staging and offsets once ``signature``'s staging exists."""
         fixed_bytes = self._staging_bytes() + self._offsets_bytes()
         if signature not in self._staging:
-            fixed_bytes += _Staging.planned_bytes(signature, self.max_tokens)
+            fixed_bytes += Staging.planned_bytes(signature, self.max_tokens)
         return fixed_bytes
 
     def _staging_over_budget(self, signature: Signature) -> str | None:
@@ -567,7 +378,7 @@ class ViTGraphRunner:
         """Evict the least used graph when at capacity; release the pool when a capture of
         ``tokens`` is predicted to grow it past the budget (graphs hold nothing in it between calls,
         so evicting them would free nothing there). A capture whose bound says it may not fit even
-        alone is tried alone: only a measurement refuses it (``_over_budget_tokens``)."""
+        alone is tried alone: only a measurement refuses it (``Admission.over_budget_from``)."""
         budget, fixed_bytes = self._budget_bytes, self._fixed_bytes(signature)
         while len(self._graphs) >= self.capacity:
             self._evict_least_used()
@@ -576,14 +387,14 @@ class ViTGraphRunner:
             self._release_pools()
 
     def _evict_least_used(self) -> None:
-        key = self._least_used()
+        key = self._admission.least_used()
         entry = self._graphs.pop(key)
         try:
             self._let_go(entry)
         except BaseException:
             self._graphs[key] = entry  # still held: the pools are released only once it is retired
             raise
-        del self._uses[key]
+        self._admission.dropped(key)
         self._evictions += 1
         logger.debug("evicted the graph of %d tokens (least used)", entry.tokens)
 
@@ -602,7 +413,7 @@ class ViTGraphRunner:
     def _retire_all_graphs(self) -> None:
         while self._graphs:
             key, entry = self._graphs.popitem()
-            del self._uses[key]
+            self._admission.dropped(key)
             self._mechanism.retire(entry.graph)
 
     def _let_go(self, entry: _Graph) -> None:
@@ -679,7 +490,7 @@ class ViTGraphRunner:
             return output, attempt.pool_before
         entry = attempt.entry
         self._graphs[key] = entry
-        self._uses[key] = self._hits.pop(key, 1)
+        self._admission.captured(key)
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started
         self._account(entry, need, attempt.pool_before)
@@ -718,7 +529,7 @@ class ViTGraphRunner:
 
     def _drop_new_graph(self, key: tuple, entry: _Graph) -> None:
         del self._graphs[key]
-        del self._uses[key]
+        self._admission.dropped(key)
         self._let_go(entry)
 
     def _capture(
@@ -749,7 +560,7 @@ class ViTGraphRunner:
                 try:
                     staging = self._staging.get(signature)
                     if staging is None:
-                        staging = self._staging[signature] = _Staging(signature, self.max_tokens, device)
+                        staging = self._staging[signature] = Staging(signature, self.max_tokens, device)
                     views = staging.views(tensors)
                     staging.fill(views, tensors, immutable)
                     attn_args = None if layout.offsets_per_call else self.layout_args(layout, offsets)
@@ -841,7 +652,7 @@ class ViTGraphRunner:
         )
         self._release_pools()
         if alone:
-            self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
+            self._admission.over_budget_from(tokens)
 
     def _replay(
         self, entry: _Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
@@ -899,10 +710,7 @@ class ViTGraphRunner:
         return self.forward_blocks(x.clone(), attn_args, cos, sin, *inputs)
 
     def _remember_failure(self, key: tuple, layout: AttentionLayout, reason: str, why: object) -> None:
-        self._hits.pop(key, None)
-        self._failed[key] = reason
-        if len(self._failed) > _MAX_TRACKED_LAYOUTS:
-            self._failed.popitem(last=False)
+        self._admission.failed(key, reason)
         self._eager_runs[reason] += 1
         logger.warning(
             "graph capture of %d tokens in %d segments is not used (%s: %s); this layout runs eagerly",
@@ -936,16 +744,6 @@ def _padded(
     if real_tokens is None:
         return tensors
     return tuple(pad_rows(tensor, real_tokens, layout.num_patches) for tensor in tensors)
-
-
-def _buffer_shapes(signature: Signature, max_tokens: int) -> list[tuple[torch.dtype, tuple[int, ...]]]:
-    """The staging buffer of each per-call tensor: its rows per token times ``max_tokens`` rows."""
-    return [(dtype, (math.ceil(max_tokens * rows_per_token), *shape)) for dtype, shape, rows_per_token in signature]
-
-
-def _signature(tensors: tuple[torch.Tensor, ...], tokens: int) -> Signature:
-    """What staging is shared by: dtypes, trailing shapes and rows per token, not the token count."""
-    return tuple((t.dtype, tuple(t.shape[1:]), Fraction(t.shape[0], tokens)) for t in tensors)
 
 
 def _check_inputs(tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> None:

@@ -13,7 +13,6 @@ from torch import nn
 from rocm_vit.attention import AttnArgs
 from rocm_vit.fusion import add_norm, silu_mul
 from rocm_vit.layout import VisionLayout, permute_merge_blocks, to_device_async
-from rocm_vit.models.config import Qwen25VLVisionConfig
 from rocm_vit.models.positions import rotary_position_ids
 from rocm_vit.models.tower import (
     ACTIVATIONS,
@@ -25,6 +24,7 @@ from rocm_vit.models.tower import (
     rms_norm,
     run_blocks,
 )
+from rocm_vit.tower_config import Qwen25VLVisionConfig
 
 
 class Qwen25VLVisionTower(VisionTower):

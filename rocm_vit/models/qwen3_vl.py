@@ -14,7 +14,6 @@ from torch import nn
 from rocm_vit.attention import AttnArgs
 from rocm_vit.fusion import add_norm, add_position_embedding, linear_gelu_tanh
 from rocm_vit.layout import VisionLayout, to_device_async
-from rocm_vit.models.config import Qwen3VLVisionConfig
 from rocm_vit.models.positions import position_embedding_taps, rotary_position_ids
 from rocm_vit.models.side_stream import SideStream
 from rocm_vit.models.tower import (
@@ -27,6 +26,7 @@ from rocm_vit.models.tower import (
     layer_norm,
     run_blocks,
 )
+from rocm_vit.tower_config import Qwen3VLVisionConfig
 
 
 class Qwen3VLVisionTower(VisionTower):

@@ -31,9 +31,9 @@ from rocm_vit.fusion import add_norm
 from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MIN_HITS, ViTGraphRunner
 from rocm_vit.graphs.padding import Padding, bucket_calls
 from rocm_vit.layout import VisionLayout, host_grid_thw
-from rocm_vit.models.config import TowerConfig
 from rocm_vit.policy import active_policy
 from rocm_vit.rotary import apply_rotary
+from rocm_vit.tower_config import TowerConfig
 
 logger = logging.getLogger(__name__)
 

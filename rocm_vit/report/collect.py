@@ -107,7 +107,7 @@ def problems(document: dict[str, Any]) -> list[str]:
 def slower_streams(admission: Any) -> list[str]:
     """``bench-traffic --mode tower``'s streams whose second half ran slower under graphs than all-eager,
     by more than its limits (1 % on the mean, 2 % on p90)."""
-    from rocm_vit.cli.bench_traffic import slower_than_eager
+    from rocm_vit.workloads.traffic import slower_than_eager
 
     lines = []
     for stream in admission.get("streams", []) if isinstance(admission, dict) else []:

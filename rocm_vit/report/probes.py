@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from rocm_vit.models import preset
-from rocm_vit.models.config import TowerConfig
 from rocm_vit.platform import PlatformInfo, platform_info
 from rocm_vit.report.hazards import (
     AiterCall,
@@ -29,6 +28,7 @@ from rocm_vit.report.hazards import (
     check_graph_equals_eager,
     check_host_copy_offsets,
 )
+from rocm_vit.tower_config import TowerConfig
 
 # hip#3902 was seen within a few hundred replays; --quick keeps the round trip under a few seconds.
 ROUNDS = 400
@@ -218,7 +218,7 @@ def tower_encoder(
     preset_name: str, count: int, max_side_px: int, seed: int = 0
 ) -> tuple[Callable[[int, bool], torch.Tensor], list[str], Callable[[], dict[str, Any]]]:
     """``(encode, layouts, runner_stats)``: ``count`` random layouts, capacity half of them (as ``verify``)."""
-    from rocm_vit.cli.workload import bench_graph_options, build_tower, random_pixels, random_workloads
+    from rocm_vit.workloads.workload import bench_graph_options, build_tower, random_pixels, random_workloads
 
     device = torch.device("cuda")
     tower = build_tower(preset_name, device, torch.bfloat16, None, seed)

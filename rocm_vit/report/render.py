@@ -277,7 +277,7 @@ def _graph_memory(document: dict[str, Any]) -> list[str]:
 
 
 def _graph_admission(document: dict[str, Any]) -> list[str]:
-    from rocm_vit.cli.traffic import sighting_lines
+    from rocm_vit.workloads.traffic import sighting_lines
 
     section = document["sections"]["graph_admission"]
     data = section.get("data")
@@ -325,9 +325,9 @@ def _logs(document: dict[str, Any]) -> list[str]:
 def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callable[[dict], bool] | None, str]:
     """Whether the policy replays a bench row (a layout seen twice): within max tokens, where its cost
     model predicts a saving at this host's launch time, from the smallest layout's eager call and replay."""
-    from rocm_vit.cli.workload import parse_layouts, segment_lengths
     from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel, launch_from_call
     from rocm_vit.models import preset
+    from rocm_vit.workloads.workload import parse_layouts, segment_lengths
 
     doctor = document["sections"]["doctor"].get("data") or {}
     try:

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from rocm_vit.attention import get_backend
-from rocm_vit.cli.workload import Workload, random_workloads
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import VisionTower, preset, tower_class
 from rocm_vit.models.side_stream import SideStream
 from rocm_vit.platform import current_platform
+from rocm_vit.workloads.workload import Workload, random_workloads
 
 pytestmark = pytest.mark.gpu
 

@@ -22,9 +22,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from rocm_vit.cli.workload import pixels_to_grid
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.models import VisionTower, preset, tower_class
+from rocm_vit.workloads.workload import pixels_to_grid
 
 pytestmark = pytest.mark.gpu
 

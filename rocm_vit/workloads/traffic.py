@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocm_vit.cli.workload import GridTHW, segment_lengths
+from rocm_vit.workloads.workload import GridTHW, segment_lengths
 
 PATCH = 16
 FACTOR = 32  # patch x spatial merge
@@ -110,6 +110,19 @@ def standard_streams(calls: int, seed: int) -> list[Stream]:
         repeated_stream("1 x 1080p per call", 1, 1920, 1080, max(1, calls // 4)),
         video_stream(max(1, calls // 4), seed),
     ]
+
+
+# How much slower than all-eager graphs may make a stream: on the mean and at p90.
+MEAN_SLOWER_LIMIT = 1.01
+P90_SLOWER_LIMIT = 1.02
+
+
+def slower_than_eager(eager: dict[str, Any], graphs: dict[str, Any]) -> bool:
+    """Whether summaries of the same calls under graphs are past the limits against all-eager."""
+    return (
+        graphs["mean_ms"] > MEAN_SLOWER_LIMIT * eager["mean_ms"]
+        or graphs["p90_ms"] > P90_SLOWER_LIMIT * eager["p90_ms"]
+    )
 
 
 def latency_summary(times: list[float]) -> dict[str, float]:

@@ -1,0 +1,195 @@
+"""Which calls of the graph runner get a graph: the deciding half of the runner, apart from the doing.
+
+``Admission.decide`` says why a call runs eagerly, or that its layout may be captured now. It counts
+each layout's calls (and halves the counts now and then, so old popularity fades), knows which
+layouts failed, chooses the graph to evict, and learns the host's launch time from timed eager runs,
+which the cost model needs (docs/design.md, "Runner"). It holds no tensor and touches no device:
+``runner.py`` captures, checks and replays, and reports back what happened.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
+from rocm_vit.layout import AttentionLayout
+
+# The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
+Agree = Callable[[list[int]], list[int]]
+
+# Layouts remembered while not (yet) captured, or as failed; bounded so endless new sizes stay flat.
+_MAX_TRACKED_LAYOUTS = 4096
+# Call counts are halved every this many calls per graph of capacity: old popularity fades.
+_AGING_CALLS_PER_GRAPH = 16
+# The launch time is the median host time of this many recent eager runs, once there are enough.
+_LAUNCH_SAMPLES = 64
+_MIN_LAUNCH_SAMPLES = 8
+_LAUNCH_REFRESH = 16
+# An eager run teaches the launch time where its layout's predicted device time is below half its
+# host time, or below 0.9 of the median host time of the layout's recent runs (docs/design.md,
+# "Runner"). A single run's own host time is not enough: on the H200, 1 x 1.3 MP (19.7 ms
+# predicted) ran in 18.4 ms, and the runs that noise made slower than 21.9 taught a launch time of
+# 23.8 ms; 6 x 640x360 (11.6 predicted) runs in 13.6 on the host, launch-bound, and so does its median.
+_LAUNCH_BOUND_SHARE = 0.9
+_CLEARLY_LAUNCH_BOUND_SHARE = 0.5
+_LAYOUT_RUNS_KEPT = 5  # recent host times per layout
+_LAYOUT_RUNS_NEEDED = 3
+_LAYOUTS_TIMED_KEPT = 256
+
+
+class Admission:
+    """Decisions of one runner. ``cost_model=None``: every layout within the limits is worth a graph
+    at its ``min_hits``-th call. ``agree``: makes ranks that must decide alike agree on the launch time
+    (identity for one process)."""
+
+    def __init__(
+        self, *, capacity: int, min_hits: int, max_tokens: int, cost_model: CostModel | None, agree: Agree
+    ) -> None:
+        self.capacity = capacity
+        self.min_hits = min_hits
+        self.max_tokens = max_tokens
+        self.cost_model = cost_model
+        self._agree = agree
+        self._hits: OrderedDict[Hashable, int] = OrderedDict()  # calls of layouts without a graph
+        # Calls of layouts with a graph, from before their capture; least recently used first.
+        self._uses: OrderedDict[Hashable, int] = OrderedDict()
+        self._failed: OrderedDict[Hashable, str] = OrderedDict()  # key -> capture_failed / capture_unverified
+        self._calls = 0
+        # Token count from which a capture was measured, alone in an empty pool, over the budget.
+        self._over_budget_tokens: int | None = None
+        self._lock = threading.Lock()  # eager runs are timed outside the runner's lock
+        self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
+        self._launch_samples_seen = 0
+        self._layout_host_ms: OrderedDict[Hashable, deque[float]] = OrderedDict()  # recent runs, by layout
+        # The launch time agreed across ranks, and how many samples had been seen then.
+        self._launch_agreed: tuple[float, int] | None = None
+
+    def decide(self, key: Hashable, layout: AttentionLayout) -> str | None:
+        """Why a call of ``layout`` (graph key ``key``) without a graph runs eagerly now (one of
+        ``EAGER_REASONS``), or ``None`` when it may be captured. Counts the call."""
+        tokens = layout.num_patches
+        if key in self._failed:
+            return self._failed[key]
+        if self._over_budget_tokens is not None and tokens >= self._over_budget_tokens:
+            return "over_budget"
+        if self.capacity == 0:
+            return "over_capacity"
+        if tokens > self.max_tokens:
+            return "over_max_tokens"
+        saving_ms = self._predicted_saving_ms(layout)
+        if saving_ms is not None and saving_ms <= 0:
+            return "no_saving"  # under MIN_SAVING_SHARE of the eager call: the model's error margin
+        hits = self._hits.pop(key, 0) + 1
+        self._hits[key] = hits
+        if len(self._hits) > _MAX_TRACKED_LAYOUTS:
+            self._hits.popitem(last=False)
+        # A padded graph serves every layout of its bucket: worth capturing at the bucket's first call.
+        if hits < (1 if layout.offsets_per_call else self.min_hits):
+            return "below_min_hits"
+        exact = saving_ms is not None and not layout.offsets_per_call
+        if exact and hits * saving_ms < PAYBACK_SHARE * self.cost_model.capture_ms:
+            return "below_payback"
+        if self.cost_model is not None and len(self._uses) >= self.capacity and hits <= self._uses[self.least_used()]:
+            return "over_capacity"  # every graph held is called at least as often
+        return None
+
+    def called(self) -> None:
+        """One more call of any kind: halve every call count once per period, so what was popular
+        long ago makes way."""
+        self._calls += 1
+        if self._calls % (_AGING_CALLS_PER_GRAPH * max(1, self.capacity)):
+            return
+        for counts in (self._uses, self._hits):
+            for key in counts:
+                counts[key] //= 2
+
+    def captured(self, key: Hashable) -> None:
+        """``key`` has a graph now: its calls so far count as its uses."""
+        self._uses[key] = self._hits.pop(key, 1)
+
+    def replayed(self, key: Hashable) -> None:
+        self._uses[key] += 1
+        self._uses.move_to_end(key)
+
+    def dropped(self, key: Hashable) -> None:
+        """``key``'s graph is gone (evicted, released, or not kept)."""
+        del self._uses[key]
+
+    def failed(self, key: Hashable, reason: str) -> None:
+        """``key``'s capture failed or was not verified: it runs eagerly for good, for ``reason``."""
+        self._hits.pop(key, None)
+        self._failed[key] = reason
+        if len(self._failed) > _MAX_TRACKED_LAYOUTS:
+            self._failed.popitem(last=False)
+
+    def over_budget_from(self, tokens: int) -> None:
+        """A capture of ``tokens`` alone in an empty pool was over the budget: none that large again."""
+        self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
+
+    def least_used(self) -> Hashable:
+        """The held graph called least often (the least recently used among equals): the one to evict."""
+        return min(self._uses, key=self._uses.__getitem__)
+
+    def timed(self, layout: AttentionLayout, host_ms: float) -> None:
+        """An eager run of ``layout`` took ``host_ms`` on the host: a launch-time sample if it was
+        launch-bound (every run without a cost model). Safe from any thread."""
+        with self._lock:
+            if self.cost_model is None or self._launch_bound(layout, host_ms, self._recent_runs(layout, host_ms)):
+                self._launch_samples.append(host_ms)
+            self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
+
+    def launch_ms(self) -> float:
+        """The host's launch time of an eager run: the median of recent ones, agreed across ranks
+        once enough were seen and again every ``_LAUNCH_REFRESH`` more (a collective per admission
+        would cost every eager call; ranks see the same calls, so they agree at the same one)."""
+        seen = self._launch_samples_seen
+        due = self._launch_agreed is None or seen - self._launch_agreed[1] >= _LAUNCH_REFRESH
+        if seen >= _MIN_LAUNCH_SAMPLES and due:
+            with self._lock:
+                samples = list(self._launch_samples) or [self.cost_model.launch_ms]  # none launch-bound yet
+            microseconds = round(statistics.median(samples) * 1e3)
+            self._launch_agreed = (self._agree([microseconds])[0] / 1e3, seen)
+        return self.cost_model.launch_ms if self._launch_agreed is None else self._launch_agreed[0]
+
+    def stats(self) -> dict[str, Any]:
+        """What ``ViTGraphRunner.stats`` reports of admission; runs no collective."""
+        launch_ms = self._launch_agreed[0] if self._launch_agreed else getattr(self.cost_model, "launch_ms", None)
+        return {
+            "failed_layouts": len(self._failed),
+            "over_budget_from_tokens": self._over_budget_tokens,
+            "capacity": self.capacity,
+            "min_hits": self.min_hits,
+            "max_tokens": self.max_tokens,
+            "launch_ms": launch_ms,
+        }
+
+    def _predicted_saving_ms(self, layout: AttentionLayout) -> float | None:
+        """What a replay of ``layout`` saves at this host's launch time by the cost model
+        (``capturable_saving_ms``); ``None`` without a model."""
+        if self.cost_model is None:
+            return None
+        model = self.cost_model.with_launch_ms(self.launch_ms())
+        return model.capturable_saving_ms(layout.segmentations["full"].seq_lens)
+
+    def _recent_runs(self, layout: AttentionLayout, host_ms: float) -> Sequence[float]:
+        """The host ms of ``layout``'s last runs, this one included (bounded, by layout)."""
+        runs = self._layout_host_ms.pop(layout.graph_key, None) or deque(maxlen=_LAYOUT_RUNS_KEPT)
+        runs.append(host_ms)
+        self._layout_host_ms[layout.graph_key] = runs  # most recent last
+        if len(self._layout_host_ms) > _LAYOUTS_TIMED_KEPT:
+            self._layout_host_ms.popitem(last=False)
+        return runs
+
+    def _launch_bound(self, layout: AttentionLayout, host_ms: float, runs: Sequence[float]) -> bool:
+        """Whether an eager run of ``layout`` that took ``host_ms`` timed the host's launches: its
+        predicted device time is well below that, or below what the layout's recent runs typically
+        took (a device-bound call's host time is its device time, as the host waits for the launch
+        queue; judged by one run, noise would pass the slow ones); ``runs``: its recent host ms."""
+        device_ms = self.cost_model.device_ms(layout.segmentations["full"].seq_lens)
+        if device_ms < _CLEARLY_LAUNCH_BOUND_SHARE * host_ms:
+            return True
+        return len(runs) >= _LAYOUT_RUNS_NEEDED and device_ms < _LAUNCH_BOUND_SHARE * statistics.median(runs)
