@@ -25,6 +25,8 @@ import torch
 
 from rocm_vit.backend_requirements import REQUIREMENTS, backend_unavailable_reason
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, fit_cost_model
+from rocm_vit.graphs.options import RunnerOptions
+from rocm_vit.graphs.padding import Padding
 from rocm_vit.platform import Facts, platform_info
 from rocm_vit.profile import (
     PROFILE_ENV,
@@ -231,6 +233,41 @@ def resolve_policy(
         graph_cost=_graph_cost(profile),
         gluon_consumers=_gluon_consumers(profile),
         profile=Choice(profile, profile_status or ("none" if profile is None else profile.path)),
+    )
+
+
+def runner_options(
+    policy: Policy | None,
+    settings: Settings,
+    blocks: int,
+    *,
+    takes_device_offsets: bool,
+    padded: bool | None = None,
+    by_benefit: bool = True,
+) -> RunnerOptions:
+    """The graph runner's options for a tower of ``blocks`` blocks: the one builder, for
+    ``VisionTower.enable_graphs`` and the SGLang adapter alike.
+
+    Limits from ``settings`` (``SGLANG_VIT_CUDA_GRAPH_*``), max tokens (unless the settings name it)
+    and cost model from ``policy`` (``None``: the defaults, for a server whose policy did not
+    resolve). ``by_benefit=False``: no cost model, every layout within the limits (``bench``,
+    ``verify``). Padding where the attention
+    backend takes its offsets on the device alone (a padded layout's change per call) and ``padded``
+    says (``None``: ``SGLANG_VIT_CUDA_GRAPH_PADDING`` where admission is by benefit)."""
+    if settings.graph_max_tokens is not None:  # these settings, also where the policy was resolved earlier
+        max_tokens = settings.graph_max_tokens
+    else:
+        max_tokens = DEFAULT_MAX_TOKENS if policy is None else policy.graph_max_tokens.value
+    model = (CostModel() if policy is None else policy.graph_cost.value).for_blocks(blocks)
+    pads = (settings.graph_padding and by_benefit) if padded is None else padded
+    budget_mb = settings.graph_memory_budget_mb
+    return RunnerOptions(
+        capacity=settings.graph_cache_capacity,
+        min_hits=settings.graph_min_hits,
+        max_tokens=max_tokens,
+        budget_bytes=None if budget_mb is None else budget_mb << 20,
+        cost_model=model if by_benefit else None,
+        padding=Padding(model, max_tokens) if pads and takes_device_offsets else None,
     )
 
 

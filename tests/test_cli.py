@@ -61,6 +61,10 @@ def test_doctor_json_reports_every_section(capsys: pytest.CaptureFixture[str]) -
     assert padding["per_layout"]["1x4920 (a 1.3 MP photo)"] == "as it is"  # device-bound: nothing to save
     # 252 of 256 first, one image and two
     assert padding["captured_at_start"].startswith("25 calls (patches): 14x18, 14x8 + 14x10, 12x26, ")
+    runner = policy["graph_runner"]  # RunnerOptions as the policy builds them for SGLang's Qwen3-VL-8B
+    assert (runner["capacity"], runner["min_hits"], runner["max_tokens"]) == (32, 2, 8192)
+    assert runner["admission"].startswith("by the cost model (27 blocks")
+    assert runner["padding"] == f"buckets {bucket_ladder(8192)}"
 
 
 def test_doctor_shows_sglang_and_rocm_vit_environment(

@@ -1258,3 +1258,19 @@ def test_the_collector_stays_off_until_the_last_of_overlapping_captures_ends() -
     thread.join(10)
     assert seen == [False, False]
     assert gc.isenabled()
+
+
+def test_a_tower_takes_its_runner_options_from_the_builder_the_sglang_adapter_uses(monkeypatch) -> None:
+    """``VisionTower.enable_graphs`` and the adapter build their options in one place
+    (``rocm_vit.policy.runner_options``): the SGLANG_VIT_CUDA_GRAPH_* limits reach a tower too, and
+    arguments given to ``enable_graphs`` win."""
+    from rocm_vit.workloads.workload import build_tower
+
+    monkeypatch.setenv("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "5")
+    monkeypatch.setenv("SGLANG_VIT_CUDA_GRAPH_MIN_HITS", "3")
+    monkeypatch.setenv("SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB", "64")
+    tower = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
+    runner = tower.enable_graphs()
+    assert (runner.capacity, runner.min_hits, runner.stats()["budget_bytes"]) == (5, 3, 64 << 20)
+    runner = tower.enable_graphs(capacity=9, max_tokens=512)
+    assert (runner.capacity, runner.min_hits, runner.max_tokens) == (9, 3, 512)

@@ -492,3 +492,50 @@ def test_a_named_auto_is_the_platforms_own_per_layout_rule(fake_platform):
     assert picked.name == "sdpa"
     on_rocm = resolve_policy(ROCM, Settings(attention_backend="auto", use_aiter=True)).attention
     assert (on_rocm.backend, on_rocm.rule.candidates) == ("auto", ("aiter_attn",))
+
+
+def test_runner_options_take_limits_from_settings_and_model_and_max_tokens_from_the_policy() -> None:
+    """One builder for towers and the SGLang adapter: the settings' limits, the policy's max tokens
+    and cost model (scaled to the tower's blocks), padding where the backend takes device offsets."""
+    settings = Settings(graph_cache_capacity=7, graph_min_hits=3, graph_memory_budget_mb=100, graph_max_tokens=4096)
+    resolved = resolve_policy(CUDA, settings)
+    options = policy.runner_options(resolved, settings, 12, takes_device_offsets=True)
+    assert (options.capacity, options.min_hits, options.max_tokens, options.budget_bytes) == (7, 3, 4096, 100 << 20)
+    assert options.cost_model == resolved.graph_cost.value.for_blocks(12)
+    assert options.padding is not None and options.padding.buckets[-1] < 4096
+    capped = options.with_max_tokens(1024)
+    assert capped.max_tokens == 1024 and capped.padding.buckets[-1] < 1024 and capped.capacity == 7
+
+
+@pytest.mark.parametrize(
+    ("takes_device_offsets", "padded", "by_benefit", "graph_padding", "pads", "has_model"),
+    [
+        (True, None, True, True, True, True),  # the serving default
+        (False, None, True, True, False, True),  # a backend that reads host lengths: exact layouts
+        (True, None, True, False, False, True),  # SGLANG_VIT_CUDA_GRAPH_PADDING=0
+        (True, None, False, True, False, False),  # bench and verify: every layout, exact
+        (True, True, False, True, True, False),  # verify --padded
+        (True, False, True, True, False, True),
+    ],
+)
+def test_runner_options_pad_where_asked_and_the_backend_takes_device_offsets(
+    takes_device_offsets: bool, padded: bool | None, by_benefit: bool, graph_padding: bool, pads: bool, has_model: bool
+) -> None:
+    settings = Settings(graph_padding=graph_padding)
+    options = policy.runner_options(
+        resolve_policy(CUDA, settings),
+        settings,
+        27,
+        takes_device_offsets=takes_device_offsets,
+        padded=padded,
+        by_benefit=by_benefit,
+    )
+    assert (options.padding is not None, options.cost_model is not None) == (pads, has_model)
+
+
+def test_runner_options_without_a_policy_are_the_defaults() -> None:
+    """A server whose policy does not resolve (a bad setting, logged) still serves, on the defaults."""
+    from rocm_vit.graphs.cost import CostModel
+
+    options = policy.runner_options(None, Settings(), 27, takes_device_offsets=True)
+    assert options.max_tokens == 8192 and options.cost_model == CostModel().for_blocks(27)

@@ -19,6 +19,7 @@ from rocm_vit.version import KEYED_DISTRIBUTIONS, installed_distribution
 
 if TYPE_CHECKING:  # the cost model imports torch: doctor imports it only where a section needs it
     from rocm_vit.graphs.cost import CostModel
+    from rocm_vit.policy import Policy
 
 NOT_INSTALLED = "not installed"
 
@@ -30,6 +31,7 @@ _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 }
 _ENV_PREFIXES = ("SGLANG_", "ROCM_VIT_")
 # Layouts whose kernel the report names, as Qwen3-VL patches them (16 pixels, default pixel limits).
+_RUNNER_PRESET = "qwen3-vl-8b"  # the tower the runner's options are shown for
 _EXAMPLE_LAYOUTS = {
     "1x196 (a 224x224 image)": (196,),
     "1x8160 (a 1080p screenshot)": (8160,),
@@ -166,11 +168,23 @@ def _policy() -> dict[str, Any]:
     }
     values["attention"]["known"] = sorted(BACKENDS)
     values["graph_padding"] = _padding_report(policy.graph_cost.value, policy.graph_max_tokens.value)
+    values["graph_runner"] = _runner_report(policy)
     if name not in BACKENDS:
         values["error"] = f"attention backend {name!r} is unknown"
     elif missing := REQUIREMENTS[name].unavailable_reason(policy.facts):
         values["error"] = f"attention backend {name!r} cannot run on {policy.facts.platform}: {missing}"
     return values
+
+
+def _runner_report(policy: Policy) -> dict[str, Any]:
+    """The graph runner's options (``rocm_vit.policy.runner_options``) for Qwen3-VL-8B under SGLang:
+    what a tower or the adapter is built with from these settings and this policy."""
+    from rocm_vit.policy import runner_options
+    from rocm_vit.settings import load_settings
+    from rocm_vit.tower_config import preset
+
+    options = runner_options(policy, load_settings(), preset(_RUNNER_PRESET).depth, takes_device_offsets=True)
+    return {"for": f"{_RUNNER_PRESET} under SGLang", **options.report()}
 
 
 def _padding_report(cost_model: CostModel, max_tokens: int) -> dict[str, Any]:

@@ -28,11 +28,12 @@ from torch import nn
 
 from rocm_vit.attention import AttentionBackend, AttnArgs, LayerArgs, get_backend
 from rocm_vit.fusion import add_norm
-from rocm_vit.graphs import DEFAULT_CAPACITY, DEFAULT_MIN_HITS, ViTGraphRunner
-from rocm_vit.graphs.padding import Padding, bucket_calls
+from rocm_vit.graphs import ViTGraphRunner
+from rocm_vit.graphs.padding import bucket_calls
 from rocm_vit.layout import VisionLayout, host_grid_thw
-from rocm_vit.policy import active_policy
+from rocm_vit.policy import active_policy, runner_options
 from rocm_vit.rotary import apply_rotary
+from rocm_vit.settings import load_settings
 from rocm_vit.tower_config import TowerConfig
 
 logger = logging.getLogger(__name__)
@@ -172,45 +173,47 @@ class VisionTower(nn.Module, ABC):
 
     def enable_graphs(
         self,
-        capacity: int = DEFAULT_CAPACITY,
-        min_hits: int = DEFAULT_MIN_HITS,
+        capacity: int | None = None,
+        min_hits: int | None = None,
         max_tokens: int | None = None,
         budget_bytes: int | None = None,
         by_benefit: bool = True,
         padded: bool | None = None,
-        **runner_options: Any,
+        **runner_extras: Any,
     ) -> ViTGraphRunner:
         """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
 
-        ``max_tokens=None``: the policy's (8192 unless set); ``budget_bytes=None``: the runner's default.
-        ``by_benefit``: capture only what the policy's cost model predicts a replay saves time on, once
-        its calls repay a share of the capture, at capacity only layouts called more often than the
-        least used graph (``False``: every layout within the limits, as ``bench`` and ``verify`` need;
-        the limits: docs/design.md, "Runner"). Captures run inside the call that triggers them.
-        ``padded`` (``None``: as ``by_benefit``; only where the attention backend takes device offsets
+        Its options come from ``rocm_vit.policy.runner_options``, as the SGLang adapter's do (the
+        ``SGLANG_VIT_CUDA_GRAPH_*`` settings and the policy); ``capacity``, ``min_hits``,
+        ``max_tokens`` and ``budget_bytes`` replace them where given. ``by_benefit``: capture only
+        what the policy's cost model predicts a replay saves time on, once its calls repay a share of
+        the capture, at capacity only layouts called more often than the least used graph (``False``:
+        every layout within the limits, as ``bench`` and ``verify`` need; the limits: docs/design.md,
+        "Runner"). Captures run inside the call that triggers them. ``padded`` (``None``: the
+        settings' padding where ``by_benefit``; only where the attention backend takes device offsets
         alone): calls of a layout the policy's cost model says pays padded run padded to a bucket of
         tokens, eager or replayed, so layouts that never repeat share a graph (docs/design.md,
-        "Padding").
-        ``runner_options`` go to the runner (``mechanism``, ``agree_max``). On a CPU tower the
-        runner serves every call eagerly and logs that once.
+        "Padding"). ``runner_extras`` go to the runner (``mechanism``, ``agree_max``). On a CPU tower
+        the runner serves every call eagerly and logs that once.
         """
-        max_tokens = active_policy().graph_max_tokens.value if max_tokens is None else max_tokens
-        model = active_policy().graph_cost.value.for_blocks(self.config.depth)
-        cost_model = model if by_benefit else None
-        padding = None
-        if (by_benefit if padded is None else padded) and self.attention.reads_offsets_on_device:
-            padding = Padding(model, max_tokens)
+        options = runner_options(
+            active_policy(),
+            load_settings(),
+            self.config.depth,
+            takes_device_offsets=self.attention.reads_offsets_on_device,
+            padded=padded,
+            by_benefit=by_benefit,
+        )
+        if max_tokens is not None:
+            options = options.with_max_tokens(max_tokens)
+        given = {"capacity": capacity, "min_hits": min_hits, "budget_bytes": budget_bytes}
+        options = dataclasses.replace(options, **{name: value for name, value in given.items() if value is not None})
         self._graph_runner = ViTGraphRunner(
             self.encode,
             self.attention.layout_args,
-            capacity=capacity,
-            min_hits=min_hits,
-            max_tokens=max_tokens,
-            budget_bytes=budget_bytes,
-            cost_model=cost_model,
-            padding=padding,
             prepare_capture=self.prepare_capture,  # on the runner's stream, before the pool takes memory
-            **runner_options,
+            **options.runner_kwargs(),
+            **runner_extras,
         )
         return self._graph_runner
 

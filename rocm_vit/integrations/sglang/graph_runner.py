@@ -30,14 +30,13 @@ import torch
 from torch import nn
 
 from rocm_vit.attention import VarlenArgs
-from rocm_vit.graphs import DEFAULT_MAX_TOKENS, GraphMechanism, ViTGraphRunner
-from rocm_vit.graphs.cost import CostModel
-from rocm_vit.graphs.padding import Padding, bucket_calls
+from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
+from rocm_vit.graphs.padding import bucket_calls
 from rocm_vit.graphs.ranks import group_max
 from rocm_vit.graphs.runner import AgreeMax
 from rocm_vit.integrations.sglang.imports import original
 from rocm_vit.layout import AttentionLayout
-from rocm_vit.policy import active_policy
+from rocm_vit.policy import Policy, active_policy, runner_options
 from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
@@ -166,26 +165,22 @@ class ViTGraphRunnerAdapter:
         # Qwen2.5-VL: blocks in fullatt_block_indexes attend within whole items, the others within
         # windows; its blocks take rotary as ``position_embeddings=(cos, sin)``.
         self._windowed = getattr(vit, "fullatt_block_indexes", None) is not None
-        budget_mb = settings.graph_memory_budget_mb
-        max_tokens, cost_model = _graph_max_tokens(settings), _cost_model(len(vit.blocks))
+        # Every backend of SGLANG_GRAPH_ARGS reads its offsets on the device alone: padding applies.
+        options = runner_options(_policy(), settings, len(vit.blocks), takes_device_offsets=True)
         group = agreement_group(vit)
         if group is not None:
-            max_tokens, problem = _custom_all_reduce_tokens(vit, group, max_tokens)
+            max_tokens, problem = _custom_all_reduce_tokens(vit, group, options.max_tokens)
             if problem is not None:
                 return None, problem
+            options = options.with_max_tokens(max_tokens)
             self._agree = group_max(group.cpu_group)
         try:
             runner = ViTGraphRunner(
                 functools.partial(self._forward_blocks, spec),
                 _segment_args,
-                capacity=settings.graph_cache_capacity,
-                min_hits=settings.graph_min_hits,
-                max_tokens=max_tokens,
-                cost_model=cost_model,
-                padding=Padding(cost_model, max_tokens) if settings.graph_padding else None,
-                budget_bytes=None if budget_mb is None else budget_mb << 20,
                 mechanism=mechanism,
                 agree_max=self._agree,
+                **options.runner_kwargs(),
             )
         except ValueError as error:
             return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
@@ -335,33 +330,50 @@ class ViTGraphRunnerAdapter:
         Each block gets the offsets tensor and SGLang's precomputed metadata of the segmentation it
         attends within; the longest segment comes from the host layout key where SGLang passed one.
         """
-        vit = self.vit
-        if self._takes_position_embeddings:
-            rotary = {"position_embeddings": position_embeddings}
-        else:
-            rotary = {"rotary_pos_emb_cos": rotary_pos_emb_cos, "rotary_pos_emb_sin": rotary_pos_emb_sin}
         key = attention_layout_key if isinstance(attention_layout_key, tuple) else ()
         segmentations = {"full": (cu_seqlens, key[0] if len(key) > 0 else None)}
         if cu_window_seqlens is not None:
             segmentations["window"] = (cu_window_seqlens, key[1] if len(key) > 1 else None)
         from sglang.srt.layers.attention.vision import prepare_vision_attention_metadata
 
-        metadata = {
-            name: (offsets, prepare_vision_attention_metadata(offsets, offsets.device, max_seqlen=_longest(host)))
-            for name, (offsets, host) in segmentations.items()
-        }
+        block_args = {}
+        for name, (offsets, host) in segmentations.items():
+            metadata = prepare_vision_attention_metadata(offsets, offsets.device, max_seqlen=_longest(host))
+            block_args[name] = {"cu_seqlens": offsets, "forward_metadata": metadata}
+        rotary = self._rotary_kwargs(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
+        merged = self._run_blocks(x, block_args, rotary)
+        return merged if output_indices is None else merged.index_select(0, output_indices)
+
+    def _run_blocks(
+        self, x: torch.Tensor, block_args: Mapping[str, Mapping[str, Any]], rotary: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """SGLang's block loop, its deepstack taps, the merger and the concatenation: what the eager
+        path (``_eager``) and the graph path (``_forward_blocks``) share. ``block_args``: per
+        segmentation (``"full"``, Qwen2.5-VL's ``"window"``), the keyword arguments a block attending
+        within it takes; ``rotary``: the rotary keyword arguments every block takes."""
+        vit = self.vit
         hidden = x.unsqueeze(1)  # SGLang's blocks take [S, B=1, hidden]
         deepstack = []
         for index, block in enumerate(vit.blocks):
-            windowed = "window" in metadata and index not in self._full_attention_blocks
-            offsets, block_metadata = metadata["window" if windowed else "full"]
-            hidden = block(hidden, cu_seqlens=offsets, forward_metadata=block_metadata, **rotary)
+            windowed = "window" in block_args and index not in self._full_attention_blocks
+            hidden = block(hidden, **block_args["window" if windowed else "full"], **rotary)
             slot = self._deepstack_slots.get(index)
             if slot is not None:
                 deepstack.append(vit.deepstack_merger_list[slot](hidden))
         merged = vit.merger(hidden)
-        merged = torch.cat([merged, *deepstack], dim=1) if deepstack else merged
-        return merged if output_indices is None else merged.index_select(0, output_indices)
+        return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
+
+    def _rotary_kwargs(
+        self,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+    ) -> dict[str, Any]:
+        """The rotary as this tower's blocks take it: Qwen2.5-VL's ``position_embeddings=(cos, sin)``,
+        Qwen3-VL's ``rotary_pos_emb_cos`` and ``rotary_pos_emb_sin``."""
+        if self._takes_position_embeddings:
+            return {"position_embeddings": position_embeddings}
+        return {"rotary_pos_emb_cos": cos, "rotary_pos_emb_sin": sin}
 
     def _rotary(
         self,
@@ -386,29 +398,13 @@ class ViTGraphRunnerAdapter:
 
         ``attn_args`` is ``_segment_args``'s; each block gets its segmentation's in SGLang's list shape.
         """
-        vit = self.vit
-        cu_seqlens = {name: spec.build(args) for name, args in attn_args.items()}
         output_ws = None
         if spec.output_workspace:
-            attn = vit.blocks[0].attn
+            attn = self.vit.blocks[0].attn
             shape = (x.shape[0], attn.num_attention_heads_per_partition, attn.head_size)
             output_ws = torch.empty(shape, dtype=x.dtype, device=x.device)
-        if self._takes_position_embeddings:
-            rotary = {"position_embeddings": (cos, sin)}
-        else:
-            rotary = {"rotary_pos_emb_cos": cos, "rotary_pos_emb_sin": sin}
-        hidden = x.unsqueeze(1)  # SGLang's blocks take [S, B=1, hidden]
-        deepstack = []
-        for index, block in enumerate(vit.blocks):
-            windowed = "window" in cu_seqlens and index not in self._full_attention_blocks
-            hidden = block(
-                hidden, cu_seqlens=cu_seqlens["window" if windowed else "full"], output_ws=output_ws, **rotary
-            )
-            slot = self._deepstack_slots.get(index)
-            if slot is not None:
-                deepstack.append(vit.deepstack_merger_list[slot](hidden))
-        merged = vit.merger(hidden)
-        return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
+        block_args = {name: {"cu_seqlens": spec.build(one), "output_ws": output_ws} for name, one in attn_args.items()}
+        return self._run_blocks(x, block_args, self._rotary_kwargs((cos, sin), cos, sin))
 
     def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> AttentionLayout:
         # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
@@ -604,25 +600,13 @@ def _warn_device_read() -> None:
     )
 
 
-def _cost_model(blocks: int) -> CostModel:
-    """The policy's model of what a replay saves, for ``blocks`` blocks (the default on a bad setting)."""
+def _policy() -> Policy | None:
+    """The active policy, or ``None`` (the defaults) where a setting makes it fail: serving goes on."""
     try:
-        model = active_policy().graph_cost.value
+        return active_policy()
     except ValueError as error:
-        logger.error("rocm-vit graph runner: %s; using the default cost model", error)
-        model = CostModel()
-    return model.for_blocks(blocks)
-
-
-def _graph_max_tokens(settings: Settings) -> int:
-    """``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS``, else the policy's max tokens (8192 unless set)."""
-    if settings.graph_max_tokens is not None:
-        return settings.graph_max_tokens
-    try:
-        return active_policy().graph_max_tokens.value
-    except ValueError as error:
-        logger.error("rocm-vit graph runner: %s; using the default max tokens", error)
-        return DEFAULT_MAX_TOKENS
+        logger.error("rocm-vit graph runner: %s; using the default max tokens and cost model", error)
+        return None
 
 
 def _settings() -> Settings:

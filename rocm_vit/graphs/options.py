@@ -1,0 +1,53 @@
+"""What a ``ViTGraphRunner`` is built with, besides the tower's callables: one value, one builder.
+
+``rocm_vit.policy.runner_options`` builds it from the settings, the policy and the tower, for
+``VisionTower.enable_graphs`` and the SGLang adapter alike; ``rocm-vit doctor`` prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from rocm_vit.graphs.cost import CostModel
+from rocm_vit.graphs.padding import Padding
+from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_HITS
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """``capacity`` graphs at most, captured at a layout's ``min_hits``-th call, calls of at most
+    ``max_tokens`` patches (also the staging's rows), memory within ``budget_bytes`` (``None``: 1/64
+    of the device), admission by ``cost_model`` (``None``: every layout within the limits), padded
+    buckets by ``padding`` (``None``: exact layouts only). Meanings: docs/design.md, "Runner"."""
+
+    capacity: int = DEFAULT_CAPACITY
+    min_hits: int = DEFAULT_MIN_HITS
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    budget_bytes: int | None = None
+    cost_model: CostModel | None = None
+    padding: Padding | None = None
+
+    def with_max_tokens(self, max_tokens: int) -> RunnerOptions:
+        """These options for calls of at most ``max_tokens`` patches: the padding's buckets follow."""
+        padding = None if self.padding is None else Padding(self.padding.cost_model, max_tokens)
+        return dataclasses.replace(self, max_tokens=max_tokens, padding=padding)
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        """The runner's keyword arguments."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    def report(self) -> dict[str, Any]:
+        """For ``rocm-vit doctor``: plain values, the cost model by its launch time and blocks."""
+        model = self.cost_model
+        return {
+            "capacity": self.capacity,
+            "min_hits": self.min_hits,
+            "max_tokens": self.max_tokens,
+            "budget_bytes": "1/64 of the device, 256 MiB .. 4 GiB" if self.budget_bytes is None else self.budget_bytes,
+            "admission": "every layout within the limits"
+            if model is None
+            else f"by the cost model ({model.blocks} blocks, launch {model.launch_ms} ms until measured)",
+            "padding": "exact layouts only" if self.padding is None else f"buckets {self.padding.buckets}",
+        }
