@@ -22,9 +22,8 @@ from collections.abc import Callable
 
 import torch
 
+from rocm_vit.layout import GridTHW
 from rocm_vit.workloads.workload import KernelTimer, int_list
-
-GridTHW = tuple[int, int, int]
 
 LAYOUTS: dict[str, list[GridTHW]] = {
     "1x1024": [(1, 32, 32)],

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from rocm_vit.cli.bench_attention import LAYOUTS as BENCH_ATTN_LAYOUTS
-from rocm_vit.layout import VisionLayout
+from rocm_vit.layout import GridTHW, VisionLayout
 from rocm_vit.models import preset, preset_names
 from rocm_vit.platform import PlatformInfo, platform_info
 from rocm_vit.policy import (
@@ -54,8 +54,6 @@ from rocm_vit.workloads.workload import (
     progress,
     random_pixels,
 )
-
-GridTHW = tuple[int, int, int]
 
 # Attention layouts: bench-attn's, the small images a serving mix is mostly made of, video frames,
 # and lengths that are not whole 128-token tiles (most real images; cuDNN's speed depends on it).

@@ -17,6 +17,7 @@ from typing import Any
 
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
 from rocm_vit.layout import AttentionLayout
+from rocm_vit.recent import remember
 
 # The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
 Agree = Callable[[list[int]], list[int]]
@@ -83,10 +84,7 @@ class Admission:
         saving_ms = self._predicted_saving_ms(layout)
         if saving_ms is not None and saving_ms <= 0:
             return "no_saving"  # under MIN_SAVING_SHARE of the eager call: the model's error margin
-        hits = self._hits.pop(key, 0) + 1
-        self._hits[key] = hits
-        if len(self._hits) > _MAX_TRACKED_LAYOUTS:
-            self._hits.popitem(last=False)
+        hits = remember(self._hits, key, self._hits.get(key, 0) + 1, _MAX_TRACKED_LAYOUTS)
         # A padded graph serves every layout of its bucket: worth capturing at the bucket's first call.
         if hits < (1 if layout.offsets_per_call else self.min_hits):
             return "below_min_hits"
@@ -122,9 +120,7 @@ class Admission:
     def failed(self, key: Hashable, reason: str) -> None:
         """``key``'s capture failed or was not verified: it runs eagerly for good, for ``reason``."""
         self._hits.pop(key, None)
-        self._failed[key] = reason
-        if len(self._failed) > _MAX_TRACKED_LAYOUTS:
-            self._failed.popitem(last=False)
+        remember(self._failed, key, reason, _MAX_TRACKED_LAYOUTS)
 
     def over_budget_from(self, tokens: int) -> None:
         """A capture of ``tokens`` alone in an empty pool was over the budget: none that large again."""
@@ -177,12 +173,9 @@ class Admission:
 
     def _recent_runs(self, layout: AttentionLayout, host_ms: float) -> Sequence[float]:
         """The host ms of ``layout``'s last runs, this one included (bounded, by layout)."""
-        runs = self._layout_host_ms.pop(layout.graph_key, None) or deque(maxlen=_LAYOUT_RUNS_KEPT)
-        runs.append(host_ms)
-        self._layout_host_ms[layout.graph_key] = runs  # most recent last
-        if len(self._layout_host_ms) > _LAYOUTS_TIMED_KEPT:
-            self._layout_host_ms.popitem(last=False)
-        return runs
+        runs = self._layout_host_ms.get(layout.graph_key) or deque(maxlen=_LAYOUT_RUNS_KEPT)
+        runs.append(host_ms)  # most recent last
+        return remember(self._layout_host_ms, layout.graph_key, runs, _LAYOUTS_TIMED_KEPT)
 
     def _launch_bound(self, layout: AttentionLayout, host_ms: float, runs: Sequence[float]) -> bool:
         """Whether an eager run of ``layout`` that took ``host_ms`` timed the host's launches: its

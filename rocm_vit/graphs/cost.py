@@ -80,10 +80,14 @@ class CostModel:
         return self.eager_ms(seq_lens) - self.replay_ms(seq_lens)
 
     def capturable_saving_ms(self, seq_lens: Sequence[int]) -> float:
-        """``saving_ms`` where it is over ``MIN_SAVING_SHARE`` of the eager call, else 0: what
-        admission counts a graph of this layout to save."""
-        saving = self.saving_ms(seq_lens)
-        return saving if saving > MIN_SAVING_SHARE * self.eager_ms(seq_lens) else 0.0
+        """What admission counts a graph of this layout to save (``capturable``)."""
+        return capturable(self.saving_ms(seq_lens), self.eager_ms(seq_lens))
+
+
+def capturable(saving_ms: float, eager_ms: float) -> float:
+    """``saving_ms`` where it is over ``MIN_SAVING_SHARE`` of the eager call's ``eager_ms``, else 0:
+    the one rule of what a graph, exact or padded, is worth capturing for."""
+    return saving_ms if saving_ms > MIN_SAVING_SHARE * eager_ms else 0.0
 
 
 def fit_cost_model(timings: Sequence[tuple[int, float, float]], blocks: int) -> CostModel | None:

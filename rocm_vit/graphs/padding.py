@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
+from rocm_vit.graphs.cost import CostModel, capturable
 from rocm_vit.layout import AttentionLayout, GridTHW, PaddedLayout, VisionLayout
 
 # Bucket sizes: from FIRST_BUCKET, each at most LADDER_RATIO times the last (or one GRANULE more), in
@@ -27,7 +27,7 @@ LADDER_RATIO = 1.3
 GRANULE = 64
 # A layout is padded only where the padded replay keeps at least this share of what a replay of the
 # exact layout would save (a repeated layout near a bucket's top keeps its own graph instead), and
-# MIN_SAVING_SHARE of the eager call, as admission asks.
+# is worth capturing by the rule admission applies (``capturable``).
 MIN_KEPT_SAVING = 0.7
 # Decisions remembered, by exact layout: a repeated layout gets the same PaddedLayout, whose offsets
 # reach the device once, not at every call. Bounded so endless new sizes stay flat.
@@ -81,8 +81,8 @@ class Padding:
         padded_lens = (*seq_lens, bucket - tokens)
         model = self.cost_model
         eager_ms = model.eager_ms(seq_lens)
-        saving = eager_ms - model.replay_ms(padded_lens)
-        if saving <= MIN_SAVING_SHARE * eager_ms or saving < MIN_KEPT_SAVING * model.saving_ms(seq_lens):
+        saving = capturable(eager_ms - model.replay_ms(padded_lens), eager_ms)
+        if saving <= 0 or saving < MIN_KEPT_SAVING * model.saving_ms(seq_lens):
             return None
         return PaddedLayout(layout, bucket)
 

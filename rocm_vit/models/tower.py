@@ -32,6 +32,7 @@ from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.padding import bucket_calls
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.policy import active_policy, runner_options
+from rocm_vit.recent import remember
 from rocm_vit.rotary import apply_rotary
 from rocm_vit.settings import load_settings
 from rocm_vit.tower_config import TowerConfig
@@ -314,10 +315,7 @@ class VisionTower(nn.Module, ABC):
                 ready = torch.cuda.Event()
                 ready.record(torch.cuda.current_stream(prepared.cos.device))
                 prepared = dataclasses.replace(prepared, ready=ready)
-            self._layouts[key] = prepared
-            if len(self._layouts) > _LAYOUT_CACHE_SIZE:
-                self._layouts.popitem(last=False)
-            return prepared
+            return remember(self._layouts, key, prepared, _LAYOUT_CACHE_SIZE)
 
 
 class PatchEmbed(nn.Module):

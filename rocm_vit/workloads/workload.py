@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from rocm_vit.graphs import DEFAULT_MAX_TOKENS
+from rocm_vit.layout import GridTHW
 from rocm_vit.models import TowerConfig, VisionTower, preset, tower_class
 
 logger = logging.getLogger(__name__)
 
-GridTHW = tuple[int, int, int]
 
 # The layouts users send: single images from thumbnail to poster size, batches, and mixed requests.
 NAMED_SWEEPS: dict[str, str] = {

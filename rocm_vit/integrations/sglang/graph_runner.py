@@ -37,6 +37,7 @@ from rocm_vit.graphs.runner import AgreeMax
 from rocm_vit.integrations.sglang.imports import original
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.policy import Policy, active_policy, runner_options
+from rocm_vit.recent import remember
 from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
@@ -415,9 +416,7 @@ class ViTGraphRunnerAdapter:
             if window_offsets is not None and window_offsets[-1] != offsets[-1]:
                 raise ValueError(f"cu_window_seqlens ends at {window_offsets[-1]} but cu_seqlens at {offsets[-1]}")
             layout = AttentionLayout.from_offsets(offsets, window_offsets)
-            self._layouts[(offsets, window_offsets)] = layout
-            if len(self._layouts) > _LAYOUT_CACHE_SIZE:
-                self._layouts.popitem(last=False)
+            remember(self._layouts, (offsets, window_offsets), layout, _LAYOUT_CACHE_SIZE)
         return layout
 
 
