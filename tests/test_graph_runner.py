@@ -314,7 +314,7 @@ def test_all_graphs_read_one_staging_set_that_never_grows(generator: torch.Gener
         if staging_bytes is None:
             staging_bytes = runner.stats()["staging_bytes"]
         assert runner.stats()["staging_bytes"] == staging_bytes  # allocated once, at the ceiling
-    (staging,) = runner._staging.values()
+    (staging,) = runner._store.staging.values()
     # x, cos, sin and the output at 64 rows of 8 fp32 values; each graph holds its own offsets (one
     # segment: 2 int32).
     assert staging_bytes == 4 * 64 * HIDDEN * 4
@@ -355,7 +355,7 @@ def test_replays_read_their_own_offsets_which_nothing_writes_after_capture(gener
         # Written once before the warm-up read them (version 1 for a fresh tensor), never again.
         assert [offsets._version for offsets in layout_args.built_on] == [1] * len(layout_args.built_on)
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (3, 11)
-    graphs_offsets = {id(graph.offsets["full"]) for graph in runner._graphs.values()}
+    graphs_offsets = {id(graph.offsets["full"]) for graph in runner._store.graphs.values()}
     assert {id(offsets) for offsets in layout_args.built_on} == graphs_offsets and len(graphs_offsets) == 3
 
 
@@ -412,7 +412,7 @@ def test_a_runner_that_evicts_its_pools_last_graph_still_captures_every_layout(g
     stats = runner.stats()
     assert (stats["captures"], stats["replays"], stats["evictions"], stats["failed_layouts"]) == (4, 8, 3, 0)
     assert len(set(map(id, mechanism.capture_pools))) == 1  # one pool throughout
-    assert mechanism.retired == 3 and runner._pool_keeper is None  # each, once the next capture began
+    assert mechanism.retired == 3 and runner._store.pool_keeper is None  # each, once the next capture began
 
 
 def test_capacity_zero_never_captures(generator: torch.Generator) -> None:
@@ -444,7 +444,7 @@ def test_cache_filled_by_one_off_layouts_recovers_when_traffic_changes(generator
     stats = runner.stats()
     assert stats["graphs"] == 4 and stats["evictions"] == 3
     assert stats["replays"] == 4 + 15  # every hot call after the first replays
-    assert {key[0] for key in list(runner._graphs)[-3:]} == {layout.graph_key for layout in hot}
+    assert {key[0] for key in list(runner._store.graphs)[-3:]} == {layout.graph_key for layout in hot}
 
 
 def test_max_tokens_runs_large_layouts_eagerly(generator: torch.Generator) -> None:
@@ -715,9 +715,9 @@ def test_rotary_staging_keeps_the_dtype_the_model_passed(generator: torch.Genera
     x = torch.randn(4, HIDDEN, generator=generator, dtype=torch.float64).to(torch.bfloat16)
     cos = torch.randn(4, HIDDEN, generator=generator)
     runner.run(x, layout, cos, cos)
-    (staging,) = runner._staging.values()
+    (staging,) = runner._store.staging.values()
     assert [t.dtype for t in staging.inputs] == [torch.bfloat16, torch.float32, torch.float32]
-    (graph,) = runner._graphs.values()
+    (graph,) = runner._store.graphs.values()
     assert graph.offsets["full"].dtype == torch.int32
 
 
@@ -795,7 +795,7 @@ def test_tower_with_graphs_equals_eager_bitwise(name: str, generator: torch.Gene
     tower.disable_graphs()
     assert all(torch.equal(a, b) for a, b in zip(eager, graphed, strict=True))
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (graphs, len(grids))
-    assert all(list(graph.offsets) == segmentations for graph in runner._graphs.values())
+    assert all(list(graph.offsets) == segmentations for graph in runner._store.graphs.values())
 
 
 def test_immutable_inputs_are_copied_again_whenever_another_tensor_is_passed(generator: torch.Generator) -> None:
@@ -863,7 +863,7 @@ def test_further_inputs_get_staging_buffers_copied_before_every_replay(generator
         offsets = torch.randn(layout.num_patches, 1, generator=generator)
         eager = _toy_with_offsets(x, {"full": SegmentLengths(layout.segmentations["full"].seq_lens)}, cos, sin, offsets)
         assert torch.equal(runner.run(x, layout, cos, sin, offsets), eager)
-    (staging,) = runner._staging.values()
+    (staging,) = runner._store.staging.values()
     assert len(staging.inputs) == 4 and staging.inputs[3].shape[1:] == offsets.shape[1:]
     assert (runner.stats()["captures"], runner.stats()["replays"]) == (1, 3)
 
@@ -916,7 +916,7 @@ def test_windowed_graph_owns_offsets_per_segmentation(generator: torch.Generator
         x, cos, sin = _inputs(layout, generator)
         eager_args = {name: SegmentLengths(seg.seq_lens) for name, seg in layout.segmentations.items()}
         assert torch.equal(runner.run(x, layout, cos, sin), _windowed_toy_forward_blocks(x, eager_args, cos, sin))
-    (graph,) = runner._graphs.values()
+    (graph,) = runner._store.graphs.values()
     assert list(graph.offsets) == ["full", "window"]
     # The captured arguments were built on the graph's own offsets, holding this layout's.
     assert len(layout_args.built_on) == 2

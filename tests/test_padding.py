@@ -166,7 +166,7 @@ def test_a_padded_graphs_kernels_read_offsets_a_kernel_of_the_graph_wrote(genera
     layout = _layout((1, 16, 20), (1, 4, 4))
     x, cos, sin = _inputs(layout.num_patches, generator)
     runner.run(x, layout, cos, sin)
-    (graph,) = runner._graphs.values()
+    (graph,) = runner._store.graphs.values()
     assert graph.offsets_per_call
     read = layout_args.built_on[-1]
     assert read.data_ptr() != graph.offsets["full"].data_ptr() and torch.equal(read, graph.offsets["full"])
@@ -188,7 +188,7 @@ def test_a_padded_replay_pads_in_staging_with_zeros_even_where_a_larger_call_wro
     """A replay copies the real rows into staging and zeroes its padding rows there, with no padded
     copies of the inputs (each is an allocation and two launches on the request's path); the whole
     padded output, padding rows too, is what the eager run of the padded inputs computes."""
-    from rocm_vit.graphs import runner as runner_module
+    from rocm_vit.graphs import staging as runner_module  # where padded copies are made
 
     runner, _, _ = _padded_runner()
     bucket_layout, larger = _layout((1, 16, 20), (1, 4, 4)), _layout((1, 64, 72))  # 336 -> 384; 4608 exact
@@ -204,7 +204,7 @@ def test_a_padded_replay_pads_in_staging_with_zeros_even_where_a_larger_call_wro
     out = runner.run(x, layout, cos, sin)
     assert runner.stats()["replays"] == replays + 1 and padded_copies == []
     padded = runner._padding.padded(layout)
-    entry = runner._graphs[next(key for key in runner._graphs if key[0] == padded.graph_key)]
+    entry = runner._store.graphs[next(key for key in runner._store.graphs if key[0] == padded.graph_key)]
     eager = runner._eager(tuple(pad_rows(t, layout.num_patches, padded.num_patches) for t in (x, cos, sin)), padded)
     assert torch.equal(entry.output, eager) and torch.equal(out, eager[: layout.num_patches])
 
@@ -259,7 +259,7 @@ def test_a_tower_serving_padded_graphs_equals_its_eager_calls_bitwise_and_the_un
     stats = runner.stats()
     assert stats["replays"] > 0 and stats["captures"] < len(set(map(str, grids)))  # layouts shared graphs
     assert stats["eager_runs"]["capture_unverified"] == stats["eager_runs"]["capture_failed"] == 0
-    assert all(graph.offsets_per_call for graph in runner._graphs.values())
+    assert all(graph.offsets_per_call for graph in runner._store.graphs.values())
 
 
 def test_padding_follows_by_benefit_unless_asked_for() -> None:

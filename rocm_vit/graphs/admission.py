@@ -22,6 +22,19 @@ from rocm_vit.recent import remember
 # The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
 Agree = Callable[[list[int]], list[int]]
 
+# Why a call runs eagerly: what ``Admission.decide`` answers, and the runner's own (no GPU, a failed capture).
+EAGER_REASONS = (
+    "no_gpu",
+    "over_capacity",
+    "over_max_tokens",
+    "no_saving",
+    "below_min_hits",
+    "below_payback",
+    "over_budget",
+    "capture_failed",
+    "capture_unverified",
+)
+
 # Layouts remembered while not (yet) captured, or as failed; bounded so endless new sizes stay flat.
 _MAX_TRACKED_LAYOUTS = 4096
 # Call counts are halved every this many calls per graph of capacity: old popularity fades.

@@ -70,6 +70,26 @@ class GraphMechanism(Protocol):
         """Give the memory of ``pools`` back to the device; every graph of them is retired."""
 
 
+class Marker:
+    """One marker behind a runner's last device work, on the stream it ran on: work on another
+    stream waits for it before touching staging or pool memory (docs/design.md, "Streams and threads")."""
+
+    def __init__(self, mechanism: GraphMechanism) -> None:
+        self._mechanism = mechanism
+        self._marker: Any = None
+        self._stream: Any = None
+
+    def follow(self, stream: Any) -> None:
+        """Order ``stream`` after the last marked work, when that ran on another stream."""
+        if self._marker is not None and stream != self._stream:
+            self._mechanism.follow(stream, self._marker)
+
+    def mark(self, stream: Any) -> None:
+        """Mark the work enqueued on ``stream`` so far as the runner's last."""
+        self._marker = self._mechanism.mark(stream, self._marker)
+        self._stream = stream
+
+
 class CudaGraphs:
     """``torch.cuda`` graphs (CUDA and HIP): thread-local capture into one shared pool, without a device sync.
 

@@ -29,6 +29,16 @@ class RunnerOptions:
     cost_model: CostModel | None = None
     padding: Padding | None = None
 
+    def __post_init__(self) -> None:
+        for name, value, least in (("capacity", self.capacity, 0), ("min_hits", self.min_hits, 1)):
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} = {value!r} must be an int >= {least}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens = {self.max_tokens!r} must be an int >= 1")
+        budget = self.budget_bytes
+        if budget is not None and (not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"budget_bytes = {budget!r} must be an int >= 0 or None (device default)")
+
     def with_max_tokens(self, max_tokens: int) -> RunnerOptions:
         """These options for calls of at most ``max_tokens`` patches: the padding's buckets follow."""
         padding = None if self.padding is None else Padding(self.padding.cost_model, max_tokens)

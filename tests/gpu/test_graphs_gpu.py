@@ -110,7 +110,7 @@ def test_nan_poisoned_pool_does_not_leak_into_outputs() -> None:
     grid = [(1, 4, 4)]
     tower(_pixels(tower, grid, 0), grid)  # creates the pool
     poison = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(poison, pool=runner._pool):
+    with torch.cuda.graph(poison, pool=runner._store.pool):
         scratch = torch.full((64, 2**20), float("nan"), device=DEVICE)
         del scratch
     poison.replay()  # the freed NaN block is now pool memory the next captures reuse
@@ -129,7 +129,7 @@ def test_fp32_rotary_staging_under_bf16_tower() -> None:
     grid = [(1, 6, 10)]
     pixels = _pixels(tower, grid, 3)
     assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
-    (staging,) = runner._staging.values()
+    (staging,) = runner._store.staging.values()
     assert [t.dtype for t in staging.inputs[:3]] == [torch.bfloat16, torch.float32, torch.float32]
 
 
@@ -359,7 +359,7 @@ def test_qwen25_graphs_read_staging_full_and_window_cu_seqlens() -> None:
         pixels = _pixels(tower, grid, index)
         assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
     assert (runner.stats()["graphs"], runner.stats()["replays"]) == (2, 4)
-    for graph in runner._graphs.values():  # each graph's own offsets, written once before its capture
+    for graph in runner._store.graphs.values():  # each graph's own offsets, written once before its capture
         assert list(graph.offsets) == ["full", "window"]
         assert all(cu.dtype == torch.int32 and cu.device.type == "cuda" for cu in graph.offsets.values())
 
@@ -393,7 +393,7 @@ def test_a_side_stream_made_for_a_capture_keeps_its_blas_workspace_out_of_the_po
     assert runner.stats()["captures"] == 1
     assert bool(tower._side_stream._streams) == (current_platform() == "cuda")
     torch.cuda.synchronize()
-    pool_id = tuple(runner._pool)
+    pool_id = tuple(runner._store.pool)
     pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
     assert pool_segments and all(segment["allocated_size"] == 0 for segment in pool_segments)
     runner._release_pools()
@@ -425,7 +425,7 @@ def test_releasing_the_pools_hands_their_segments_back() -> None:
     for index, grid in enumerate([[(1, 8, 8)], [(1, 4, 12)]]):
         tower(_pixels(tower, grid, index), grid)
     torch.cuda.synchronize()
-    pool_id = tuple(runner._pool)
+    pool_id = tuple(runner._store.pool)
     assert any(tuple(segment["segment_pool_id"]) == pool_id for segment in torch.cuda.memory_snapshot())
     runner._release_pools()
     assert not any(tuple(segment["segment_pool_id"]) == pool_id for segment in torch.cuda.memory_snapshot())
@@ -434,7 +434,7 @@ def test_releasing_the_pools_hands_their_segments_back() -> None:
     for index, grid in enumerate([[(1, 8, 8)], [(1, 6, 10)]]):
         pixels = _pixels(tower, grid, 10 + index)
         assert torch.equal(tower(pixels, grid), tower(pixels, grid, use_graphs=False))
-    assert tuple(runner._pool) != pool_id and runner.stats()["captures"] == 4
+    assert tuple(runner._store.pool) != pool_id and runner.stats()["captures"] == 4
 
 
 @torch.inference_mode()
@@ -461,7 +461,7 @@ def test_warm_ups_allocate_in_the_graph_pool_not_in_the_runner_streams_cache() -
     assert runner.stats()["captures"] == 4
     assert cached_for_runner_stream() == before
     # Between calls the pool holds nothing: outputs went to staging, activations were freed.
-    pool_id = tuple(runner._pool)
+    pool_id = tuple(runner._store.pool)
     pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
     assert pool_segments and all(segment["allocated_size"] == 0 for segment in pool_segments)
 
@@ -494,7 +494,7 @@ def test_padded_graphs_equal_their_padded_eager_calls_bitwise_and_stay_as_close_
         unpadded_errors.append(float((plain.float() - exact).abs().mean()))
     stats = runner.stats()
     assert mismatched == [] and stats["replays"] >= len(grids)
-    assert any(graph.offsets_per_call for graph in runner._graphs.values())
+    assert any(graph.offsets_per_call for graph in runner._store.graphs.values())
     assert stats["captures"] < len({str(g) for g in grids})  # buckets shared
     assert sum(errors) <= 1.2 * sum(unpadded_errors), (errors, unpadded_errors)
 
@@ -598,6 +598,6 @@ def test_captures_inside_their_calls_equal_eager_and_leave_the_pool_empty(name: 
     assert stats["captures"] == len({str(grid) for grid in grids}) and stats["pool_releases"] == 0
     assert mechanism.warm_ups == len({str(grid) for grid in grids})  # one per capture
     torch.cuda.synchronize()
-    pool_id = tuple(runner._pool)
+    pool_id = tuple(runner._store.pool)
     pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
     assert pool_segments and all(segment["allocated_size"] == 0 for segment in pool_segments)
