@@ -30,6 +30,7 @@ POOL_BYTES_OFFSET = 24 << 10
 
 def _rank(rank: int, store_path: str, report_dir: str, agree: bool) -> None:
     import test_graph_runner as support
+    from test_graph_store import _churn
 
     from rocm_vit.attention import get_backend
     from rocm_vit.graphs import ViTGraphRunner
@@ -51,7 +52,7 @@ def _rank(rank: int, store_path: str, report_dir: str, agree: bool) -> None:
             agree_max=group_max() if agree else None,
         )
         decisions = []
-        for layout in support._churn(generator, 300, seed=5):
+        for layout in _churn(generator, 300, seed=5):
             before = runner.stats()
             support._run_checked(runner, layout, generator)
             after = runner.stats()
