@@ -6,7 +6,7 @@ and that kernel's arguments). They hold tensors and host ints only, never anythi
 the device. The tower and the graph runner never test a backend's name: they ask the backend for
 its arguments (``runner_args``) once per layout segmentation and hand each layer those of the
 segmentation it attends within; ``layout_args`` builds them all. Callers without a layout (SGLang's
-``VisionAttention``) build them from a ``cu_seqlens`` tensor with ``attn_args_from_tensor``.
+``VisionAttention``) build them from a ``cu_seqlens`` tensor with ``layer_args_from_tensor``.
 
 What each backend needs to run is declared in ``rocm_vit.backend_requirements``; which one runs is
 the policy's (``rocm_vit.policy``; ``rocm-vit doctor`` prints it with its reasons).
@@ -129,7 +129,7 @@ class AttentionBackend(ABC):
         }
 
     @abstractmethod
-    def attn_args_from_tensor(
+    def layer_args_from_tensor(
         self,
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
@@ -144,9 +144,9 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: LayerArgs, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_args: LayerArgs, scale: float
     ) -> torch.Tensor:
-        """Attention output ``[N, H, D]`` in ``v.dtype``; ``attn_args`` is what this backend built."""
+        """Attention output ``[N, H, D]`` in ``v.dtype``; ``layer_args`` is what this backend built."""
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
         """Get ready to serve this shape: a kernel that would compile at its first call compiles now,
@@ -165,7 +165,7 @@ class SdpaAttention(AttentionBackend):
     def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> SegmentLengths:
         return SegmentLengths(segmentation.seq_lens)
 
-    def attn_args_from_tensor(
+    def layer_args_from_tensor(
         self,
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
@@ -174,9 +174,9 @@ class SdpaAttention(AttentionBackend):
         return SegmentLengths(_host_seq_lens(self.name, cu_seqlens, seq_lens))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: SegmentLengths, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_args: SegmentLengths, scale: float
     ) -> torch.Tensor:
-        return sdpa_varlen(q, k, v, attn_args.seq_lens, scale)
+        return sdpa_varlen(q, k, v, layer_args.seq_lens, scale)
 
 
 class _VarlenAttention(AttentionBackend):
@@ -197,7 +197,7 @@ class _VarlenAttention(AttentionBackend):
     def per_call_args(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> VarlenArgs:
         return VarlenArgs(cu_seqlens, max_seqlen)
 
-    def attn_args_from_tensor(
+    def layer_args_from_tensor(
         self,
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
@@ -206,9 +206,9 @@ class _VarlenAttention(AttentionBackend):
         return VarlenArgs(cu_seqlens, _host_max_seqlen(self.name, cu_seqlens, max_seqlen, seq_lens))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: VarlenArgs, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_args: VarlenArgs, scale: float
     ) -> torch.Tensor:
-        return self._attend(q, k, v, attn_args.cu_seqlens, attn_args.max_seqlen, scale)
+        return self._attend(q, k, v, layer_args.cu_seqlens, layer_args.max_seqlen, scale)
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
         """Compile every kernel variant a call of this shape can launch: one call per ``(segments,
@@ -304,7 +304,7 @@ class TritonAttention(_VarlenAttention):
 
         return variant_layouts(heads, head_dim, dtype, device, arch=self._arch)
 
-    def attn_args_from_tensor(
+    def layer_args_from_tensor(
         self,
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
@@ -314,7 +314,7 @@ class TritonAttention(_VarlenAttention):
         # count (None), which costs empty programs but never a device read.
         if max_seqlen is None and seq_lens is None and cu_seqlens.device.type != "cpu":
             return VarlenArgs(cu_seqlens, None)
-        return super().attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)
+        return super().layer_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)
 
 
 class GluonAttention(TritonAttention):
@@ -394,7 +394,7 @@ class AutoAttention(AttentionBackend):
         # Without host lengths, as for a caller holding only a device cu_seqlens: the rule's one-launch kernel.
         return PickedArgs(self._without_lengths, self._without_lengths.per_call_args(cu_seqlens, max_seqlen))
 
-    def attn_args_from_tensor(
+    def layer_args_from_tensor(
         self,
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
@@ -403,12 +403,12 @@ class AutoAttention(AttentionBackend):
         if seq_lens is None and cu_seqlens.device.type == "cpu":
             seq_lens = _host_seq_lens(self.name, cu_seqlens, None)
         backend = self._without_lengths if seq_lens is None else self._pick(seq_lens)
-        return PickedArgs(backend, backend.attn_args_from_tensor(cu_seqlens, max_seqlen, seq_lens))
+        return PickedArgs(backend, backend.layer_args_from_tensor(cu_seqlens, max_seqlen, seq_lens))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_args: PickedArgs, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_args: PickedArgs, scale: float
     ) -> torch.Tensor:
-        return attn_args.backend(q, k, v, attn_args.args, scale)
+        return layer_args.backend(q, k, v, layer_args.args, scale)
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
         for backend in self._backends.values():

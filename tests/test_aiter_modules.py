@@ -79,7 +79,7 @@ def _serve(backend: AiterAttention, name: str, dtype: torch.dtype, generator: to
     q, k, v = (torch.randn(layout.num_patches, heads, head_dim, generator=generator).to(dtype) for _ in range(3))
     cu_seqlens = layout.cu_seqlens_tensor("cpu")
     backend(q, k, v, backend.runner_args(layout, cu_seqlens), head_dim**-0.5)
-    backend(q, k, v, backend.attn_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens), head_dim**-0.5)
+    backend(q, k, v, backend.layer_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens), head_dim**-0.5)
 
 
 @pytest.mark.parametrize("backend_class", [AiterAttention, AiterPaddedAttention], ids=lambda cls: cls.name)

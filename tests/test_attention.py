@@ -97,10 +97,10 @@ def test_sdpa_from_a_host_cu_seqlens_tensor(generator):
     layout = _layout(RAGGED_GRID)
     q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
     backend = SdpaAttention()
-    attn_args = backend.attn_args_from_tensor(torch.tensor(layout.cu_seqlens))
-    assert attn_args == SegmentLengths(layout.seq_lens)
+    layer_args = backend.layer_args_from_tensor(torch.tensor(layout.cu_seqlens))
+    assert layer_args == SegmentLengths(layout.seq_lens)
     torch.testing.assert_close(
-        backend(q, k, v, attn_args, 0.125).double(), _reference(q, k, v, layout.seq_lens, 0.125), atol=1e-5, rtol=0
+        backend(q, k, v, layer_args, 0.125).double(), _reference(q, k, v, layout.seq_lens, 0.125), atol=1e-5, rtol=0
     )
 
 
@@ -142,9 +142,9 @@ def test_aiter_attn_runner_args_match_float64_reference(generator, stand_in_aite
     q, k, v = _qkv(generator, layout.num_patches, 4, kv_heads, 80, torch.bfloat16)
     cu_seqlens = layout.cu_seqlens_tensor("cpu")
     backend = AiterAttention()
-    attn_args = backend.runner_args(layout, cu_seqlens)
-    assert attn_args.cu_seqlens is cu_seqlens and attn_args.max_seqlen == layout.max_seqlen
-    out = backend(q, k, v, attn_args, 0.1)
+    layer_args = backend.runner_args(layout, cu_seqlens)
+    assert layer_args.cu_seqlens is cu_seqlens and layer_args.max_seqlen == layout.max_seqlen
+    out = backend(q, k, v, layer_args, 0.1)
     torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 0.1), **BF16_TOLERANCE)
     (call,) = stand_in_aiter.calls
     assert call["cu_seqlens_q"] is cu_seqlens, "the runner's static cu_seqlens buffer must reach aiter as is"
@@ -170,8 +170,8 @@ def test_aiter_attn_output_dtype_follows_v(generator, stand_in_aiter):
     layout = _layout(RAGGED_GRID)
     q, k, v = _qkv(generator, layout.num_patches, 2, 2, 64)
     backend = AiterAttention()
-    attn_args = backend.runner_args(layout, layout.cu_seqlens_tensor("cpu"))
-    out = backend(q.half(), k.bfloat16(), v.bfloat16(), attn_args, 0.125)
+    layer_args = backend.runner_args(layout, layout.cu_seqlens_tensor("cpu"))
+    out = backend(q.half(), k.bfloat16(), v.bfloat16(), layer_args, 0.125)
     assert out.dtype == torch.bfloat16
 
 
@@ -181,11 +181,11 @@ def test_aiter_attn_tensor_caller_path_converts_offsets(generator, stand_in_aite
     backend = AiterAttention()
     # An eager caller's int64, non-contiguous offsets: converted on the way in, lengths from the host.
     spaced = torch.tensor([x for offset in layout.cu_seqlens for x in (offset, -1)])[::2]
-    attn_args = backend.attn_args_from_tensor(spaced)
-    assert attn_args.max_seqlen == layout.max_seqlen and type(attn_args.max_seqlen) is int
-    out = backend(q, k, v, attn_args, 0.125)
+    layer_args = backend.layer_args_from_tensor(spaced)
+    assert layer_args.max_seqlen == layout.max_seqlen and type(layer_args.max_seqlen) is int
+    out = backend(q, k, v, layer_args, 0.125)
     torch.testing.assert_close(out.double(), _reference(q, k, v, layout.seq_lens, 0.125), **BF16_TOLERANCE)
-    backend(q, k, v, backend.attn_args_from_tensor(spaced, max_seqlen=np.int64(layout.max_seqlen)), 0.125)
+    backend(q, k, v, backend.layer_args_from_tensor(spaced, max_seqlen=np.int64(layout.max_seqlen)), 0.125)
     assert stand_in_aiter.calls[-1]["max_seqlen_q"] == layout.max_seqlen
 
 
@@ -196,7 +196,7 @@ def test_aiter_attn_refuses_a_tensor_max_seqlen(generator, stand_in_aiter):
     with pytest.raises(TypeError, match="host int"):
         AiterAttention()(q, k, v, VarlenArgs(cu_seqlens, torch.tensor(layout.max_seqlen)), 0.125)
     with pytest.raises(TypeError, match="host int"):
-        AiterAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=torch.tensor(layout.max_seqlen))
+        AiterAttention().layer_args_from_tensor(cu_seqlens, max_seqlen=torch.tensor(layout.max_seqlen))
 
 
 class _ImportTrapLoader(importlib.abc.Loader):
@@ -262,12 +262,12 @@ ALL_BACKENDS = [SdpaAttention, AiterAttention, TritonAttention, TorchVarlenAtten
 def test_runner_args_reference_the_buffer_and_hold_only_host_data(backend_cls):
     layout = _layout(RAGGED_GRID)
     cu_seqlens = layout.cu_seqlens_tensor("cpu").as_subclass(_NoHostReads)
-    attn_args = backend_cls().runner_args(layout, cu_seqlens)
+    layer_args = backend_cls().runner_args(layout, cu_seqlens)
     if backend_cls is AutoAttention:
-        assert isinstance(attn_args, PickedArgs)
-        assert isinstance(attn_args.backend, (SdpaAttention, TorchVarlenAttention, TritonAttention))
-        attn_args = attn_args.args
-    items = [getattr(attn_args, field.name) for field in dataclasses.fields(attn_args)]
+        assert isinstance(layer_args, PickedArgs)
+        assert isinstance(layer_args.backend, (SdpaAttention, TorchVarlenAttention, TritonAttention))
+        layer_args = layer_args.args
+    items = [getattr(layer_args, field.name) for field in dataclasses.fields(layer_args)]
     tensors = [item for item in items if isinstance(item, torch.Tensor)]
     assert all(item is cu_seqlens for item in tensors)
     assert all(type(item) in (int, tuple, type(None)) for item in items if not isinstance(item, torch.Tensor))
@@ -290,19 +290,19 @@ def test_tensor_callers_with_host_lengths_read_nothing_back(backend_cls, machine
     # On "meta": a device tensor whose values cannot be read at all.
     cu_seqlens = torch.empty(len(layout.cu_seqlens), dtype=torch.int32, device="meta").as_subclass(_NoHostReads)
     backend = backend_cls()
-    with_lengths = backend.attn_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
+    with_lengths = backend.layer_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
     if backend_cls is AutoAttention:
         with_lengths = with_lengths.args
     assert with_lengths in (SegmentLengths(layout.seq_lens), VarlenArgs(cu_seqlens, layout.max_seqlen))
     if backend_cls is not SdpaAttention:
-        backend.attn_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen)
+        backend.layer_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen)
 
 
 def test_triton_attn_tensor_caller_without_lengths_bounds_the_grid_instead_of_reading(machine):
     machine("cuda")
     cu_seqlens = torch.empty(4, dtype=torch.int32, device="meta").as_subclass(_NoHostReads)
-    assert TritonAttention().attn_args_from_tensor(cu_seqlens) == VarlenArgs(cu_seqlens, None)
-    picked = AutoAttention().attn_args_from_tensor(cu_seqlens, max_seqlen=9)
+    assert TritonAttention().layer_args_from_tensor(cu_seqlens) == VarlenArgs(cu_seqlens, None)
+    picked = AutoAttention().layer_args_from_tensor(cu_seqlens, max_seqlen=9)
     assert picked.args == VarlenArgs(cu_seqlens, 9) and picked.backend is not None
 
 
@@ -584,8 +584,8 @@ for name, case in cases.items():
     if case["via"] == "backend":
         layout = VisionLayout.from_grid_thw(case["grid"], spatial_merge_size=1)
         backend = get_backend("triton_attn")
-        attn_args = backend.runner_args(layout, layout.cu_seqlens_tensor("cpu"))
-        outputs[name] = backend(q, k, v, attn_args, case["scale"])
+        layer_args = backend.runner_args(layout, layout.cu_seqlens_tensor("cpu"))
+        outputs[name] = backend(q, k, v, layer_args, case["scale"])
         continue
     config = TritonAttnConfig(*case["config"]) if case["config"] else None
     out = torch.full(q.shape, float("nan"), dtype=v.dtype) if case["out"] else None

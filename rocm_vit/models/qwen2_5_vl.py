@@ -57,8 +57,8 @@ class Qwen25VLVisionTower(VisionTower):
         self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         """All blocks, then the merger; tokens in window order; ``attn_args``: ``"full"`` and ``"window"``."""
-        block_attn_args = [attn_args[segmentation] for segmentation in self._block_segmentations]
-        normed, _ = run_blocks(self.blocks, x, block_attn_args, cos, sin, self.merger.ln_q)
+        block_layer_args = [attn_args[segmentation] for segmentation in self._block_segmentations]
+        normed, _ = run_blocks(self.blocks, x, block_layer_args, cos, sin, self.merger.ln_q)
         return self.merger.project(normed)
 
     def _prepare_layout(self, layout: VisionLayout) -> PreparedLayout:

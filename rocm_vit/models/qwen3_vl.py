@@ -65,14 +65,14 @@ class Qwen3VLVisionTower(VisionTower):
         self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         """All blocks (full attention), the merger and the deepstack mergers."""
-        block_attn_args = [attn_args["full"]] * len(self.blocks)
+        block_layer_args = [attn_args["full"]] * len(self.blocks)
         indexes = self.config.deepstack_visual_indexes
         # Each deepstack merger starts as soon as its block is done, beside the later blocks.
         taps = {
             index: functools.partial(self._side_stream.launch, merger)
             for index, merger in zip(indexes, self.deepstack_merger_list, strict=True)
         }
-        normed, tapped = run_blocks(self.blocks, x, block_attn_args, cos, sin, self.merger.norm, taps)
+        normed, tapped = run_blocks(self.blocks, x, block_layer_args, cos, sin, self.merger.norm, taps)
         merged = self.merger.project(normed)
         deepstack = [tapped[index] for index in indexes]
         self._side_stream.join(deepstack)

@@ -361,10 +361,10 @@ class VisionAttention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, attn_args: LayerArgs, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer_args: LayerArgs, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
         apply_rotary(q, k, cos, sin)
-        out = self.backend(q, k, v, attn_args, self.scale)
+        out = self.backend(q, k, v, layer_args, self.scale)
         return self.proj(out.reshape(x.shape[0], -1))
 
 
@@ -389,20 +389,20 @@ class VisionBlock(nn.Module):
         self,
         x: torch.Tensor,
         normed: torch.Tensor,
-        attn_args: LayerArgs,
+        layer_args: LayerArgs,
         cos: torch.Tensor,
         sin: torch.Tensor,
         next_norm: nn.Module,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x', next_norm(x'))`` for the residual stream ``x`` and ``normed = norm1(x)``."""
-        x, normed = add_norm(x, self.attn(normed, attn_args, cos, sin), self.norm2)
+        x, normed = add_norm(x, self.attn(normed, layer_args, cos, sin), self.norm2)
         return add_norm(x, self.mlp(normed), next_norm)
 
 
 def run_blocks(
     blocks: Sequence[VisionBlock],
     x: torch.Tensor,
-    block_attn_args: Sequence[LayerArgs],
+    block_layer_args: Sequence[LayerArgs],
     cos: torch.Tensor,
     sin: torch.Tensor,
     final_norm: nn.Module,
@@ -410,15 +410,15 @@ def run_blocks(
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The block stack: ``(final_norm(x), {i: taps[i](x after block i)})``.
 
-    ``block_attn_args[i]`` is block ``i``'s attention arguments. Every residual add runs fused
+    ``block_layer_args[i]`` is block ``i``'s attention arguments. Every residual add runs fused
     with the norm after it, the last one with ``final_norm`` (the merger's pre-shuffle norm). A tap
     is called as soon as its block is done (it may launch work on another stream).
     """
     x, normed = add_norm(x, None, blocks[0].norm1)
     tapped = {}
-    for index, (block, attn_args) in enumerate(zip(blocks, block_attn_args, strict=True)):
+    for index, (block, layer_args) in enumerate(zip(blocks, block_layer_args, strict=True)):
         next_norm = blocks[index + 1].norm1 if index + 1 < len(blocks) else final_norm
-        x, normed = block(x, normed, attn_args, cos, sin, next_norm)
+        x, normed = block(x, normed, layer_args, cos, sin, next_norm)
         if index in taps:
             tapped[index] = taps[index](x)
     return normed, tapped

@@ -153,7 +153,7 @@ class OffsetsProbe:
         self._rng = random.Random(0)
         self.buffer = torch.tensor(self._offsets(), dtype=torch.int32, device=device)
         self.seen = torch.empty_like(self.buffer)
-        args = self.backend.attn_args_from_tensor(self.buffer, OFFSET_TOKENS)
+        args = self.backend.layer_args_from_tensor(self.buffer, OFFSET_TOKENS)
 
         def forward() -> torch.Tensor:
             self.seen.copy_(self.buffer)
@@ -177,7 +177,7 @@ class OffsetsProbe:
         observed = self.output.clone()
         fresh = torch.tensor(offsets, dtype=torch.int32, device=self.device)
         expected = self.backend(
-            self.q, self.k, self.v, self.backend.attn_args_from_tensor(fresh, OFFSET_TOKENS), self.scale
+            self.q, self.k, self.v, self.backend.layer_args_from_tensor(fresh, OFFSET_TOKENS), self.scale
         )
         return Reading(seen == offsets, bitwise_equal(observed, expected))
 

@@ -125,21 +125,21 @@ def test_graph_replay_equals_eager_bitwise_with_runner_args(name, layout_name):
     layout = _layout(layout_name)
     q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
     static_cu = layout.cu_seqlens_tensor(DEVICE).clone()  # the graph runner's static buffer
-    attn_args = backend.runner_args(layout, static_cu)
+    layer_args = backend.runner_args(layout, static_cu)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: kernel compilation, library handles, cuDNN plans
-        backend(q, k, v, attn_args, 72**-0.5)
+        backend(q, k, v, layer_args, 72**-0.5)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = backend(q, k, v, attn_args, 72**-0.5)
+        static_out = backend(q, k, v, layer_args, 72**-0.5)
     for seed in (1, 2):
         fresh_q, fresh_k, fresh_v = _qkv(layout.num_patches, 72, torch.bfloat16, seed=seed)
         for static, fresh in ((q, fresh_q), (k, fresh_k), (v, fresh_v)):
             static.copy_(fresh)
         graph.replay()
-        eager = backend(q, k, v, attn_args, 72**-0.5)
+        eager = backend(q, k, v, layer_args, 72**-0.5)
         torch.cuda.synchronize()
         assert torch.equal(static_out, eager), f"{name}: replay differs from eager (seed {seed})"
 
@@ -152,15 +152,15 @@ def test_no_host_sync_in_the_runner_args_and_tensor_paths(name):
     q, k, v = _qkv(layout.num_patches, 72, torch.bfloat16)
     cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
     from_layout = backend.runner_args(layout, cu_seqlens)
-    tensor_args = backend.attn_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
-    max_only_args = backend.attn_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen) if name != "sdpa" else None
-    for attn_args in filter(None, (from_layout, tensor_args, max_only_args)):
-        backend(q, k, v, attn_args, 0.1)  # warm-up outside the check: compilation may query the device
+    tensor_args = backend.layer_args_from_tensor(cu_seqlens, layout.max_seqlen, layout.seq_lens)
+    max_only_args = backend.layer_args_from_tensor(cu_seqlens, max_seqlen=layout.max_seqlen) if name != "sdpa" else None
+    for layer_args in filter(None, (from_layout, tensor_args, max_only_args)):
+        backend(q, k, v, layer_args, 0.1)  # warm-up outside the check: compilation may query the device
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for attn_args in filter(None, (from_layout, tensor_args, max_only_args)):
-            backend(q, k, v, attn_args, 0.1)
+        for layer_args in filter(None, (from_layout, tensor_args, max_only_args)):
+            backend(q, k, v, layer_args, 0.1)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -171,13 +171,13 @@ def test_triton_attn_without_max_seqlen_bounds_its_grid_by_tokens_without_a_sync
     layout = _layout("ragged")
     q, k, v = _qkv(layout.num_patches, 80, torch.float16)
     cu_seqlens = layout.cu_seqlens_tensor(DEVICE)
-    attn_args = backend.attn_args_from_tensor(cu_seqlens)
-    assert attn_args == VarlenArgs(cu_seqlens, None)
-    backend(q, k, v, attn_args, 0.1)
+    layer_args = backend.layer_args_from_tensor(cu_seqlens)
+    assert layer_args == VarlenArgs(cu_seqlens, None)
+    backend(q, k, v, layer_args, 0.1)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        out = backend(q, k, v, attn_args, 0.1)
+        out = backend(q, k, v, layer_args, 0.1)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert _relative_error(out, _reference(q, k, v, layout.seq_lens, 0.1)) < TOLERANCE[torch.float16]

@@ -78,17 +78,18 @@ class AiterVisionAttention(nn.Module):
         ``forward_metadata.max_seqlen`` or a host ``max_seqlen`` keyword spares the device read.
         """
         if isinstance(cu_seqlens, list):
-            attn_args = self.attention.attn_args_from_tensor(*cu_seqlens)
+            layer_args = self.attention.layer_args_from_tensor(*cu_seqlens)
         elif forward_metadata is not None:
             offsets, max_seqlen = forward_metadata.cu_seqlens, forward_metadata.max_seqlen
-            attn_args = self.attention.attn_args_from_tensor(offsets, max_seqlen, self._host_lengths(forward_metadata))
+            host_lengths = self._host_lengths(forward_metadata)
+            layer_args = self.attention.layer_args_from_tensor(offsets, max_seqlen, host_lengths)
         else:
             offsets = resolve_seqlens(cu_seqlens, bsz, seq_len, device=q.device)
             max_seqlen = kwargs.get("max_seqlen")
             host_max = max_seqlen if isinstance(max_seqlen, int) else None
-            attn_args = self.attention.attn_args_from_tensor(offsets, host_max)
+            layer_args = self.attention.layer_args_from_tensor(offsets, host_max)
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-        return self.attention(q, k, v, attn_args, scale)
+        return self.attention(q, k, v, layer_args, scale)
 
     def _host_lengths(self, metadata: VisionAttentionMetadata) -> tuple[int, ...] | None:
         """The segment lengths ``auto`` chooses by: read once per forward (every layer gets the same

@@ -166,8 +166,10 @@ class ViTGraphRunnerAdapter:
         # Qwen2.5-VL: blocks in fullatt_block_indexes attend within whole items, the others within
         # windows; its blocks take rotary as ``position_embeddings=(cos, sin)``.
         self._windowed = getattr(vit, "fullatt_block_indexes", None) is not None
-        # Every backend of SGLANG_GRAPH_ARGS reads its offsets on the device alone: padding applies.
-        options = runner_options(_policy(), settings, len(vit.blocks), takes_device_offsets=True)
+        try:  # every backend of SGLANG_GRAPH_ARGS reads its offsets on the device alone: padding applies
+            options = runner_options(_policy(), settings, len(vit.blocks), takes_device_offsets=True)
+        except ValueError as error:  # RunnerOptions refuses the values
+            return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
         group = agreement_group(vit)
         if group is not None:
             max_tokens, problem = _custom_all_reduce_tokens(vit, group, options.max_tokens)
@@ -175,16 +177,13 @@ class ViTGraphRunnerAdapter:
                 return None, problem
             options = options.with_max_tokens(max_tokens)
             self._agree = group_max(group.cpu_group)
-        try:
-            runner = ViTGraphRunner(
-                functools.partial(self._forward_blocks, spec),
-                _segment_args,
-                mechanism=mechanism,
-                agree_max=self._agree,
-                **options.runner_kwargs(),
-            )
-        except ValueError as error:
-            return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
+        runner = ViTGraphRunner(
+            functools.partial(self._forward_blocks, spec),
+            _segment_args,
+            mechanism=mechanism,
+            agree_max=self._agree,
+            **options.runner_kwargs(),
+        )
         return runner, None
 
     def run(
