@@ -21,6 +21,7 @@ import torch
 
 from rocm_vit.attention import AttnArgs, SegmentLengths, VarlenArgs, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
+from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
 from rocm_vit.graphs.memory import ScratchBounds
 from rocm_vit.graphs.runner import LayoutArgs
@@ -56,8 +57,9 @@ class _StandInPool:
 
 
 @dataclass
-class StandInGraphs:
-    """CPU stand-in for ``CudaGraphs``: records what happens, models a caching pool, can fail captures.
+class StandInGraphs(HostGraphs):
+    """CPU stand-in for ``CudaGraphs``, on ``HostGraphs``: records what happens, models a caching
+    pool, can fail captures.
 
     ``corrupt_captures`` captures end without an error but record a graph that computes something
     else (HIP before ROCm 7.14 could swallow a capture error). A capture into a pool whose graphs
@@ -84,9 +86,6 @@ class StandInGraphs:
     warm_up_pools: list[_StandInPool] = field(default_factory=list)
     releases: int = 0
     retired: int = 0
-
-    def available(self, device: torch.device) -> bool:
-        return True
 
     def total_memory(self, device: torch.device) -> int:
         return self.total_memory_bytes

@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from rocm_vit.cli.traffic_tower import TOWER_STREAMS, format_tower_table, measure_tower
 from rocm_vit.graphs import ViTGraphRunner
+from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.padding import Padding
 from rocm_vit.layout import AttentionLayout, VisionLayout
@@ -126,9 +125,7 @@ def simulate(stream: Stream, host: CostModel, buckets_first: bool = False) -> di
     bound, captures = admission_bound(seq_lens, host, POLICIES["benefit"]["padding"].bucket_for, _BENEFIT["max_tokens"])
     result["bound"] = {**latency_summary(bound), "capture": captures, **_shares(eager, oracle, bound)}
     for name, options in POLICIES.items():
-        runner = ViTGraphRunner(
-            _toy_blocks, _no_attention, mechanism=_InstantGraphs(), clock=_host_clock(host), **options
-        )
+        runner = ViTGraphRunner(_toy_blocks, _no_attention, mechanism=HostGraphs(), clock=_host_clock(host), **options)
         padding = options.get("padding")
         if buckets_first and padding is not None:
             for grids in padding.bucket_call_grids(MERGE):
@@ -219,60 +216,6 @@ def _host_clock(host: CostModel) -> Callable[[], float]:
     """A clock under which each eager run (two reads) takes the host's launch time."""
     reads = iter(range(1 << 62))
     return lambda: next(reads) * host.launch_ms / 1e3
-
-
-@dataclass
-class _InstantGraph:
-    fn: Callable[[], torch.Tensor]
-
-
-class _InstantGraphs:
-    """A mechanism whose graphs re-run their function at replay, on the CPU; no memory is modeled."""
-
-    def available(self, device: torch.device) -> bool:
-        return True
-
-    def total_memory(self, device: torch.device) -> int:
-        return 141 << 30
-
-    def new_pool(self, device: torch.device) -> object:
-        return object()
-
-    def new_stream(self, device: torch.device) -> str:
-        return "runner"
-
-    @contextmanager
-    def on_stream(self, stream: object) -> Iterator[None]:
-        yield
-
-    def current_stream(self, device: torch.device) -> str:
-        return "caller"
-
-    def mark(self, stream: object, marker: object) -> object:
-        return marker
-
-    def follow(self, stream: object, marker: object) -> None:
-        pass
-
-    def warm_up(self, fn: Callable[[], torch.Tensor], pool: object, stream: object) -> torch.Tensor:
-        return fn()
-
-    def capture(
-        self, fn: Callable[[], torch.Tensor], pool: object, stream: object
-    ) -> tuple[_InstantGraph, torch.Tensor]:
-        return _InstantGraph(fn), fn()
-
-    def replay(self, graph: _InstantGraph) -> None:
-        graph.fn()
-
-    def retire(self, graph: object) -> None:
-        pass
-
-    def pool_bytes(self, pool: object, device: torch.device) -> int:
-        return 0
-
-    def release_pools(self, pools: list[object], device: torch.device) -> None:
-        pass
 
 
 def target_rows(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -265,3 +266,59 @@ def _end_pool_recording(pool_id: tuple[int, int], device: torch.device) -> None:
         torch._C._cuda_endAllocateToPool(device.index, pool_id)
     except RuntimeError as error:  # the capture had already ended cleanly
         logger.debug("no pool recording to end after the failed capture: %s", error)
+
+
+@dataclass
+class HostGraph:
+    """A host graph: its function, run again at every replay."""
+
+    fn: Callable[[], torch.Tensor]
+
+
+class HostGraphs:
+    """A ``GraphMechanism`` on the CPU whose graphs re-run their function at replay; no memory,
+    streams or failures are modeled. ``bench-traffic`` simulates the runner's admission with it; the
+    tests' recording stand-in (``tests/test_graph_runner.py``) builds on it."""
+
+    def available(self, device: torch.device) -> bool:
+        return True
+
+    def total_memory(self, device: torch.device) -> int:
+        return 141 << 30
+
+    def new_pool(self, device: torch.device) -> object:
+        return object()
+
+    def new_stream(self, device: torch.device) -> str:
+        return "runner"
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: object) -> Iterator[None]:
+        yield
+
+    def current_stream(self, device: torch.device) -> str:
+        return "caller"
+
+    def mark(self, stream: object, marker: object) -> object:
+        return marker
+
+    def follow(self, stream: object, marker: object) -> None:
+        pass
+
+    def warm_up(self, fn: Callable[[], torch.Tensor], pool: object, stream: object) -> torch.Tensor:
+        return fn()
+
+    def capture(self, fn: Callable[[], torch.Tensor], pool: object, stream: object) -> tuple[HostGraph, torch.Tensor]:
+        return HostGraph(fn), fn()
+
+    def replay(self, graph: HostGraph) -> None:
+        graph.fn()
+
+    def retire(self, graph: object) -> None:
+        pass
+
+    def pool_bytes(self, pool: object, device: torch.device) -> int:
+        return 0
+
+    def release_pools(self, pools: list[object], device: torch.device) -> None:
+        pass
