@@ -75,8 +75,11 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     # --system-site-packages reaches the base interpreter only; when the tests run inside a venv
-    # (make test) its site-packages hold torch, so append them after the new venv's own.
+    # (make test) its site-packages hold torch, so append them after the new venv's own, and every
+    # site directory this interpreter sees through its own .pth files (a venv made over another
+    # venv, as ci/venv.sh makes over an image's or an activated venv's python, finds torch there).
     outer = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    outer |= {entry for entry in sys.path if Path(entry).name in ("site-packages", "dist-packages")}
     site_packages = Path(
         _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     )
