@@ -404,11 +404,15 @@ def test_windowed_offsets_without_a_key_are_read_from_the_tensors_in_one_go() ->
 
 @needs_sglang
 def test_padded_graphs_through_the_adapter_equal_the_runners_padded_eager_calls(report: dict[str, Any]) -> None:
-    """Small layouts run padded to a shared bucket: replays equal the padded eager calls bit for bit,
-    fewer graphs serve the same calls, and SGLang's unpadded eager forward stays within fp32 noise."""
+    """Small layouts of one or two images run padded to a shared bucket: replays equal the padded
+    eager calls bit for bit, fewer graphs serve the same calls, and SGLang's unpadded eager forward
+    stays within fp32 noise. The two calls of three segments (an image and a two-frame video) are
+    not padded (MAX_PADDED_SEGMENTS): eager at their first call, where their predicted saving has not
+    yet repaid a fifth of a capture, and captured at their second."""
     graphs = report["graph_vs_eager_padded"]
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
-    assert graphs["captures"] < report["graph_vs_eager"]["captures"] and graphs["replays"] == 12
+    assert graphs["captures"] < report["graph_vs_eager"]["captures"]
+    assert (graphs["replays"], graphs["eager_runs"]["below_payback"]) == (10, 2)
     assert graphs["max_difference_from_sglangs_eager"] < 1e-5
 
 

@@ -29,6 +29,11 @@ GRANULE = 64
 # exact layout would save (a repeated layout near a bucket's top keeps its own graph instead), and
 # is worth capturing by the rule admission applies (``capturable``).
 MIN_KEPT_SAVING = 0.7
+# Calls of at most this many images run padded: the start captures their buckets (one image and
+# two); a bucket of three or more would be captured inside a request. Chat at a 1.3 MP cap in
+# `bench-traffic`: 86 -> 91 %, 86 -> 90 % and 81 -> 82 % of the possible saving at 10, 12 and 17 ms
+# launch, p90 1.001-1.005x -> 1.000-1.005x (docs/benchmarks.md).
+MAX_PADDED_SEGMENTS = 2
 # Decisions remembered, by exact layout: a repeated layout gets the same PaddedLayout, whose offsets
 # reach the device once, not at every call. Bounded so endless new sizes stay flat.
 _DECISIONS_KEPT = 4096
@@ -78,6 +83,8 @@ class Padding:
         if bucket is None:
             return None
         seq_lens = layout.segmentations["full"].seq_lens
+        if len(seq_lens) > MAX_PADDED_SEGMENTS:
+            return None
         padded_lens = (*seq_lens, bucket - tokens)
         model = self.cost_model
         eager_ms = model.eager_ms(seq_lens)
@@ -92,7 +99,7 @@ class Padding:
         below it in whole ``merge`` blocks, at most ``_MAX_ASPECT`` from square (the least padding,
         so the likeliest padded), and that image cut in two side by side, each where this rule pads
         it to that bucket. A graph's key carries its segment count, so one image and two are graphs
-        of their own; calls of three images or more, rare in chat, are captured when they come
+        of their own; calls of more images run as they are (``MAX_PADDED_SEGMENTS``)
         (docs/design.md, "Padding")."""
         calls, below = [], 0
         for bucket in self.buckets:
