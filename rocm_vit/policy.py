@@ -251,9 +251,9 @@ def runner_options(
     Limits from ``settings`` (``SGLANG_VIT_CUDA_GRAPH_*``), max tokens (unless the settings name it)
     and cost model from ``policy`` (``None``: the defaults, for a server whose policy did not
     resolve). ``by_benefit=False``: no cost model, every layout within the limits (``bench``,
-    ``verify``). Padding where the attention
-    backend takes its offsets on the device alone (a padded layout's change per call) and ``padded``
-    says (``None``: ``SGLANG_VIT_CUDA_GRAPH_PADDING`` where admission is by benefit)."""
+    ``verify``). Padding where the attention backend takes its offsets on the device alone (a
+    padded layout's change per call) and ``padded`` says (``None``: ``SGLANG_VIT_CUDA_GRAPH_PADDING``
+    where admission is by benefit)."""
     if settings.graph_max_tokens is not None:  # these settings, also where the policy was resolved earlier
         max_tokens = settings.graph_max_tokens
     else:

@@ -30,8 +30,8 @@ _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "transformers": ("transformers",),
 }
 _ENV_PREFIXES = ("SGLANG_", "ROCM_VIT_")
-# Layouts whose kernel the report names, as Qwen3-VL patches them (16 pixels, default pixel limits).
 _RUNNER_PRESET = "qwen3-vl-8b"  # the tower the runner's options are shown for
+# Layouts whose kernel the report names, as Qwen3-VL patches them (16 pixels, default pixel limits).
 _EXAMPLE_LAYOUTS = {
     "1x196 (a 224x224 image)": (196,),
     "1x8160 (a 1080p screenshot)": (8160,),

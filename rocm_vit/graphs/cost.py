@@ -6,7 +6,7 @@ other, and the H200's eager calls sat up to 50 % above max(L, D): there eager is
 (L^3 + D^3)^(1/3), within 5 % of them on average (docs/benchmarks.md, "The cost model's eager
 time"). Where D reaches L the measurements disagree from host to host (one 1.3 MP image: 4 % saved
 on one H200 host, nothing or a loss on two others; 8 x 640x360: 13 % on one, nothing on another), so
-the model is conservative there: past D = 0.8 L eager stays at the soft maximum there,
+the model is conservative: past D = 0.8 L eager stays at the soft maximum reached there,
 (1 + 0.8^3)^(1/3) L = 1.15 L, until D itself is larger. A call with D over about 1.1 L is
 predicted to save under the 5 % margin, one past 1.15 L nothing. D is linear in tokens and in the sum
 of squared segment lengths. Defaults: a fit of Qwen3-VL-8B replays on an H200 (docs/benchmarks.md,

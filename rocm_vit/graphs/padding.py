@@ -29,10 +29,10 @@ GRANULE = 64
 # exact layout would save (a repeated layout near a bucket's top keeps its own graph instead), and
 # is worth capturing by the rule admission applies (``capturable``).
 MIN_KEPT_SAVING = 0.7
-# Calls of at most this many images run padded: the start captures their buckets (one image and
-# two); a bucket of three or more would be captured inside a request. Chat at a 1.3 MP cap in
-# `bench-traffic`: 86 -> 91 %, 86 -> 90 % and 81 -> 82 % of the possible saving at 10, 12 and 17 ms
-# launch, p90 1.001-1.005x -> 1.000-1.005x (docs/benchmarks.md).
+# Calls of at most this many segments (images, or frames of a video) run padded: the start captures
+# their buckets (one image and two); a bucket of three or more would be captured inside a request.
+# Chat at a 1.3 MP cap in `bench-traffic`: 86 -> 91 %, 86 -> 90 % and 81 -> 82 % of the possible
+# saving at 10, 12 and 17 ms launch, p90 1.001-1.005x -> 1.000-1.005x (docs/benchmarks.md).
 MAX_PADDED_SEGMENTS = 2
 # Decisions remembered, by exact layout: a repeated layout gets the same PaddedLayout, whose offsets
 # reach the device once, not at every call. Bounded so endless new sizes stay flat.
