@@ -15,7 +15,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
+from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, launch_from_eager
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.recent import remember
 
@@ -147,8 +147,14 @@ class Admission:
         """An eager run of ``layout`` took ``host_ms`` on the host: a launch-time sample if it was
         launch-bound (every run without a cost model). Safe from any thread."""
         with self._lock:
-            if self.cost_model is None or self._launch_bound(layout, host_ms, self._recent_runs(layout, host_ms)):
+            if self.cost_model is None:
                 self._launch_samples.append(host_ms)
+            else:
+                device_ms = self.cost_model.device_ms(layout.segmentations["full"].seq_lens)
+                if self._launch_bound(device_ms, host_ms, self._recent_runs(layout, host_ms)):
+                    # The launch time under which the model gives this run's host time, not the host
+                    # time itself: a launch-bound run with device work takes longer than the launches.
+                    self._launch_samples.append(launch_from_eager(host_ms, device_ms))
             self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
 
     def launch_ms(self) -> float:
@@ -190,12 +196,12 @@ class Admission:
         runs.append(host_ms)  # most recent last
         return remember(self._layout_host_ms, layout.graph_key, runs, _LAYOUTS_TIMED_KEPT)
 
-    def _launch_bound(self, layout: AttentionLayout, host_ms: float, runs: Sequence[float]) -> bool:
-        """Whether an eager run of ``layout`` that took ``host_ms`` timed the host's launches: its
-        predicted device time is well below that, or below what the layout's recent runs typically
-        took (a device-bound call's host time is its device time, as the host waits for the launch
-        queue; judged by one run, noise would pass the slow ones); ``runs``: its recent host ms."""
-        device_ms = self.cost_model.device_ms(layout.segmentations["full"].seq_lens)
+    @staticmethod
+    def _launch_bound(device_ms: float, host_ms: float, runs: Sequence[float]) -> bool:
+        """Whether an eager run of a layout of predicted ``device_ms`` that took ``host_ms`` timed the
+        host's launches: its device time is well below that, or below what the layout's recent runs
+        typically took (a device-bound call's host time is its device time, as the host waits for the
+        launch queue; judged by one run, noise would pass the slow ones); ``runs``: its recent host ms."""
         if device_ms < _CLEARLY_LAUNCH_BOUND_SHARE * host_ms:
             return True
         return len(runs) >= _LAYOUT_RUNS_NEEDED and device_ms < _LAUNCH_BOUND_SHARE * statistics.median(runs)

@@ -108,10 +108,14 @@ def fit_cost_model(timings: Sequence[tuple[int, float, float]], blocks: int) -> 
 
 
 def launch_from_call(eager_ms: float, graph_ms: float) -> float:
-    """The launch time under which the model gives ``eager_ms`` for a call replayed in ``graph_ms``
-    (0 where eager is no slower than the replay's device time): eager grows with the launch time,
-    so a bisection finds it."""
-    device_ms = max(0.0, graph_ms - CostModel.replay_host_ms)
+    """The launch time under which the model gives ``eager_ms`` for a call replayed in ``graph_ms``."""
+    return launch_from_eager(eager_ms, max(0.0, graph_ms - CostModel.replay_host_ms))
+
+
+def launch_from_eager(eager_ms: float, device_ms: float) -> float:
+    """The launch time under which the model gives ``eager_ms`` for a call of ``device_ms`` (0 where
+    eager is no slower than the device): eager grows with the launch time, so a bisection finds it.
+    A launch-bound call's eager time is the soft maximum, above the launch time itself."""
     if eager_ms <= device_ms:
         return 0.0
     low, high = 0.0, eager_ms  # _eager_ms(high, device_ms) >= eager_ms
