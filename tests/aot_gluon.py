@@ -39,7 +39,8 @@ from typing import Any
 from unittest import mock
 
 import torch
-from aot_rocm import _environment, _recording, _specialise
+from aot_rocm import _recording, _specialise
+from env_vars import set_env
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HEADS = 16
@@ -88,7 +89,7 @@ def compile_all() -> list[Record]:
     from rocm_vit.backends import gluon_attn
 
     records = []
-    with tempfile.TemporaryDirectory(prefix="rocm-vit-aot-") as cache_dir, _environment(TRITON_CACHE_DIR=cache_dir):
+    with tempfile.TemporaryDirectory(prefix="rocm-vit-aot-") as cache_dir, set_env({"TRITON_CACHE_DIR": cache_dir}):
         for dtype_name, dtype in DTYPES.items():
             for head_dim in gluon_attn.GLUON_HEAD_DIMS:
                 launches = _launches(gluon_attn, TOKENS, [0, 196, TOKENS], TOKENS - 196, head_dim, dtype)

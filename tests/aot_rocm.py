@@ -41,6 +41,9 @@ from typing import Any
 
 import torch
 
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # its siblings, run as ``-m tests.aot_rocm`` too
+from env_vars import set_env
+
 KERNEL_NAMES = ("triton_attn", "triton_add_norm", "triton_rope", "triton_pos_embed", "triton_silu_mul")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WAVE_SIZE = 64
@@ -127,7 +130,7 @@ def compile_all(jobs: int = 1) -> list[Record]:
             specialised[key] = (record, job)
     jobs_list = [job for _, job in specialised.values()]
     # Nothing is reused across runs: every run compiles from source into a fresh cache.
-    with tempfile.TemporaryDirectory(prefix="rocm-vit-aot-") as cache_dir, _environment(TRITON_CACHE_DIR=cache_dir):
+    with tempfile.TemporaryDirectory(prefix="rocm-vit-aot-") as cache_dir, set_env({"TRITON_CACHE_DIR": cache_dir}):
         if jobs <= 1:
             results = [_compile(job) for job in jobs_list]
         else:
@@ -296,20 +299,6 @@ def _config_text(fn: Any, kwargs: dict) -> str:
     parts = [f"{name}={value}" for name, value in kwargs.items() if name in constexpr_names]
     parts += [f"{name}={value}" for name, value in kwargs.items() if name in ("num_warps", "num_stages")]
     return " ".join(parts)
-
-
-@contextlib.contextmanager
-def _environment(**variables: str) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,12 +16,10 @@ registrations and warm-up zeros) to ``rank{N}.json``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,8 @@ for path in (str(HERE), str(HERE.parent)):  # the torchvision stand-in; tests/ f
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from env_vars import set_env  # noqa: E402
+from toy_tower import tiny_qwen3_vl_config  # noqa: E402
 
 PATCH_DIM = 3 * 2 * 4 * 4  # in_channels * temporal_patch_size * patch_size²
 GRIDS = [[(1, 4, 8)], [(1, 4, 4), (2, 4, 2)], [(1, 6, 4)]]
@@ -151,7 +151,7 @@ def _churn(model: torch.nn.Module, rank: int, world_size: int) -> dict:
     error = None
     started = time.perf_counter()
     try:
-        with torch.no_grad(), _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}):
+        with torch.no_grad(), set_env({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}):
             for grid in grids:
                 pixels = torch.randn(_patches(grid), PATCH_DIM, generator=generator)
                 model(pixels, torch.tensor(grid, dtype=torch.int32))
@@ -218,25 +218,11 @@ def _tower(state_path: Path) -> tuple[torch.nn.Module, dict]:
 def _build_tower() -> torch.nn.Module:
     """scenario.py's tiny Qwen3-VL tower with rocm-vit's aiter_attn slot; ``use_data_parallel`` as
     ``Qwen3VLForConditionalGeneration`` passes it."""
-    from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
     from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
     from sglang.srt.runtime_context import get_mm
 
-    config = Qwen3VLVisionConfig(
-        depth=3,
-        hidden_size=64,
-        intermediate_size=96,
-        num_heads=4,
-        out_hidden_size=48,
-        patch_size=4,
-        temporal_patch_size=2,
-        in_channels=3,
-        spatial_merge_size=2,
-        num_position_embeddings=36,
-        deepstack_visual_indexes=[1],
-    )
     with get_mm().override(mm_attention_backend="aiter_attn"):
-        return Qwen3VLMoeVisionModel(config, use_data_parallel=get_mm().mm_enable_dp_encoder).eval()
+        return Qwen3VLMoeVisionModel(tiny_qwen3_vl_config(), use_data_parallel=get_mm().mm_enable_dp_encoder).eval()
 
 
 def _adapter(model: torch.nn.Module, **settings_or_failures: Any) -> Any:
@@ -249,7 +235,7 @@ def _adapter(model: torch.nn.Module, **settings_or_failures: Any) -> Any:
     graph_runner._FAILURE_AGREEMENT_CALLS = 4  # the ranks agree on failures every 4 calls here
     settings = {name: value for name, value in settings_or_failures.items() if name.isupper()}
     failures = {name: value for name, value in settings_or_failures.items() if not name.isupper()}
-    with _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", **settings}):
+    with set_env({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", **settings}):
         adapter = graph_runner.ViTGraphRunnerAdapter(model, mechanism=StandInGraphs(**failures))
     model.graph_runners = adapter
     return adapter
@@ -291,22 +277,8 @@ def _load_rocm_vit() -> None:
 
 @torch.no_grad()
 def _run(model: torch.nn.Module, requests: list, graphs: bool) -> list[torch.Tensor]:
-    with _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1" if graphs else "0"}):
+    with set_env({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1" if graphs else "0"}):
         return [model(pixels, torch.tensor(grid, dtype=torch.int32)) for pixels, grid in requests]
-
-
-@contextlib.contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _patches(grid: list[tuple[int, int, int]]) -> int:

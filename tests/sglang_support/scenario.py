@@ -30,7 +30,6 @@ as the server starts.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import importlib
 import inspect
@@ -42,7 +41,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,8 @@ sys.path.append(str(HERE))
 sys.path.append(str(HERE.parent))  # tests/, for the stand-in graph mechanism
 
 import torch  # noqa: E402
+from env_vars import set_env  # noqa: E402
+from toy_tower import tiny_qwen3_vl_config  # noqa: E402
 
 # Grids (t, h, w) in patches. 4 attention layouts: (1, 4, 8) and (1, 8, 4) share one (a single
 # segment of 32 patches); the third and fourth have 32 patches in segments with other boundaries.
@@ -300,23 +301,10 @@ def _tiny_model(device: str, dtype: torch.dtype = torch.float32, attention: str 
     Head dim 16 on a CPU; 64 on a GPU, where SGLang's rotary class would otherwise load its own
     kernel for other head sizes.
     """
-    from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
     from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
     from sglang.srt.runtime_context import get_mm
 
-    config = Qwen3VLVisionConfig(
-        depth=3,
-        hidden_size=64 if device == "cpu" else 256,
-        intermediate_size=96,
-        num_heads=4,
-        out_hidden_size=48,
-        patch_size=4,
-        temporal_patch_size=2,
-        in_channels=3,
-        spatial_merge_size=2,
-        num_position_embeddings=36,  # a 6 x 6 table: most grids interpolate it
-        deepstack_visual_indexes=[1],
-    )
+    config = tiny_qwen3_vl_config(hidden_size=64 if device == "cpu" else 256)
     # SGLang's model loader builds under the checkpoint's default dtype; rotary caches stay fp32 on GPUs.
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -361,7 +349,7 @@ def _graph_gate(
     plugin_qwen2_5_vl.current_platform = lambda: platform
     variables = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1" if graphs else "0", **(environ or {})}
     try:
-        with _environment(variables):
+        with set_env(variables):
             model = _tiny_qwen2_5_vl("cpu", attention=attention)
     finally:
         plugin_qwen2_5_vl.current_platform = simulated
@@ -412,7 +400,7 @@ def _graph_vs_eager(
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
     def adapter_with(**environ: str) -> ViTGraphRunnerAdapter:
-        with _environment({"SGLANG_VIT_CUDA_GRAPH_PADDING": str(int(padding)), **environ}):
+        with set_env({"SGLANG_VIT_CUDA_GRAPH_PADDING": str(int(padding)), **environ}):
             return ViTGraphRunnerAdapter(model, mechanism=mechanism)
 
     if padding:
@@ -453,7 +441,7 @@ def _buckets_at_start(model: torch.nn.Module, mechanism: Any) -> dict[str, Any]:
 
     def adapter_with(**environ: str) -> ViTGraphRunnerAdapter:
         environ = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS": "1024", **environ}
-        with _environment(environ):
+        with set_env(environ):
             model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=mechanism)
         return model.graph_runners
 
@@ -498,7 +486,7 @@ def _eager_warm_up_at_start(model: torch.nn.Module) -> dict[str, Any]:
     request = (torch.randn(_patches(grid), PATCH_DIM, generator=torch.Generator().manual_seed(9)), grid)
     attention.apply_rotary = recording
     try:
-        with _environment({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "0"}):
+        with set_env({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "0"}):
             model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
             captured = capture_vit_buckets(torch.nn.ModuleDict({"visual": model}))
         at_start = set(patterns)
@@ -514,21 +502,6 @@ def _eager_warm_up_at_start(model: torch.nn.Module) -> dict[str, Any]:
         "rotary_calls_in_requests": len(patterns),
         "patterns_new_in_requests": len(set(patterns) - at_start),
     }
-
-
-@contextlib.contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    """``variables`` set in ``os.environ`` for the block, each put back as it was after it."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
 
 
 def _parameters(obj: Any, path: str) -> list[str]:
@@ -696,7 +669,7 @@ def _fallback_from_the_callers_input(model: torch.nn.Module, inputs: list, eager
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
     # Every call eager in the runner, unpadded (a padded run takes padded copies of its inputs).
-    with _environment({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": "0", "SGLANG_VIT_CUDA_GRAPH_PADDING": "0"}):
+    with set_env({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": "0", "SGLANG_VIT_CUDA_GRAPH_PADDING": "0"}):
         model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
     block = model.blocks[1]
 
