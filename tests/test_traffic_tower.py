@@ -31,6 +31,9 @@ def test_tower_mode_times_every_call_eagerly_and_through_the_serving_defaults(mo
         for record, calls in (("by_kind", stream["calls"]), ("second_half_by_kind", stream["second_half"]["calls"])):
             (kind,) = stream[record]
             assert (kind["kind"], kind["calls"]) == ("no_gpu", calls)
+        assert [call["served"] for call in stream["per_call"]] == ["no_gpu"] * stream["calls"]
+        assert all(call["eager_ms"] > 0 and call["graph_ms"] > 0 for call in stream["per_call"])
+    assert report["streams"][0]["per_call"][0]["grid"] == [list(image) for image in small[0].calls[0]]
 
 
 def _standin_tower(monkeypatch: pytest.MonkeyPatch, mechanism):

@@ -99,6 +99,7 @@ def measure_tower(
                     "oracle_by_sighting": oracle_by_sighting(stream.calls, oracle, stats["max_tokens"]),
                     "by_kind": by_kind(eager, graphed, kinds, oracle),
                     "second_half_by_kind": by_kind(eager[half:], graphed[half:], kinds[half:], oracle[half:]),
+                    "per_call": per_call(stream.calls, eager, graphed, kinds, oracle),
                 }
             )
     return {"mode": "tower", "preset": preset_name, "device": str(device), "buckets_first": buckets_first,
@@ -225,6 +226,29 @@ def _oracle_replay_ms(tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: in
         replay_ms[grid] = statistics.median(replays)
     tower.disable_graphs()
     return replay_ms
+
+
+def per_call(
+    grids: Sequence[tuple[GridTHW, ...]],
+    eager: Sequence[float],
+    graphed: Sequence[float],
+    served: Sequence[str],
+    oracle: Sequence[Sequence[float]],
+) -> list[dict[str, Any]]:
+    """Every call's grid, ms all-eager and under graphs, how it was served, and the oracle's saving
+    each time it was sampled: the raw record (``--json``), so that a question the summaries do not
+    answer is answered without timing the tower again."""
+    calls = zip(grids, eager, graphed, served, oracle, strict=True)
+    return [
+        {
+            "grid": [list(image) for image in grid],
+            "eager_ms": round(eager_ms, 3),
+            "graph_ms": round(graph_ms, 3),
+            "served": kind,
+            "oracle_saving_ms": [round(saving, 3) for saving in savings],
+        }
+        for grid, eager_ms, graph_ms, kind, savings in calls
+    ]
 
 
 def served_counters(runner: Any) -> dict[str, int]:
