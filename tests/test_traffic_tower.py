@@ -112,7 +112,9 @@ def test_a_streams_second_half_is_compared_with_the_oracle_on_its_own_sampled_ca
         traffic_tower, "build_tower", lambda *args, **kwargs: _standin_tower(monkeypatch, StandInGraphs())
     )
     sampled = [[1.0], [1.0], [], [3.0], [3.0, 3.0], []]
-    monkeypatch.setattr(traffic_tower, "_oracle_savings", lambda tower, grids, eager, calls, seed: sampled)
+    monkeypatch.setattr(
+        traffic_tower, "_oracle_savings", lambda tower, twin, grids, eager, calls, seed: (sampled, None)
+    )
     with torch.inference_mode():
         (measured,) = traffic_tower.measure_tower("tiny", 6, 0, [stream.name])["streams"]
     assert measured["possible_saving_ms"] == 2.2 and measured["second_half"]["possible_saving_ms"] == 3.0
@@ -145,12 +147,14 @@ def test_the_oracles_saving_is_split_by_whether_a_graph_of_an_earlier_call_could
         "graphs": {"mean_ms": 6.0, "p50_ms": 6.0, "p90_ms": 9.0, "p99_ms": 9.0, "replays": 3, "captures": 1},
         "share": 1.0,
     }
-    stream |= {"second_half": stream.copy(), "runner_capture_ms": 150, "runner_verify_ms": 20}
+    stream |= {"second_half": stream.copy(), "runner_capture_ms": 150, "runner_verify_ms": 20,
+               "oracle_back_to_back_less_paired_ms": -0.31}  # fmt: skip
     report["streams"].append(stream | {"second_half_by_kind": [], "oracle_by_sighting": split})
     lines = "\n".join(traffic_tower.format_tower_table(report))
     assert "chat: the oracle's saving lies 10% on repeats, 30% on first sightings, 40% on repeats over " in lines
     assert "9.00 / 8.00 / 9.00 / 12.00" in lines  # mean, p50, p90, p99
     assert "chat: 1 captures inside their calls (the runner: 150 ms capturing, 20 ms checking first replays)" in lines
+    assert "chat: the oracle's replays back to back took -0.31 ms against each after a twin's call" in lines
 
 
 def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
@@ -160,16 +164,23 @@ def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_
 
     mechanism = StandInGraphs()
     tower = _standin_tower(monkeypatch, mechanism)
+    twin = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
+    twin_calls = []
+    twin.register_forward_hook(lambda module, args, output: twin_calls.append(args[1]))
     grids = [((1, 8, 6),), ((1, 4, 8),), ((1, 8, 6),)]
     with torch.inference_mode():
-        replay_ms = traffic_tower._oracle_replay_ms(tower, grids, seed=0)
-    assert sorted(replay_ms) == sorted(set(grids)) and all(ms > 0 for ms in replay_ms.values())
+        replay_ms = traffic_tower._oracle_replay_ms(tower, twin, grids, seed=0)
+    assert sorted(replay_ms) == sorted(set(grids))
+    assert all(replay.paired_ms > 0 and replay.back_to_back_ms > 0 for replay in replay_ms.values())
     captured = mechanism.events.count("capture")
-    # Each capture serves its call with a first replay, then the timed ones.
-    assert captured == 2 and mechanism.events.count("replay") == 2 * (1 + traffic_tower._ORACLE_REPEATS)
+    # Each capture serves its call with a first replay, then the timed ones: paired, then back to back.
+    assert captured == 2 and mechanism.events.count("replay") == 2 * (1 + 2 * traffic_tower._ORACLE_REPEATS)
+    # Each paired replay follows a call of its own grid on the twin.
+    assert [list(grid) for grid in twin_calls] == [list(grid) for grid in sorted(set(grids))
+                                                   for _ in range(traffic_tower._ORACLE_REPEATS)]  # fmt: skip
     plain = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="did not replay"):
-        traffic_tower._oracle_replay_ms(plain, grids[:1], seed=0)
+        traffic_tower._oracle_replay_ms(plain, twin, grids[:1], seed=0)
 
 
 def test_the_tower_record_tells_how_each_call_was_served() -> None:

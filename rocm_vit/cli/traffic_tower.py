@@ -72,7 +72,7 @@ def measure_tower(
             at_half, stats = _since(first, timed.stats_at_half), _since(first, runner.stats())
             tower.disable_graphs()
             eager, graphed, kinds = timed.eager, timed.graphs, timed.served
-            oracle = _oracle_savings(tower, stream.calls, timed.eager, oracle_calls, seed)
+            oracle, pairing_ms = _oracle_savings(tower, twin, stream.calls, timed.eager, oracle_calls, seed)
             possible = _mean_saving(oracle)
             counts = {k: stats[k] for k in ("replays", "captures")}
             results.append(
@@ -89,6 +89,8 @@ def measure_tower(
                     ),
                     # Inside the calls that captured: capturing (the pool measured too) and
                     # checking first replays (their device time too).
+                    # The oracle's replays timed back to back less those timed after a twin's call.
+                    "oracle_back_to_back_less_paired_ms": pairing_ms,
                     "runner_capture_ms": 1e3 * stats["capture_seconds"],
                     "runner_verify_ms": 1e3 * stats["verify_seconds"],
                     "launch_ms": stats["launch_ms"],
@@ -117,19 +119,22 @@ def _since(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
 
 
 def _oracle_savings(
-    tower: Any, grids: Sequence[tuple[GridTHW, ...]], eager: Sequence[float], oracle_calls: int, seed: int
-) -> list[list[float]]:
+    tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], eager: Sequence[float], oracle_calls: int, seed: int
+) -> tuple[list[list[float]], float | None]:
     """Per call, the oracle's saving each time it was sampled (``oracle_calls`` draws): its paired
-    eager ms less the median replay of its own graph (``_oracle_replay_ms``), at least 0. None
-    sampled on a CPU, which has no graphs to time."""
+    eager ms less the median replay of its own graph timed as the stream's calls are, after a call
+    on the ``twin`` (``_oracle_replay_ms``), at least 0; and the mean over the sampled layouts of
+    their back-to-back replays less those, which says what the pairing changes. None sampled on a
+    CPU, which has no graphs to time."""
     savings: list[list[float]] = [[] for _ in grids]
     if oracle_calls <= 0 or tower.device.type != "cuda":
-        return savings
+        return savings, None
     sampled = random.Random(seed).choices(range(len(grids)), k=oracle_calls)
-    replay_ms = _oracle_replay_ms(tower, [grids[index] for index in sampled], seed)
+    replays = _oracle_replay_ms(tower, twin, [grids[index] for index in sampled], seed)
     for index in sampled:
-        savings[index].append(max(0.0, eager[index] - replay_ms[grids[index]]))
-    return savings
+        savings[index].append(max(0.0, eager[index] - replays[grids[index]].paired_ms))
+    pairing_ms = statistics.fmean(replay.back_to_back_ms - replay.paired_ms for replay in replays.values())
+    return savings, pairing_ms
 
 
 def _mean_saving(oracle: Sequence[Sequence[float]]) -> float | None:
@@ -210,20 +215,36 @@ def _timed(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...]) -> float
     return (time.perf_counter() - started) * 1e3
 
 
-def _oracle_replay_ms(tower: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int) -> dict[tuple, float]:
-    """Per distinct grid, the median ms of replays of its own graph, captured for free with no
+@dataclass(frozen=True)
+class _OracleReplay:
+    """The median ms of a layout's replays of its own graph, each timed after a call of the same grid
+    on the twin (as the stream's calls are timed, alternating), and back to back."""
+
+    paired_ms: float
+    back_to_back_ms: float
+
+
+def _oracle_replay_ms(
+    tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int
+) -> dict[tuple, _OracleReplay]:
+    """Per distinct grid, its replays (``_OracleReplay``) of its own graph, captured for free with no
     admission limit (one graph held). A replay is mostly device time, which the host's drift leaves
-    alone: the oracle's saving on a call is its paired eager time less this, at least 0."""
-    replay_ms: dict[tuple, float] = {}
+    alone: the oracle's saving on a call is its paired eager time less the paired replay, at least 0.
+    Raises ``RuntimeError`` where a timed call was not a replay."""
+    replay_ms: dict[tuple, _OracleReplay] = {}
     runner = tower.enable_graphs(capacity=1, min_hits=1, max_tokens=_MAX_PATCHES, budget_bytes=1 << 40,
                                  by_benefit=False, padded=False)  # fmt: skip
     for grid, pixels in _calls(tower, progress(sorted(set(grids)), "oracle", "layout"), seed):
         _timed(tower, pixels, grid)  # the capture
         replays_before = runner.stats()["replays"]
-        replays = [_timed(tower, pixels, grid) for _ in range(_ORACLE_REPEATS)]
-        if runner.stats()["replays"] != replays_before + _ORACLE_REPEATS:
+        paired = []
+        for _ in range(_ORACLE_REPEATS):
+            _timed(twin, pixels, grid)
+            paired.append(_timed(tower, pixels, grid))
+        back_to_back = [_timed(tower, pixels, grid) for _ in range(_ORACLE_REPEATS)]
+        if runner.stats()["replays"] != replays_before + 2 * _ORACLE_REPEATS:
             raise RuntimeError(f"bench-traffic: the oracle's graph of {grid} did not replay")
-        replay_ms[grid] = statistics.median(replays)
+        replay_ms[grid] = _OracleReplay(statistics.median(paired), statistics.median(back_to_back))
     tower.disable_graphs()
     return replay_ms
 
@@ -339,6 +360,11 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
         + (f"; {stream['captured_first']} captured before the stream" if stream.get("captured_first") else "")
         for stream in report["streams"]
     ]
+    captures += [
+        f"{stream['stream']}: the oracle's replays back to back took {pairing:+.2f} ms against each after a twin's call"
+        for stream in report["streams"]
+        if (pairing := stream.get("oracle_back_to_back_less_paired_ms")) is not None
+    ]
     kinds = []
     for stream in report["streams"]:
         for row in stream["second_half_by_kind"]:
@@ -358,7 +384,8 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                     "oracle saves (samples)"]  # fmt: skip
     first = ", padded buckets captured first" if report.get("buckets_first") else ""
     title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']}{first} (measured)"
-    notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls); share: of that,",
+    notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls; its replays timed",
+             "each after an eager call on the twin, as the stream's calls are); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",
              "its last N: the stream's second half, the runner's steady state"]  # fmt: skip
     return [title, "", *table_lines(header, cells), *notes, "", *captures, "", *sighting_lines(report), "",
