@@ -23,6 +23,7 @@ sys.path.append(str(HERE))
 sys.path.append(str(HERE.parent))
 
 import torch  # noqa: E402
+from env_vars import set_env  # noqa: E402
 
 REQUESTS = 30
 
@@ -60,7 +61,7 @@ def _compiles_after_start(
     rotary.implementation.cache_clear()  # nothing compiled: as a fresh server
     torch._dynamo.reset()
     variables = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": str(int(graphs)), "SGLANG_VIT_CUDA_GRAPH_PADDING": str(int(padding))}
-    with scenario._environment(variables):
+    with set_env(variables):
         tower = _tower(scenario, model, getattr(torch, dtype), graphs)
         counters.clear()
         captured = capture_vit_buckets(torch.nn.ModuleDict({"visual": tower}))
