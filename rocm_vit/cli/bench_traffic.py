@@ -1,7 +1,7 @@
 """``rocm-vit bench-traffic``: what graph admission realizes of what graphs could save, per stream.
 
 Each stream runs through the real ``ViTGraphRunner`` (a stand-in mechanism replays instantly) under each
-of ``POLICIES``; every call is charged what the ``CostModel`` predicts for how the runner served it
+of ``policies()``; every call is charged what the ``CostModel`` predicts for how the runner served it
 (``_charge``), against all-eager, a free-graph oracle and a bound on admission (``admission_bound``),
 with #44's targets (``target_rows``). Times are the model's, not measured. The runner captures inside
 the call that triggers the capture, so that call alone pays it: an eager warm-up, the capture and its
@@ -71,6 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "does at server start (charged nothing; the stream's counts leave them out; default on)",
     )
     parser.add_argument(
+        "--tuned",
+        action="store_true",
+        help="model mode: the runner's cost model and padding at --launch-ms, as a `rocm-vit tune` profile of "
+        "that host resolves them (default: the untuned model's 10 ms launch, a server without a profile)",
+    )
+    parser.add_argument(
         "--oracle-calls",
         type=int,
         default=100,
@@ -90,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     host = CostModel().with_launch_ms(args.launch_ms)
     streams = [stream for stream in standard_streams(args.calls, args.seed) if stream.name in (args.stream or names)]
-    simulated = [simulate(stream, host, args.buckets_first) for stream in streams]
-    report = {"launch_ms": args.launch_ms, "buckets_first": args.buckets_first, "streams": simulated}
+    tuned_ms = args.launch_ms if args.tuned else None
+    simulated = [simulate(stream, host, args.buckets_first, tuned_ms) for stream in streams]
+    report = {"launch_ms": args.launch_ms, "buckets_first": args.buckets_first, "tuned": args.tuned,
+              "streams": simulated}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -99,32 +107,46 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row["met"] for row in target_rows(report)) else 1
 
 
-# Admission by call count (the baseline before #30); by the cost model, exact layouts only; and
-# today's defaults, small layouts padded to shared buckets by the policy's model (launch as resolved).
-_MODEL = CostModel().for_blocks(BLOCKS)
-_BENEFIT = {"capacity": 32, "min_hits": 2, "max_tokens": 8192, "cost_model": _MODEL}
-POLICIES: dict[str, dict[str, Any]] = {
-    "count": {"capacity": 32, "min_hits": 2, "max_tokens": 4096, "cost_model": None},
-    "benefit, exact": _BENEFIT,
-    "benefit": {**_BENEFIT, "padding": Padding(_MODEL, 8192)},
-}
+_RUNNER_LIMITS = {"capacity": 32, "min_hits": 2, "max_tokens": 8192}
 
 
-def simulate(stream: Stream, host: CostModel, buckets_first: bool = False) -> dict[str, Any]:
-    """``stream`` under all-eager, the oracle, the bound and each of ``POLICIES``: per-call times
-    (``_charge``) and counts. ``buckets_first``: a policy that pads first serves the calls that
-    capture its buckets (``Padding.bucket_call_grids``), charged nothing and left out of its counts,
-    as a server's startup would."""
+def policies(tuned_launch_ms: float | None = None) -> dict[str, dict[str, Any]]:
+    """Admission by call count (the baseline before #30); by the cost model, exact layouts only; and
+    today's defaults, small layouts padded to shared buckets by the policy's model, whose launch
+    time is the untuned default or ``tuned_launch_ms`` (a profile's)."""
+    model = CostModel().for_blocks(BLOCKS)
+    if tuned_launch_ms is not None:
+        model = model.with_launch_ms(tuned_launch_ms)
+    benefit = {**_RUNNER_LIMITS, "cost_model": model}
+    return {
+        "count": {**_RUNNER_LIMITS, "max_tokens": 4096, "cost_model": None},
+        "benefit, exact": benefit,
+        "benefit": {**benefit, "padding": Padding(model, _RUNNER_LIMITS["max_tokens"])},
+    }
+
+
+POLICY_NAMES = tuple(policies())
+
+
+def simulate(
+    stream: Stream, host: CostModel, buckets_first: bool = False, tuned_launch_ms: float | None = None
+) -> dict[str, Any]:
+    """``stream`` under all-eager, the oracle, the bound and each of ``policies(tuned_launch_ms)``:
+    per-call times (``_charge``) and counts. ``buckets_first``: a policy that pads first serves the
+    calls that capture its buckets (``Padding.bucket_call_grids``), charged nothing and left out of
+    its counts, as a server's startup would."""
+    chosen = policies(tuned_launch_ms)
+    max_tokens = _RUNNER_LIMITS["max_tokens"]
     seq_lens = [segment_lengths(grid) for grid in stream.calls]
     eager = [host.eager_ms(lens) for lens in seq_lens]
     oracle = [min(host.eager_ms(lens), host.replay_ms(lens)) for lens in seq_lens]
     result: dict[str, Any] = {"stream": stream.name, "calls": len(stream.calls), "eager": latency_summary(eager)}
     result["oracle"] = latency_summary(oracle)
     savings = [[e - o] for e, o in zip(eager, oracle, strict=True)]
-    result["oracle_by_sighting"] = oracle_by_sighting(stream.calls, savings, _BENEFIT["max_tokens"])
-    bound, captures = admission_bound(seq_lens, host, POLICIES["benefit"]["padding"].bucket_for, _BENEFIT["max_tokens"])
+    result["oracle_by_sighting"] = oracle_by_sighting(stream.calls, savings, max_tokens)
+    bound, captures = admission_bound(seq_lens, host, chosen["benefit"]["padding"].bucket_for, max_tokens)
     result["bound"] = {**latency_summary(bound), "capture": captures, **_shares(eager, oracle, bound)}
-    for name, options in POLICIES.items():
+    for name, options in chosen.items():
         clock = _HostClock(host)
         runner = ViTGraphRunner(_toy_blocks, _no_attention, mechanism=HostGraphs(), clock=clock, **options)
         padding = options.get("padding")
@@ -293,7 +315,7 @@ def format_table(report: dict[str, Any]) -> list[str]:
     header += ["share of saving", "its 2nd half"]
     cells = []
     for stream in report["streams"]:
-        for name in ("eager", "oracle", "bound", *POLICIES):
+        for name in ("eager", "oracle", "bound", *POLICY_NAMES):
             measured = stream[name]
             replayed = f"{100 * measured['replay'] / stream['calls']:.1f}" if "replay" in measured else ""
             padded = f"{100 * measured['padded'] / stream['calls']:.1f}" if "padded" in measured else ""
@@ -314,7 +336,8 @@ def format_table(report: dict[str, Any]) -> list[str]:
                 ]
             )
     first = ", padded buckets captured first" if report.get("buckets_first") else ""
-    host = f"host launch {report['launch_ms']} ms{first}"
+    tuned = ", the policy tuned to it" if report.get("tuned") else ""
+    host = f"host launch {report['launch_ms']} ms{tuned}{first}"
     lines = [f"rocm-vit bench-traffic: Qwen3-VL-8B cost model, {host} (simulated)", ""]
     lines += table_lines(header, cells)
     lines += ["", *sighting_lines(report), *_bound_lines(report)]
