@@ -410,7 +410,7 @@ def test_cache_filled_by_one_off_layouts_recovers_when_traffic_changes(generator
     stats = runner.stats()
     assert stats["graphs"] == 4 and stats["evictions"] == 3
     assert stats["replays"] == 4 + 15  # every hot call after the first replays
-    assert {key[0] for key in list(runner._store.graphs)[-3:]} == {layout.graph_key for layout in hot}
+    assert {layout.graph_key for layout in hot} <= {key[0] for key in runner._store.graphs}
 
 
 def test_max_tokens_runs_large_layouts_eagerly(generator: torch.Generator) -> None:

@@ -214,7 +214,6 @@ class ViTGraphRunner:
         self._admission.called()
         entry = self._store.graphs.get(key)
         if entry is not None:
-            self._store.graphs.move_to_end(key)
             self._admission.replayed(key)
             return self._replay(entry, layout, tensors, immutable), None, tensors
         tensors = padded_call(tensors, real_tokens, layout)

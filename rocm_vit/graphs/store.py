@@ -1,6 +1,6 @@
 """The graphs a runner holds and the memory they take: staging, the graph pools, the byte budget.
 
-``GraphStore`` keeps the graphs by key (least recently used first), makes room before a capture
+``GraphStore`` keeps the graphs by key, makes room before a capture
 (evicting the graph admission names, releasing the pools when a capture may not fit), learns from
 each capture what the next will take, and holds the budget after it (docs/design.md, "Pool and
 budget"). It never decides which layout deserves a graph (``admission.py``) and never captures or
@@ -10,7 +10,6 @@ replays (``runner.py``).
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +97,8 @@ class GraphStore:
         self.capacity = capacity
         self.max_tokens = max_tokens
         self.budget_bytes = budget_bytes
-        self.graphs: OrderedDict[tuple, Graph] = OrderedDict()  # least recently used first
+        # By key. Which graph is used least, and least recently, is admission's to know (``least_used``).
+        self.graphs: dict[tuple, Graph] = {}
         self.staging: dict[Signature, Staging] = {}
         self.device: torch.device | None = None
         self.pool: Any = None  # where captures go
