@@ -154,7 +154,7 @@ def test_the_oracles_saving_is_split_by_whether_a_graph_of_an_earlier_call_could
     assert "chat: the oracle's saving lies 10% on repeats, 30% on first sightings, 40% on repeats over " in lines
     assert "9.00 / 8.00 / 9.00 / 12.00" in lines  # mean, p50, p90, p99
     assert "chat: 1 captures inside their calls (the runner: 150 ms capturing, 20 ms checking first replays)" in lines
-    assert "chat: the oracle's replays back to back took -0.31 ms against each after a twin's call" in lines
+    assert "chat: the oracle's replays back to back took -0.31 ms against those paired with the twin" in lines
 
 
 def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:
@@ -175,7 +175,7 @@ def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_
     captured = mechanism.events.count("capture")
     # Each capture serves its call with a first replay, then the timed ones: paired, then back to back.
     assert captured == 2 and mechanism.events.count("replay") == 2 * (1 + 2 * traffic_tower._ORACLE_REPEATS)
-    # Each paired replay follows a call of its own grid on the twin.
+    # Each paired replay is paired with a call of its own grid on the twin.
     assert [list(grid) for grid in twin_calls] == [list(grid) for grid in sorted(set(grids))
                                                    for _ in range(traffic_tower._ORACLE_REPEATS)]  # fmt: skip
     plain = build_tower("tiny", torch.device("cpu"), torch.float32, None, seed=0)

@@ -87,10 +87,10 @@ def measure_tower(
                         {k: stats[k] - at_half[k] for k in counts},
                         _mean_saving(oracle[half:]),
                     ),
+                    # The oracle's replays timed back to back less those timed paired with a twin's call.
+                    "oracle_back_to_back_less_paired_ms": pairing_ms,
                     # Inside the calls that captured: capturing (the pool measured too) and
                     # checking first replays (their device time too).
-                    # The oracle's replays timed back to back less those timed after a twin's call.
-                    "oracle_back_to_back_less_paired_ms": pairing_ms,
                     "runner_capture_ms": 1e3 * stats["capture_seconds"],
                     "runner_verify_ms": 1e3 * stats["verify_seconds"],
                     "launch_ms": stats["launch_ms"],
@@ -122,8 +122,8 @@ def _oracle_savings(
     tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], eager: Sequence[float], oracle_calls: int, seed: int
 ) -> tuple[list[list[float]], float | None]:
     """Per call, the oracle's saving each time it was sampled (``oracle_calls`` draws): its paired
-    eager ms less the median replay of its own graph timed as the stream's calls are, after a call
-    on the ``twin`` (``_oracle_replay_ms``), at least 0; and the mean over the sampled layouts of
+    eager ms less the median replay of its own graph timed as the stream's calls are, paired with a
+    call on the ``twin`` (``_oracle_replay_ms``), at least 0; and the mean over the sampled layouts of
     their back-to-back replays less those, which says what the pairing changes. None sampled on a
     CPU, which has no graphs to time."""
     savings: list[list[float]] = [[] for _ in grids]
@@ -217,8 +217,8 @@ def _timed(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...]) -> float
 
 @dataclass(frozen=True)
 class _OracleReplay:
-    """The median ms of a layout's replays of its own graph, each timed after a call of the same grid
-    on the twin (as the stream's calls are timed, alternating), and back to back."""
+    """The median ms of a layout's replays of its own graph, each paired with a call of the same grid
+    on the twin in the stream's alternating order (``_paired_calls``), and back to back."""
 
     paired_ms: float
     back_to_back_ms: float
@@ -238,9 +238,12 @@ def _oracle_replay_ms(
         _timed(tower, pixels, grid)  # the capture
         replays_before = runner.stats()["replays"]
         paired = []
-        for _ in range(_ORACLE_REPEATS):
-            _timed(twin, pixels, grid)
+        for index in range(_ORACLE_REPEATS):  # the twin first on even repeats, as ``_paired_calls``
+            if index % 2 == 0:
+                _timed(twin, pixels, grid)
             paired.append(_timed(tower, pixels, grid))
+            if index % 2 == 1:
+                _timed(twin, pixels, grid)
         back_to_back = [_timed(tower, pixels, grid) for _ in range(_ORACLE_REPEATS)]
         if runner.stats()["replays"] != replays_before + 2 * _ORACLE_REPEATS:
             raise RuntimeError(f"bench-traffic: the oracle's graph of {grid} did not replay")
@@ -361,7 +364,8 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
         for stream in report["streams"]
     ]
     captures += [
-        f"{stream['stream']}: the oracle's replays back to back took {pairing:+.2f} ms against each after a twin's call"
+        f"{stream['stream']}: the oracle's replays back to back took {pairing:+.2f} ms against those paired "
+        "with the twin"
         for stream in report["streams"]
         if (pairing := stream.get("oracle_back_to_back_less_paired_ms")) is not None
     ]
@@ -384,8 +388,8 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
                     "oracle saves (samples)"]  # fmt: skip
     first = ", padded buckets captured first" if report.get("buckets_first") else ""
     title = f"rocm-vit bench-traffic --mode tower: {report['preset']} on {report['device']}{first} (measured)"
-    notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls; its replays timed",
-             "each after an eager call on the twin, as the stream's calls are); share: of that,",
+    notes = ["", "oracle saves: mean ms a graph of each call's own layout would save (sampled calls; its replays",
+             "paired with eager calls on the twin, as the stream's calls are); share: of that,",
              "what the defaults realized on the mean (shown where the oracle saves over 5 % of eager);",
              "its last N: the stream's second half, the runner's steady state"]  # fmt: skip
     return [title, "", *table_lines(header, cells), *notes, "", *captures, "", *sighting_lines(report), "",
