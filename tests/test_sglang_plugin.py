@@ -68,8 +68,11 @@ def test_load_plugins_finds_rocm_vit_and_hooks_land_on_sglangs_objects(report: d
         "qwen2_5_vl_init",
         "tp_worker",
         "init_cuda_graphs",
+        "encoder_precompile",
     ):
         assert targets[key].startswith(OURS), (key, targets[key])
+    loading = "sglang.srt.model_executor.model_runner_components.load_model_utils"
+    assert targets["runner_precompile"] == f"{loading}.maybe_precompile_model_kernels_after_loading"
     assert targets["tp_worker_in_runtime"] == targets["tp_worker"]  # rebound where it was imported
     assert report["aiter_in_table"] == f"{OURS}.attention.AiterVisionAttention"
     assert report["interpolation"] == f"{OURS}.qwen3_vl.fast_pos_embed_interpolate"
@@ -478,6 +481,46 @@ def test_bucket_captures_follow_sglangs_graphs_and_a_failure_never_stops_the_ser
     assert calls == [("sglang", False), "buckets", "warm-up"]
     assert "capturing the padded buckets of Tower at start failed" in caplog.text
     assert "the eager warm-up of Tower at start failed" in caplog.text
+
+
+def test_the_encode_server_captures_its_buckets_once_its_weights_are_loaded(caplog) -> None:
+    """EPD's encode server builds no ModelRunner: its buckets are captured after SGLang's own
+    post-load step in ``MMEncoder.__init__``, and a failure there never stops the server."""
+    from rocm_vit.integrations.sglang import graph_runner, startup
+
+    calls = []
+
+    class Tower(torch.nn.Module):
+        pass
+
+    class FailingAdapter:
+        captures_buckets_at_start = True
+
+        def __init__(self, vit: torch.nn.Module) -> None:
+            self.vit = vit
+
+        def capture_padded_buckets(self) -> int:
+            calls.append("buckets")
+            raise RuntimeError("a forward that fails")
+
+        def warm_up(self) -> None:
+            calls.append("warm-up")
+
+    def maybe_precompile_model_kernels_after_loading(model, device: str) -> None:
+        calls.append(("sglang", device))
+
+    model = torch.nn.ModuleDict({"visual": Tower()})
+    adapter = FailingAdapter(model["visual"])
+    graph_runner._ADAPTERS.add(adapter)
+    try:
+        hooked = startup.capture_buckets_after_loading(maybe_precompile_model_kernels_after_loading)
+        assert list(inspect.signature(hooked).parameters) == ["model", "device"]
+        with caplog.at_level(logging.ERROR, logger=startup.__name__):
+            hooked(model, "cuda")
+    finally:
+        graph_runner._ADAPTERS.discard(adapter)
+    assert calls == [("sglang", "cuda"), "buckets", "warm-up"]
+    assert "capturing the padded buckets of Tower at start failed" in caplog.text
 
 
 class _RowParallel(torch.nn.Module):

@@ -75,6 +75,9 @@ SGLANG_TARGETS = {
     "tp_worker_in_runtime": ("sglang.srt.disaggregation.encoder.runtime", "launch_encoder"),
     "dp_worker": ("sglang.srt.disaggregation.encoder.runtime", "launch_dp_worker"),
     "init_cuda_graphs": ("sglang.srt.model_executor.model_runner", "ModelRunner.init_cuda_graphs"),
+    "encoder_precompile": ("sglang.srt.disaggregation.encoder.server", "maybe_precompile_model_kernels_after_loading"),
+    # The same function object: ModelRunner's must stay SGLang's (its buckets come at init_cuda_graphs).
+    "runner_precompile": ("sglang.srt.model_executor.model_runner", "maybe_precompile_model_kernels_after_loading"),
     # The same function objects serve the language models' rotary: they must stay SGLang's.
     "llm_rotary": ("sglang.srt.layers.rotary_embedding.utils", "apply_rotary_pos_emb_native"),
     "llm_rotary_eager": ("sglang.srt.layers.rotary_embedding.utils", "apply_rotary_pos_emb_native_eager"),

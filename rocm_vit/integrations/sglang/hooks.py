@@ -109,6 +109,15 @@ def _install_bucket_captures(model_runner: ModuleType) -> None:
     replace_attribute(runner_class, "init_cuda_graphs", capture_buckets_after(runner_class.init_cuda_graphs))
 
 
+def _install_encoder_bucket_captures(server: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.startup import capture_buckets_after_loading
+
+    name = "maybe_precompile_model_kernels_after_loading"
+    # Not rebound: ModelRunner calls the same function before the KV cache is sized, and captures its
+    # buckets later, at init_cuda_graphs.
+    replace_attribute(server, name, capture_buckets_after_loading(getattr(server, name)), rebind=False)
+
+
 def _install_tp_worker(server: ModuleType) -> None:
     from rocm_vit.integrations.sglang import workers
 
@@ -217,6 +226,13 @@ HOOKS: tuple[Hook, ...] = (
         targets=(f"{_MODEL_RUNNER}.ModelRunner.init_cuda_graphs",),
         signatures={"ModelRunner.init_cuda_graphs": ("self", "capture_decode_cuda_graph")},
         install=_install_bucket_captures,
+    ),
+    Hook(
+        name="encoder_buckets_at_start",
+        module=_ENCODER_SERVER,
+        targets=(f"{_ENCODER_SERVER}.maybe_precompile_model_kernels_after_loading",),
+        signatures={"maybe_precompile_model_kernels_after_loading": ("model", "device"), "MMEncoder": None},
+        install=_install_encoder_bucket_captures,
     ),
     Hook(
         name="encoder_tp_worker",

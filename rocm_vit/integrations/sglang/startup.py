@@ -42,6 +42,24 @@ def capture_buckets_after(original_init_cuda_graphs: Callable[..., None]) -> Cal
     return init_cuda_graphs
 
 
+def capture_buckets_after_loading(original_precompile: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """The encode server's ``maybe_precompile_model_kernels_after_loading`` that then captures the
+    padded buckets of the model's ViTs.
+
+    An encode server of disaggregated serving (``MMEncoder``) builds no ``ModelRunner``, so
+    ``init_cuda_graphs`` never runs there; ``MMEncoder.__init__`` calls this once the weights are
+    loaded, on every rank of the encoder's TP group (each DP worker alone). Same parameters as
+    ``original_precompile``."""
+
+    def maybe_precompile_model_kernels_after_loading(model: Any, device: Any) -> None:
+        original_precompile(model, device)
+        if isinstance(model, nn.Module):
+            capture_vit_buckets(model)
+
+    functools.update_wrapper(maybe_precompile_model_kernels_after_loading, original_precompile, assigned=("__doc__",))
+    return maybe_precompile_model_kernels_after_loading
+
+
 @torch.no_grad()  # as SGLang's own captures: inference mode may write these tensors, not the reverse
 def capture_vit_buckets(model: nn.Module) -> int:
     """Capture the padded buckets of each ViT in ``model`` whose runner is to
