@@ -126,6 +126,21 @@ def test_a_failure_on_one_rank_leaves_every_rank_on_the_same_path(ranks: list[di
     assert all(r["failures"] == 0 and not r["stopped"] for r in reports)
 
 
+def test_buckets_captured_at_start_on_every_rank_serve_the_first_requests(ranks: list[dict]) -> None:
+    """Padding on, as SGLang serves by default: the start hooks' bucket captures run on every rank
+    (each all-reduce of a capture in the custom all-reduce's capture context, none answered with
+    zeros), and each rank's first requests replay those graphs, equal to its padded eager calls."""
+    reports = _episode(ranks, "start")
+    for report in reports:
+        assert report["captured"] == report["captures_at_start"] > 0, report
+        assert report["captures_while_serving"] == 0 and report["replays"] == report["padded_requests"] > 0, report
+        assert all(report["bitwise_equal"]) and report["failures"] == 0, report
+        assert report["a_stale_adapter_beside"]
+        counts = report["all_reduce"]
+        assert counts.get("warm_up_zeros", 0) == 0 and counts.get("registered", 0) == 0, counts
+    assert len({report["captured"] for report in reports}) == 1  # every rank captured the same buckets
+
+
 def test_churn_registers_nothing_with_the_all_reduce(ranks: list[dict]) -> None:
     """5,000 calls of ever new layouts at capacity 8, the all-reduce's table scaled to hold as many of
     this tower's captures as aiter's 131,072 entries hold of Qwen3-VL-8B's: no registration (captured

@@ -443,33 +443,43 @@ def test_with_vit_graphs_off_the_server_start_runs_one_eager_call_that_compiles_
     assert warm_up["rotary_calls_in_requests"] > 0 and warm_up["patterns_new_in_requests"] == 0
 
 
+class _FailingAdapter:
+    """Stands for an adapter whose tower raises in SGLang's forward; its tower holds it, as SGLang's
+    ``graph_runners`` does."""
+
+    captures_buckets_at_start = True
+
+    def __init__(self, vit: torch.nn.Module, calls: list, warm_up_fails: bool = True) -> None:
+        self.vit, self.calls, self.warm_up_fails = vit, calls, warm_up_fails
+        vit.graph_runners = self
+
+    def held_by_its_tower(self) -> bool:
+        return self.vit.graph_runners is self
+
+    def capture_padded_buckets(self) -> int:
+        self.calls.append("buckets")
+        raise RuntimeError("a forward that fails")
+
+    def warm_up(self) -> None:  # no bucket captured: the eager call compiles what requests would
+        self.calls.append("warm-up")
+        if self.warm_up_fails:
+            raise RuntimeError("a forward that fails")
+
+
+class _Tower(torch.nn.Module):
+    pass
+
+
 def test_bucket_captures_follow_sglangs_graphs_and_a_failure_never_stops_the_server(caplog) -> None:
     from rocm_vit.integrations.sglang import graph_runner, startup
 
     calls = []
 
-    class Tower(torch.nn.Module):
-        pass
-
-    class FailingAdapter:  # stands for an adapter whose tower raises in SGLang's forward
-        captures_buckets_at_start = True
-
-        def __init__(self, vit: torch.nn.Module) -> None:
-            self.vit = vit
-
-        def capture_padded_buckets(self) -> int:
-            calls.append("buckets")
-            raise RuntimeError("a forward that fails")
-
-        def warm_up(self) -> None:  # no bucket captured: the eager call compiles what requests would
-            calls.append("warm-up")
-            raise RuntimeError("a forward that fails")
-
     def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True) -> None:
         calls.append(("sglang", capture_decode_cuda_graph))
 
-    model, elsewhere = torch.nn.ModuleDict({"visual": Tower()}), Tower()
-    adapters = [FailingAdapter(model["visual"]), FailingAdapter(elsewhere)]  # only the first is the model's
+    model, elsewhere = torch.nn.ModuleDict({"visual": _Tower()}), _Tower()
+    adapters = [_FailingAdapter(model["visual"], calls), _FailingAdapter(elsewhere, calls)]  # the first is the model's
     graph_runner._ADAPTERS.update(adapters)
     try:
         hooked = startup.capture_buckets_after(init_cuda_graphs)
@@ -479,8 +489,8 @@ def test_bucket_captures_follow_sglangs_graphs_and_a_failure_never_stops_the_ser
     finally:
         graph_runner._ADAPTERS.difference_update(adapters)
     assert calls == [("sglang", False), "buckets", "warm-up"]
-    assert "capturing the padded buckets of Tower at start failed" in caplog.text
-    assert "the eager warm-up of Tower at start failed" in caplog.text
+    assert "capturing the padded buckets of _Tower at start failed" in caplog.text
+    assert "the eager warm-up of _Tower at start failed" in caplog.text
 
 
 def test_the_encode_server_captures_its_buckets_once_its_weights_are_loaded(caplog) -> None:
@@ -490,27 +500,11 @@ def test_the_encode_server_captures_its_buckets_once_its_weights_are_loaded(capl
 
     calls = []
 
-    class Tower(torch.nn.Module):
-        pass
-
-    class FailingAdapter:
-        captures_buckets_at_start = True
-
-        def __init__(self, vit: torch.nn.Module) -> None:
-            self.vit = vit
-
-        def capture_padded_buckets(self) -> int:
-            calls.append("buckets")
-            raise RuntimeError("a forward that fails")
-
-        def warm_up(self) -> None:
-            calls.append("warm-up")
-
     def maybe_precompile_model_kernels_after_loading(model, device: str) -> None:
         calls.append(("sglang", device))
 
-    model = torch.nn.ModuleDict({"visual": Tower()})
-    adapter = FailingAdapter(model["visual"])
+    model = torch.nn.ModuleDict({"visual": _Tower()})
+    adapter = _FailingAdapter(model["visual"], calls, warm_up_fails=False)
     graph_runner._ADAPTERS.add(adapter)
     try:
         hooked = startup.capture_buckets_after_loading(maybe_precompile_model_kernels_after_loading)
@@ -520,7 +514,25 @@ def test_the_encode_server_captures_its_buckets_once_its_weights_are_loaded(capl
     finally:
         graph_runner._ADAPTERS.discard(adapter)
     assert calls == [("sglang", "cuda"), "buckets", "warm-up"]
-    assert "capturing the padded buckets of Tower at start failed" in caplog.text
+    assert "capturing the padded buckets of _Tower at start failed" in caplog.text
+
+
+def test_the_start_serves_only_the_adapter_each_tower_holds_in_the_models_module_order() -> None:
+    """Every rank of a TP group must make the start's calls, and their collectives, in the same
+    order: not the order of this process's set of adapters, and never through an adapter its tower
+    no longer holds (a rebuilt tower's), which would add calls on one rank only."""
+    from rocm_vit.integrations.sglang import graph_runner
+
+    calls: list = []
+    towers = [_Tower() for _ in range(6)]
+    model = torch.nn.ModuleDict({f"tower{index}": tower for index, tower in enumerate(towers)})
+    stale = [_FailingAdapter(tower, calls) for tower in towers[:3]]
+    serving = [_FailingAdapter(tower, calls) for tower in towers]  # the towers now hold these
+    graph_runner._ADAPTERS.update(stale + serving)
+    try:
+        assert graph_runner.adapters_in(model) == serving
+    finally:
+        graph_runner._ADAPTERS.difference_update(stale + serving)
 
 
 class _RowParallel(torch.nn.Module):

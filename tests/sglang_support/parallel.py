@@ -170,20 +170,53 @@ def _churn(model: torch.nn.Module, rank: int, world_size: int) -> dict:
     }
 
 
+def _start(model: torch.nn.Module, rank: int, world_size: int) -> dict:
+    """A server's start with padding on: the padded buckets captured on every rank by the start hooks'
+    ``capture_vit_buckets`` (what ``init_cuda_graphs`` and the encode server's post-load step run), then
+    this rank's requests, those the runner pads served by a bucket graph, each equal bit for bit to the
+    runner's padded eager call (an adapter of capacity 0). The first adapter stays alive beside the
+    serving one, as a rebuilt tower's would."""
+    from rocm_vit.integrations.sglang.startup import capture_vit_buckets
+    from rocm_vit.layout import VisionLayout
+
+    requests = _requests(model, repeats=1)
+    reference = _adapter(model, SGLANG_VIT_CUDA_GRAPH_PADDING="1", SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="0")
+    padded_eager = _run(model, requests, graphs=True)
+    adapter = _adapter(model, SGLANG_VIT_CUDA_GRAPH_PADDING="1")
+    padding = adapter._runner.padding
+    padded = [padding.padded(VisionLayout.from_grid_thw(grid, 2).attention) is not None for _, grid in requests]
+    before = _all_reduce_counts(model)
+    captured = capture_vit_buckets(torch.nn.ModuleDict({"visual": model}))  # as SGLang's model holds it
+    at_start = adapter.stats()
+    served = _run(model, requests, graphs=True)
+    stats = adapter.stats()
+    return {
+        "captured": captured,
+        "captures_at_start": at_start["captures"],
+        "captures_while_serving": stats["captures"] - at_start["captures"],
+        "replays": stats["replays"] - at_start["replays"],
+        "padded_requests": sum(padded),
+        "bitwise_equal": [torch.equal(a, b) for a, b in zip(served, padded_eager, strict=True)],
+        "failures": stats["failures"],
+        "all_reduce": _difference(_all_reduce_counts(model), before),
+        "a_stale_adapter_beside": not reference.held_by_its_tower(),  # alive (a local), no longer held
+    }
+
+
 def _episodes_with_failures(names: list[str]) -> dict:
     return {f"fail_{name}": (lambda model, rank, size, name=name: _serve(model, rank, size, name)) for name in names}
 
 
-EPISODES = {"serve": _serve, "churn": _churn, **_episodes_with_failures(list(FAILURES))}
+EPISODES = {"serve": _serve, "churn": _churn, "start": _start, **_episodes_with_failures(list(FAILURES))}
 _EVERY_FAILURE = ["serve", *(f"fail_{name}" for name in FAILURES)]
 # name: (SGLang ServerArgs fields, how the rank starts, episodes)
 LAYOUTS: dict[str, tuple[dict, str, list[str]]] = {
-    "tp2": ({"tp_size": 2}, "serving", [*_EVERY_FAILURE, "churn"]),  # churn: ~1 min
+    "tp2": ({"tp_size": 2}, "serving", [*_EVERY_FAILURE, "start", "churn"]),  # churn: ~1 min
     "tp4": ({"tp_size": 4}, "serving", _EVERY_FAILURE),
     "dp_attention_tp4_dp2": ({"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve"]),
-    "dp_attention_tp2_dp2": ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve"]),
+    "dp_attention_tp2_dp2": ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve", "start"]),
     "dp_encoder_tp2": ({"tp_size": 2, "mm_enable_dp_encoder": True}, "serving", ["serve"]),
-    "encode_server_tp2": ({"tp_size": 2}, "encoder", ["serve", "fail_capture"]),
+    "encode_server_tp2": ({"tp_size": 2}, "encoder", ["serve", "fail_capture", "start"]),
 }
 
 

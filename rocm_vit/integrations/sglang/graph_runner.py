@@ -278,7 +278,7 @@ class ViTGraphRunnerAdapter:
             return 0
         if not callable(getattr(vit, "forward_with_cuda_graph", None)):
             return 0
-        if not any(value is self for value in vars(vit).values()):
+        if not self.held_by_its_tower():
             return 0
         captures = runner.stats()["captures"]
         call_grids = runner.padding.bucket_call_grids(vit.spatial_merge_size)
@@ -287,6 +287,10 @@ class ViTGraphRunnerAdapter:
             if self._runner is not runner:  # it failed, and SGLang's eager blocks serve from now on
                 return 0
         return runner.stats()["captures"] - captures
+
+    def held_by_its_tower(self) -> bool:
+        """Whether SGLang's forward reaches this adapter: its tower holds it (``graph_runners``)."""
+        return any(value is self for value in vars(self.vit).values())
 
     def warm_up(self) -> None:
         """An eager call of a random image through SGLang's own ``forward`` under ``no_grad`` and one
@@ -536,9 +540,13 @@ def _custom_all_reduce_tokens(vit: nn.Module, group: Any, max_tokens: int) -> tu
 
 
 def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
-    """This process's adapters whose tower is a module of ``model``."""
-    towers = {id(module) for module in model.modules()}
-    return [adapter for adapter in list(_ADAPTERS) if id(adapter.vit) in towers]
+    """The adapters serving the towers of ``model`` (each the one its tower holds), in the model's
+    module order. Their start calls make the tower's collectives, so every rank of a group must make
+    them in the same order: this process's set of adapters iterates in an order of its own, and an
+    adapter its tower no longer holds serves nothing (seen under TP 2: one rank warmed up while the
+    other captured a bucket, and gloo found the collectives' sizes differ)."""
+    serving = {id(adapter.vit): adapter for adapter in list(_ADAPTERS) if adapter.held_by_its_tower()}
+    return [serving[id(module)] for module in model.modules() if id(module) in serving]
 
 
 def _pixel_width(vit: nn.Module) -> int | None:
