@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,8 +24,11 @@ from rocm_vit.cli.traffic_tower import TOWER_STREAMS, format_tower_table, measur
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.padding import Padding
 from rocm_vit.layout import AttentionLayout, VisionLayout
+from rocm_vit.policy import runner_options
+from rocm_vit.settings import Settings
 from rocm_vit.workloads.traffic import (
     MEAN_SLOWER_LIMIT,
     P90_SLOWER_LIMIT,
@@ -107,21 +111,19 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row["met"] for row in target_rows(report)) else 1
 
 
-_RUNNER_LIMITS = {"capacity": 32, "min_hits": 2, "max_tokens": 8192}
-
-
-def policies(tuned_launch_ms: float | None = None) -> dict[str, dict[str, Any]]:
-    """Admission by call count (the baseline before #30); by the cost model, exact layouts only; and
-    today's defaults, small layouts padded to shared buckets by the policy's model, whose launch
-    time is the untuned default or ``tuned_launch_ms`` (a profile's)."""
-    model = CostModel().for_blocks(BLOCKS)
+def policies(tuned_launch_ms: float | None = None) -> dict[str, RunnerOptions]:
+    """Today's defaults (``runner_options`` of the default settings, without a resolved policy): small
+    layouts padded to shared buckets by the policy's model, whose launch time is the untuned default
+    or ``tuned_launch_ms`` (a profile's); the same, exact layouts only; and admission by call count
+    (the baseline before #30)."""
+    defaults = runner_options(None, Settings(), BLOCKS, takes_device_offsets=True)
     if tuned_launch_ms is not None:
-        model = model.with_launch_ms(tuned_launch_ms)
-    benefit = {**_RUNNER_LIMITS, "cost_model": model}
+        model = defaults.cost_model.with_launch_ms(tuned_launch_ms)
+        defaults = replace(defaults, cost_model=model, padding=Padding(model, defaults.max_tokens))
     return {
-        "count": {**_RUNNER_LIMITS, "max_tokens": 4096, "cost_model": None},
-        "benefit, exact": benefit,
-        "benefit": {**benefit, "padding": Padding(model, _RUNNER_LIMITS["max_tokens"])},
+        "count": replace(defaults, max_tokens=4096, cost_model=None, padding=None),
+        "benefit, exact": replace(defaults, padding=None),
+        "benefit": defaults,
     }
 
 
@@ -136,7 +138,7 @@ def simulate(
     calls that capture its buckets (``Padding.bucket_call_grids``), charged nothing and left out of
     its counts, as a server's startup would."""
     chosen = policies(tuned_launch_ms)
-    max_tokens = _RUNNER_LIMITS["max_tokens"]
+    max_tokens = chosen["benefit"].max_tokens
     seq_lens = [segment_lengths(grid) for grid in stream.calls]
     eager = [host.eager_ms(lens) for lens in seq_lens]
     oracle = [min(host.eager_ms(lens), host.replay_ms(lens)) for lens in seq_lens]
@@ -144,12 +146,14 @@ def simulate(
     result["oracle"] = latency_summary(oracle)
     savings = [[e - o] for e, o in zip(eager, oracle, strict=True)]
     result["oracle_by_sighting"] = oracle_by_sighting(stream.calls, savings, max_tokens)
-    bound, captures = admission_bound(seq_lens, host, chosen["benefit"]["padding"].bucket_for, max_tokens)
+    bound, captures = admission_bound(seq_lens, host, chosen["benefit"].padding.bucket_for, max_tokens)
     result["bound"] = {**latency_summary(bound), "capture": captures, **_shares(eager, oracle, bound)}
     for name, options in chosen.items():
         clock = _HostClock(host)
-        runner = ViTGraphRunner(_toy_blocks, _no_attention, mechanism=HostGraphs(), clock=clock, **options)
-        padding = options.get("padding")
+        runner = ViTGraphRunner(
+            _toy_blocks, _no_attention, mechanism=HostGraphs(), clock=clock, **options.runner_kwargs()
+        )
+        padding = options.padding
         if buckets_first and padding is not None:
             for grids in padding.bucket_call_grids(MERGE):
                 layout = VisionLayout.from_grid_thw(grids, MERGE).attention

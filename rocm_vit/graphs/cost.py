@@ -114,15 +114,16 @@ def launch_from_call(eager_ms: float, graph_ms: float) -> float:
 
 def launch_from_eager(eager_ms: float, device_ms: float) -> float:
     """The launch time under which the model gives ``eager_ms`` for a call of ``device_ms`` (0 where
-    eager is no slower than the device): eager grows with the launch time, so a bisection finds it.
-    A launch-bound call's eager time is the soft maximum, above the launch time itself."""
+    eager is no slower than the device): ``_eager_ms`` solved for the launch time, on its soft
+    branch where the device time is within ``_SOFT_UNTIL`` of the result, else on its flat one. A
+    launch-bound call's eager time is the soft maximum, above the launch time itself."""
     if eager_ms <= device_ms:
         return 0.0
-    low, high = 0.0, eager_ms  # _eager_ms(high, device_ms) >= eager_ms
-    for _ in range(60):
-        middle = (low + high) / 2
-        low, high = (middle, high) if _eager_ms(middle, device_ms) < eager_ms else (low, middle)
-    return high
+    power = _SOFT_MAX_POWER
+    soft = (eager_ms**power - device_ms**power) ** (1 / power)
+    if device_ms <= _SOFT_UNTIL * soft:
+        return soft
+    return eager_ms / (1 + _SOFT_UNTIL**power) ** (1 / power)
 
 
 def _eager_ms(launch_ms: float, device_ms: float) -> float:

@@ -98,23 +98,13 @@ class ViTGraphRunner:
         RunnerOptions(capacity, min_hits, max_tokens, budget_bytes, cost_model, padding)  # checks them
         self.forward_blocks = forward_blocks
         self.layout_args = layout_args
-        self.capacity = capacity
-        self.min_hits = min_hits
-        self.max_tokens = max_tokens
         self._admission = Admission(
             capacity=capacity, min_hits=min_hits, max_tokens=max_tokens, cost_model=cost_model, agree=self._agree
         )
         self._prepare_capture = prepare_capture or _nothing
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
-        self._store = GraphStore(
-            self._mechanism,
-            self._admission,
-            capacity=capacity,
-            max_tokens=max_tokens,
-            budget_bytes=budget_bytes,
-            agree_max=agree_max,
-        )
+        self._store = GraphStore(self._mechanism, self._admission, budget_bytes=budget_bytes, agree_max=agree_max)
         self._padding = padding
         self._clock = clock
         self._padded_calls = 0
@@ -228,6 +218,19 @@ class ViTGraphRunner:
             return output, None, tensors
         self._eager_runs[reason] += 1
         return None, reason, tensors
+
+    @property
+    def capacity(self) -> int:
+        return self._admission.capacity
+
+    @property
+    def min_hits(self) -> int:
+        return self._admission.min_hits
+
+    @property
+    def max_tokens(self) -> int:
+        """The most patches a captured call has: the admission guard and the staging's rows."""
+        return self._admission.max_tokens
 
     @property
     def padding(self) -> Padding | None:
