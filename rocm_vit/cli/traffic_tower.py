@@ -276,9 +276,12 @@ def per_call(
 
 
 def served_counters(runner: Any) -> dict[str, int]:
-    """The runner's ``counters`` and its ``captures`` (``counters`` lacks them): read between calls,
-    where no capture holds the runner's lock (each runs inside its call)."""
-    return {**runner.counters(), "captures": runner.stats()["captures"]}
+    """The runner's calls so far by how they were served (replays, captures, eager runs by reason,
+    padded calls), from one ``stats``: read between calls, where no capture holds the runner's lock
+    (each runs inside its call)."""
+    stats = runner.stats()
+    return {"replays": stats["replays"], "captures": stats["captures"], **stats["eager_runs"],
+            "padded": stats["padded_calls"]}  # fmt: skip
 
 
 def served_as(before: dict[str, int], after: dict[str, int]) -> str:

@@ -7,7 +7,6 @@ docs/benchmarks.md, "`rocm-vit bench-memory`".
 from __future__ import annotations
 
 import gc
-import logging
 import statistics
 import sys
 import threading
@@ -28,8 +27,6 @@ from rocm_vit.workloads.workload import (
     progress,
     revisiting_workloads,
 )
-
-logger = logging.getLogger(__name__)
 
 # Who holds reserved memory (``_reserved_by_holder``).
 HOLDERS = ("graph pools", "runner's stream (staging)", "default stream (eager calls)", "other streams (side)")
@@ -419,7 +416,7 @@ def _timed_run(
         torch.cuda.synchronize()
         call_started = time.perf_counter()
         _call(tower, pixels, index, workload, use_graphs)
-        torch.cuda.current_stream().synchronize()  # not the device: a capture may run
+        torch.cuda.current_stream().synchronize()  # the call's own work, as a server waits for it
         call_ms.append((time.perf_counter() - call_started) * 1e3)
         if use_graphs:
             stats = runner.stats()
