@@ -365,7 +365,8 @@ def _reserved_by_holder(runner: object) -> dict[str, int]:
     stream)."""
     held: Counter[str] = Counter({name: 0 for name in HOLDERS})
     default_stream = torch.cuda.default_stream().cuda_stream
-    runner_stream = getattr(getattr(runner, "_stream", None), "cuda_stream", None)
+    store = getattr(runner, "_store", None)  # the runner's graphs and staging, and the stream they were made on
+    runner_stream = getattr(getattr(store, "stream", None), "cuda_stream", None)
     for segment in torch.cuda.memory_snapshot():
         if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
             held[HOLDERS[0]] += segment["total_size"]
