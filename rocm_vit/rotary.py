@@ -128,4 +128,5 @@ def _call_pattern(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
         tuple(tuple(t.shape[1:]) for t in tensors),
         tuple(t.stride() for t in tensors),
         torch.is_grad_enabled(),  # without grad, always run in inference mode (_one_mode_without_grad)
+        q.is_inference(),  # other dispatch keys: Dynamo traces again, so it is a pattern of its own
     )

@@ -467,6 +467,22 @@ def test_a_first_call_whose_token_count_equals_the_head_count_compiles_for_every
 
 
 @pytest.mark.slow
+def test_inference_tensors_trace_without_duck_sizing_too(generator, on_platform) -> None:
+    """Tensors made under inference mode carry other dispatch keys, so Dynamo traces again for them,
+    and that trace too must keep the token count its own symbol: the SGLang plugin's start warms up
+    with 16 tokens under ``no_grad`` and under ``inference_mode``, Qwen3-VL has 16 heads, and the first
+    inference-mode request of another size compiled again. One compile per kind of tensor."""
+    on_platform("rocm")
+    compiles = _dynamo_compiles()
+    for grad_mode, num_tokens in ((torch.no_grad, 16), (torch.inference_mode, 16), (torch.inference_mode, 300)):
+        with grad_mode():  # the tensors too: made under inference mode, they are inference tensors
+            qkv, cos, sin = _fused_qkv_args(generator, num_tokens, 16, 64, torch.bfloat16)
+            q, k, _ = qkv.unbind(1)
+            rotary.apply_rotary(q, k, cos, sin)
+    assert compiles() == 2
+
+
+@pytest.mark.slow
 def test_compiled_helper_keeps_each_dtype_for_mixed_q_and_k(generator, on_platform):
     on_platform("rocm")
     args = _random_args(generator, 9, 4, 2, 80, torch.float16, torch.bfloat16)
