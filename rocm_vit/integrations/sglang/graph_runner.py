@@ -118,6 +118,7 @@ class ViTGraphRunnerAdapter:
         self._stopped_stats: dict[str, Any] = {}  # the runner's last counters, once it stopped serving
         self._runner: ViTGraphRunner | None = None
         settings = _settings()
+        self._graphs_on = settings.vit_cuda_graph  # else SGLang's eager forward serves, whatever runner is built
         self.captures_buckets_at_start = settings.vit_cuda_graph and settings.graph_capture_buckets
         _ADAPTERS.add(self)
         eager_problem = eager_unsupported_reason(vit)
@@ -299,13 +300,14 @@ class ViTGraphRunnerAdapter:
         tensor's dispatch keys differ) and for every token count (no duck sizing); captures at start
         compile the ``no_grad`` kind only. With rocm-vit's runner serving the tower the image is
         larger than it captures (``max_tokens``), so nothing is captured or counted towards a capture;
-        else two merge blocks square."""
+        else (graphs off, or no runner) two merge blocks square."""
         vit, width = self.vit, _pixel_width(self.vit)
         merge = getattr(vit, "spatial_merge_size", None)
         if width is None or not isinstance(merge, int):
             return
         rows = 2 * merge
-        columns = rows if self._runner is None else merge * -(-(self._runner.max_tokens + 1) // (rows * merge))
+        runner = self._runner if self._graphs_on else None
+        columns = rows if runner is None else merge * -(-(runner.max_tokens + 1) // (rows * merge))
         for grad_mode in (torch.no_grad, torch.inference_mode):
             with grad_mode():  # the pixels too: made under inference mode, they are inference tensors
                 for grids, pixels in bucket_calls([[(1, rows, columns)]], width, vit.device, vit.dtype):
