@@ -482,7 +482,7 @@ def test_bucket_captures_follow_sglangs_graphs_and_a_failure_never_stops_the_ser
     adapters = [_FailingAdapter(model["visual"], calls), _FailingAdapter(elsewhere, calls)]  # the first is the model's
     graph_runner._ADAPTERS.update(adapters)
     try:
-        hooked = startup.capture_buckets_after(init_cuda_graphs)
+        hooked = startup.capture_buckets_after(init_cuda_graphs, startup.model_runner_model)
         assert list(inspect.signature(hooked).parameters) == ["self", "capture_decode_cuda_graph"]
         with caplog.at_level(logging.ERROR, logger=startup.__name__):
             hooked(types.SimpleNamespace(model=model), capture_decode_cuda_graph=False)
@@ -507,7 +507,7 @@ def test_the_encode_server_captures_its_buckets_once_its_weights_are_loaded(capl
     adapter = _FailingAdapter(model["visual"], calls, warm_up_fails=False)
     graph_runner._ADAPTERS.add(adapter)
     try:
-        hooked = startup.capture_buckets_after_loading(maybe_precompile_model_kernels_after_loading)
+        hooked = startup.capture_buckets_after(maybe_precompile_model_kernels_after_loading, startup.loaded_model)
         assert list(inspect.signature(hooked).parameters) == ["model", "device"]
         with caplog.at_level(logging.ERROR, logger=startup.__name__):
             hooked(model, "cuda")

@@ -103,19 +103,20 @@ def _install_qwen2_5_vl_graph_gate(qwen2_5_vl: ModuleType) -> None:
 
 
 def _install_bucket_captures(model_runner: ModuleType) -> None:
-    from rocm_vit.integrations.sglang.startup import capture_buckets_after
+    from rocm_vit.integrations.sglang.startup import capture_buckets_after, model_runner_model
 
     runner_class = model_runner.ModelRunner
-    replace_attribute(runner_class, "init_cuda_graphs", capture_buckets_after(runner_class.init_cuda_graphs))
+    hooked = capture_buckets_after(runner_class.init_cuda_graphs, model_runner_model)
+    replace_attribute(runner_class, "init_cuda_graphs", hooked)
 
 
 def _install_encoder_bucket_captures(server: ModuleType) -> None:
-    from rocm_vit.integrations.sglang.startup import capture_buckets_after_loading
+    from rocm_vit.integrations.sglang.startup import capture_buckets_after, loaded_model
 
     name = "maybe_precompile_model_kernels_after_loading"
     # Not rebound: ModelRunner calls the same function before the KV cache is sized, and captures its
     # buckets later, at init_cuda_graphs.
-    replace_attribute(server, name, capture_buckets_after_loading(getattr(server, name)), rebind=False)
+    replace_attribute(server, name, capture_buckets_after(getattr(server, name), loaded_model), rebind=False)
 
 
 def _install_tp_worker(server: ModuleType) -> None:

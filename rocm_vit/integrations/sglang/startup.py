@@ -1,5 +1,5 @@
-"""The ViT's padded buckets captured while SGLang starts, after its own graphs; with ViT graphs off,
-one eager call instead.
+"""The ViT's padded buckets captured while SGLang starts, after its own graphs (or, in an encode
+server, after its weights load), then eager warm-up calls.
 
 Without this, the first request that lands in each bucket waits for that bucket's capture, or shares
 the host with it (docs/design.md, "Buckets before traffic"); with graphs off, the first request
@@ -25,39 +25,32 @@ from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter, ada
 logger = logging.getLogger(__name__)
 
 
-def capture_buckets_after(original_init_cuda_graphs: Callable[..., None]) -> Callable[..., None]:
-    """``ModelRunner.init_cuda_graphs`` that then captures the padded buckets of the model's ViTs.
+def capture_buckets_after(original: Callable[..., None], model_of: Callable[..., Any]) -> Callable[..., None]:
+    """``original`` (same parameters: the version gate checks them through ``__wrapped__``), then the
+    padded buckets of the ViTs of ``model_of(*its arguments)`` captured (``capture_vit_buckets``)."""
 
-    Same parameters as ``original_init_cuda_graphs`` (the version gate checks them through
-    ``__wrapped__``).
-    """
-
-    def init_cuda_graphs(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init_cuda_graphs(self, *args, **kwargs)
-        model = getattr(self, "model", None)
+    def then_capture(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        model = model_of(*args, **kwargs)
         if isinstance(model, nn.Module):
             capture_vit_buckets(model)
 
-    functools.update_wrapper(init_cuda_graphs, original_init_cuda_graphs, assigned=("__doc__",))
-    return init_cuda_graphs
+    functools.update_wrapper(then_capture, original, assigned=("__doc__",))
+    return then_capture
 
 
-def capture_buckets_after_loading(original_precompile: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
-    """The encode server's ``maybe_precompile_model_kernels_after_loading`` that then captures the
-    padded buckets of the model's ViTs.
+def model_runner_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """The model of ``ModelRunner.init_cuda_graphs``' runner."""
+    return getattr(self, "model", None)
+
+
+def loaded_model(model: Any, device: Any) -> Any:
+    """The model of the encode server's ``maybe_precompile_model_kernels_after_loading``.
 
     An encode server of disaggregated serving (``MMEncoder``) builds no ``ModelRunner``, so
-    ``init_cuda_graphs`` never runs there; ``MMEncoder.__init__`` calls this once the weights are
-    loaded, on every rank of the encoder's TP group (each DP worker alone). Same parameters as
-    ``original_precompile``."""
-
-    def maybe_precompile_model_kernels_after_loading(model: Any, device: Any) -> None:
-        original_precompile(model, device)
-        if isinstance(model, nn.Module):
-            capture_vit_buckets(model)
-
-    functools.update_wrapper(maybe_precompile_model_kernels_after_loading, original_precompile, assigned=("__doc__",))
-    return maybe_precompile_model_kernels_after_loading
+    ``init_cuda_graphs`` never runs there; ``MMEncoder.__init__`` calls that once the weights are
+    loaded, on every rank of the encoder's TP group (each DP worker alone)."""
+    return model
 
 
 @torch.no_grad()  # as SGLang's own captures: inference mode may write these tensors, not the reverse
