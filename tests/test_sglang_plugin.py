@@ -449,8 +449,10 @@ class _FailingAdapter:
 
     captures_buckets_at_start = True
 
-    def __init__(self, vit: torch.nn.Module, calls: list, warm_up_fails: bool = True) -> None:
-        self.vit, self.calls, self.warm_up_fails = vit, calls, warm_up_fails
+    def __init__(
+        self, vit: torch.nn.Module, calls: list, warm_up_fails: bool = True, shares_decisions: bool = False
+    ) -> None:
+        self.vit, self.calls, self.warm_up_fails, self.shares_decisions = vit, calls, warm_up_fails, shares_decisions
         vit.graph_runners = self
 
     def held_by_its_tower(self) -> bool:
@@ -515,6 +517,27 @@ def test_the_encode_server_captures_its_buckets_once_its_weights_are_loaded(capl
         graph_runner._ADAPTERS.discard(adapter)
     assert calls == [("sglang", "cuda"), "buckets", "warm-up"]
     assert "capturing the padded buckets of _Tower at start failed" in caplog.text
+
+
+@pytest.mark.parametrize("failing", ["buckets", "warm-up"])
+def test_under_tensor_parallelism_a_failure_at_start_fails_this_ranks_start(failing: str, caplog) -> None:
+    """A failure the runner did not agree on is one rank's: its peers wait in the tower's collectives
+    for calls it would skip. Raised, it ends this rank's start (SGLang stops the group); swallowed,
+    the group hangs."""
+    from rocm_vit.integrations.sglang import graph_runner, startup
+
+    calls: list = []
+    model = torch.nn.ModuleDict({"visual": _Tower()})
+    adapter = _FailingAdapter(model["visual"], calls, shares_decisions=True)
+    adapter.captures_buckets_at_start = failing == "buckets"
+    graph_runner._ADAPTERS.add(adapter)
+    try:
+        with caplog.at_level(logging.ERROR, logger=startup.__name__), pytest.raises(RuntimeError):
+            startup.capture_vit_buckets(model)
+    finally:
+        graph_runner._ADAPTERS.discard(adapter)
+    assert calls == [failing]  # nothing after the failure on this rank
+    assert "at start failed" in caplog.text
 
 
 def test_the_start_serves_only_the_adapter_each_tower_holds_in_the_models_module_order() -> None:

@@ -152,6 +152,12 @@ class ViTGraphRunnerAdapter:
             )
 
     @property
+    def shares_decisions(self) -> bool:
+        """Whether other ranks run this tower's calls with this one (tensor parallelism): each of its
+        forwards waits in collectives for theirs."""
+        return self._agree is not None
+
+    @property
     def serves_graphs(self) -> bool:
         """Whether rocm-vit's runner serves this tower (built, and no failure yet)."""
         return self._runner is not None

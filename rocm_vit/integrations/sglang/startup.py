@@ -59,9 +59,12 @@ def capture_vit_buckets(model: nn.Module) -> int:
     (``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``, on by default with ViT graphs), then warm each ViT up
     with an eager call under ``no_grad`` and one under ``inference_mode``
     (``ViTGraphRunnerAdapter.warm_up``): what a request's eager call would compile compiles here,
-    whatever SGLang serves under. Never raises: a tower whose captures fail here captures its buckets
-    when requests reach them, one whose warm-up fails compiles in its first request. Returns how
-    many graphs were captured."""
+    whatever SGLang serves under. A tower whose captures fail here captures its buckets when requests
+    reach them, one whose warm-up fails compiles in its first request; both are logged and the
+    server starts. Except under tensor parallelism (``shares_decisions``): a failure the runner did
+    not agree on is this rank's alone, its peers wait inside the tower's collectives for calls it
+    will not make, so it is raised and fails this rank's start rather than hang the group. Returns
+    how many graphs were captured."""
     captured = 0
     for adapter in adapters_in(model):
         if adapter.captures_buckets_at_start:
@@ -75,8 +78,10 @@ def _capture_buckets(adapter: ViTGraphRunnerAdapter) -> int:
     tower, started = type(adapter.vit).__name__, time.perf_counter()
     try:
         graphs = adapter.capture_padded_buckets()
-    except Exception:  # server start must go on; the runner captures on demand instead
+    except Exception:  # server start goes on; the runner captures on demand instead
         logger.exception("rocm-vit: capturing the padded buckets of %s at start failed", tower)
+        if adapter.shares_decisions:
+            raise
         return 0
     if graphs:
         held_mib = adapter.stats().get("bytes_held", 0) / 2**20
@@ -91,7 +96,9 @@ def _warm_up(adapter: ViTGraphRunnerAdapter) -> None:
     tower, started = type(adapter.vit).__name__, time.perf_counter()
     try:
         adapter.warm_up()
-    except Exception:  # server start must go on; the first request compiles instead
+    except Exception:  # server start goes on; the first request compiles instead
         logger.exception("rocm-vit: the eager warm-up of %s at start failed", tower)
+        if adapter.shares_decisions:
+            raise
         return
     logger.info("rocm-vit: %s warmed up with eager calls at start in %.1f s", tower, time.perf_counter() - started)
