@@ -396,7 +396,7 @@ def test_a_side_stream_made_for_a_capture_keeps_its_blas_workspace_out_of_the_po
     pool_id = tuple(runner._store.pool)
     pool_segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
     assert pool_segments and all(segment["allocated_size"] == 0 for segment in pool_segments)
-    runner._release_pools()
+    runner._store.release_pools()
     assert not any(tuple(s["segment_pool_id"]) == pool_id for s in torch.cuda.memory_snapshot())
 
 
@@ -427,7 +427,7 @@ def test_releasing_the_pools_hands_their_segments_back() -> None:
     torch.cuda.synchronize()
     pool_id = tuple(runner._store.pool)
     assert any(tuple(segment["segment_pool_id"]) == pool_id for segment in torch.cuda.memory_snapshot())
-    runner._release_pools()
+    runner._store.release_pools()
     assert not any(tuple(segment["segment_pool_id"]) == pool_id for segment in torch.cuda.memory_snapshot())
     assert runner.stats()["pool_bytes"] == 0
     # A fresh pool serves later captures (the released one is never routed to again).
@@ -446,7 +446,7 @@ def test_warm_ups_allocate_in_the_graph_pool_not_in_the_runner_streams_cache() -
 
     def cached_for_runner_stream() -> int:
         torch.cuda.synchronize()
-        stream = runner._stream.cuda_stream
+        stream = runner._store.stream.cuda_stream
         return sum(
             segment["total_size"]
             for segment in torch.cuda.memory_snapshot()
