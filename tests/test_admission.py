@@ -6,6 +6,8 @@ follows from its layout, the calls before it, what the runner reported back, and
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from rocm_vit.graphs.admission import Admission
@@ -126,6 +128,26 @@ def test_the_launch_time_is_learned_from_launch_bound_runs_only_and_moves_the_de
         admission.timed(_layout(SMALL), 20.0)
     assert admission.launch_ms() == pytest.approx(19.947, abs=1e-3)
     assert admission.decide(LARGE, _layout(LARGE)) == "below_min_hits"
+
+
+def test_a_host_far_from_the_models_launch_time_is_told_once_to_tune(caplog: pytest.LogCaptureFixture) -> None:
+    """Padding follows the model's launch time, not the learned one: a host 2x slower than the model
+    (a 20 ms launch against 10) gets one warning naming both and `rocm-vit tune`, however often the
+    launch time is agreed again; one within 1.5x of it gets none."""
+    caplog.set_level(logging.WARNING, logger="rocm_vit.graphs.admission")
+    near = _admission()
+    for _ in range(8):
+        near.timed(_layout(SMALL), 14.0)  # teaches (14^3 - 4^3)^(1/3) = 13.89 ms: within 1.5x of 10
+    assert near.launch_ms() == pytest.approx(13.89, abs=0.01)
+    assert caplog.records == []
+    far = _admission()
+    for _ in range(3):
+        for _ in range(16):
+            far.timed(_layout(SMALL), 20.0)
+        assert far.launch_ms() == pytest.approx(19.947, abs=1e-3)
+    (record,) = caplog.records
+    assert "19.9 ms" in record.getMessage() and "10.0 ms" in record.getMessage()
+    assert "rocm-vit tune" in record.getMessage()
 
 
 def test_a_launch_bound_run_with_device_work_teaches_the_launch_time_under_it() -> None:

@@ -9,6 +9,7 @@ which the cost model needs (docs/design.md, "Runner"). It holds no tensor and to
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 from collections import OrderedDict, deque
@@ -18,6 +19,8 @@ from typing import Any
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, launch_from_eager
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.recent import remember
+
+logger = logging.getLogger(__name__)
 
 # The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
 Agree = Callable[[list[int]], list[int]]
@@ -53,6 +56,11 @@ _CLEARLY_LAUNCH_BOUND_SHARE = 0.5
 _LAYOUT_RUNS_KEPT = 5  # recent host times per layout
 _LAYOUT_RUNS_NEEDED = 3
 _LAYOUTS_TIMED_KEPT = 256
+# A launch time learned this far from the cost model's (either way) is worth one warning: padding,
+# and the buckets captured at start, follow the model's. Simulated chat at a 1.3 MP cap realizes
+# 90 / 91 % of the possible saving untuned / tuned on a 12 ms host, 82 / 87 % on 17 ms, 86 / 94 % on
+# 22 ms (docs/benchmarks.md), where the H100's host measured 82 % untuned.
+_LAUNCH_MISMATCH = 1.5
 
 
 class Admission:
@@ -81,6 +89,7 @@ class Admission:
         self._layout_host_ms: OrderedDict[Hashable, deque[float]] = OrderedDict()  # recent runs, by layout
         # The launch time agreed across ranks, and how many samples had been seen then.
         self._launch_agreed: tuple[float, int] | None = None
+        self._warned_launch = False
 
     def decide(self, key: Hashable, layout: AttentionLayout) -> str | None:
         """Why a call of ``layout`` (graph key ``key``) without a graph runs eagerly now (one of
@@ -168,7 +177,23 @@ class Admission:
                 samples = list(self._launch_samples) or [self.cost_model.launch_ms]  # none launch-bound yet
             microseconds = round(statistics.median(samples) * 1e3)
             self._launch_agreed = (self._agree([microseconds])[0] / 1e3, seen)
+            self._warn_once_if_far_from_the_model(self._launch_agreed[0])
         return self.cost_model.launch_ms if self._launch_agreed is None else self._launch_agreed[0]
+
+    def _warn_once_if_far_from_the_model(self, launch_ms: float) -> None:
+        """Tell the operator once that this host is far from the launch time the model (and padding)
+        was fitted at: the untuned default (10 ms) or a profile of another host."""
+        model_ms = self.cost_model.launch_ms
+        if self._warned_launch or max(launch_ms / model_ms, model_ms / launch_ms) < _LAUNCH_MISMATCH:
+            return
+        self._warned_launch = True
+        logger.warning(
+            "this host launches an eager ViT forward in %.1f ms, the graph cost model assumes %.1f ms: "
+            "admission follows the host's, but padding and the buckets captured at start follow the "
+            "model's; run `rocm-vit tune` on this host (docs/tuning.md)",
+            launch_ms,
+            model_ms,
+        )
 
     def stats(self) -> dict[str, Any]:
         """What ``ViTGraphRunner.stats`` reports of admission; runs no collective."""
