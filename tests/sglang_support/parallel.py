@@ -215,7 +215,7 @@ LAYOUTS: dict[str, tuple[dict, str, list[str]]] = {
     "tp4": ({"tp_size": 4}, "serving", _EVERY_FAILURE),
     "dp_attention_tp4_dp2": ({"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve"]),
     "dp_attention_tp2_dp2": ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve", "start"]),
-    "dp_encoder_tp2": ({"tp_size": 2, "mm_enable_dp_encoder": True}, "serving", ["serve"]),
+    "dp_encoder_tp2": ({"tp_size": 2, "mm_enable_dp_encoder": True}, "serving", ["serve", "start"]),
     "encode_server_tp2": ({"tp_size": 2}, "encoder", ["serve", "fail_capture", "start"]),
 }
 
