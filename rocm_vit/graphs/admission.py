@@ -181,16 +181,16 @@ class Admission:
         return self.cost_model.launch_ms if self._launch_agreed is None else self._launch_agreed[0]
 
     def _warn_once_if_far_from_the_model(self, launch_ms: float) -> None:
-        """Tell the operator once that this host is far from the launch time the model (and padding)
-        was fitted at: the untuned default (10 ms) or a profile of another host."""
+        """Tell the operator once that this machine's eager runs are far from the launch time the model
+        (and padding) was fitted at: the untuned default (10 ms) or a profile of another machine."""
         model_ms = self.cost_model.launch_ms
         if self._warned_launch or max(launch_ms / model_ms, model_ms / launch_ms) < _LAUNCH_MISMATCH:
             return
         self._warned_launch = True
         logger.warning(
-            "this host launches an eager ViT forward in %.1f ms, the graph cost model assumes %.1f ms: "
-            "admission follows the host's, but padding and the buckets captured at start follow the "
-            "model's; run `rocm-vit tune` on this host (docs/tuning.md)",
+            "the launch time learned from this machine's eager ViT runs is %.1f ms, the graph cost "
+            "model's %.1f ms: admission follows the learned one, but padding and the buckets captured "
+            "at start follow the model's; `rocm-vit tune` fits the model to this machine (docs/tuning.md)",
             launch_ms,
             model_ms,
         )
