@@ -194,10 +194,10 @@ def test_the_tower_record_tells_how_each_call_was_served() -> None:
     first, second = _layout((1, 2, 4)), _layout((1, 4, 4))
 
     def served(runner, layout) -> str:
-        before = traffic_tower.served_counters(runner)
+        before = runner.counters()
         x, cos, sin = _inputs(layout, generator)
         runner.run(x, layout, cos, sin)
-        return traffic_tower.served_as(before, traffic_tower.served_counters(runner))
+        return traffic_tower.served_as(before, runner.counters())
 
     assert [served(runner, first) for _ in range(3)] == ["below_min_hits", "capture_unverified", "capture_unverified"]
     assert [served(runner, second) for _ in range(3)] == ["below_min_hits", "capture", "replay"]

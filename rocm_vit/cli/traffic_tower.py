@@ -8,12 +8,13 @@ Results: docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`".
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,6 +32,7 @@ from rocm_vit.workloads.workload import build_tower, progress, table_lines
 _ORACLE_REPEATS = 7  # replays per layout the oracle times
 _SLOWER_CALL = 1.1  # a call this much slower than its eager twin is counted in ``by_kind``
 _MAX_PATCHES = 65536  # the oracle's largest graph (a 32-frame 720p clip: 57,600 patches)
+_T = TypeVar("_T")
 # The streams timed on a real tower: all but chat at the checkpoint's limits (12 MP photos, minutes).
 TOWER_STREAMS = ("chat, 1.3 MP cap", "6 x 640x360 per call", "8 x 640x360 per call", "1 x 1.3 MP per call",
                  "1 x 1080p per call", "video")  # fmt: skip
@@ -176,22 +178,30 @@ def _paired_calls(tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], s
     runner = tower.graph_runner
     timed = _Paired(stats_at_half=runner.stats())  # a stream of one call has an empty first half
     for index, (grid, pixels) in enumerate(_calls(tower, progress(list(grids), label, "call"), seed)):
-        if index % 2 == 0:
-            timed.eager.append(_timed(twin, pixels, grid))
-        _time_under_graphs(tower, pixels, grid, timed)
-        if index % 2 == 1:
-            timed.eager.append(_timed(twin, pixels, grid))
+        under_graphs = functools.partial(_time_under_graphs, tower, pixels, grid, timed)
+        eager_ms, _ = _in_turn(index, functools.partial(_timed, twin, pixels, grid), under_graphs)
+        timed.eager.append(eager_ms)
         if index + 1 == len(grids) // 2:
             timed.stats_at_half = runner.stats()
     return timed
 
 
+def _in_turn(index: int, on_twin: Callable[[], float], under_graphs: Callable[[], _T]) -> tuple[float, _T]:
+    """Call ``index``'s twin (all-eager) call and its call under graphs, the twin first on even
+    calls and second on odd ones, so that neither order's cost falls on one side; both results."""
+    if index % 2 == 0:
+        eager_ms = on_twin()
+        return eager_ms, under_graphs()
+    graphed = under_graphs()
+    return on_twin(), graphed
+
+
 def _time_under_graphs(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...], timed: _Paired) -> None:
     """One call through ``tower``'s runner: its ms and how it was served."""
     runner = tower.graph_runner
-    before = served_counters(runner)
+    before = runner.counters()
     timed.graphs.append(_timed(tower, pixels, grid))
-    timed.served.append(served_as(before, served_counters(runner)))
+    timed.served.append(served_as(before, runner.counters()))
 
 
 def _calls(tower: Any, grids: Iterable[tuple[GridTHW, ...]], seed: int) -> Iterator[tuple[tuple, torch.Tensor]]:
@@ -237,13 +247,9 @@ def _oracle_replay_ms(
     for grid, pixels in _calls(tower, progress(sorted(set(grids)), "oracle", "layout"), seed):
         _timed(tower, pixels, grid)  # the capture
         replays_before = runner.stats()["replays"]
-        paired = []
-        for index in range(_ORACLE_REPEATS):  # the twin first on even repeats, as ``_paired_calls``
-            if index % 2 == 0:
-                _timed(twin, pixels, grid)
-            paired.append(_timed(tower, pixels, grid))
-            if index % 2 == 1:
-                _timed(twin, pixels, grid)
+        on_twin, replayed = (functools.partial(_timed, model, pixels, grid) for model in (twin, tower))
+        # In the order ``_paired_calls`` times the stream's calls.
+        paired = [_in_turn(index, on_twin, replayed)[1] for index in range(_ORACLE_REPEATS)]
         back_to_back = [_timed(tower, pixels, grid) for _ in range(_ORACLE_REPEATS)]
         if runner.stats()["replays"] != replays_before + 2 * _ORACLE_REPEATS:
             raise RuntimeError(f"bench-traffic: the oracle's graph of {grid} did not replay")
@@ -275,19 +281,10 @@ def per_call(
     ]
 
 
-def served_counters(runner: Any) -> dict[str, int]:
-    """The runner's calls so far by how they were served (replays, captures, eager runs by reason,
-    padded calls), from one ``stats``: read between calls, where no capture holds the runner's lock
-    (each runs inside its call)."""
-    stats = runner.stats()
-    return {"replays": stats["replays"], "captures": stats["captures"], **stats["eager_runs"],
-            "padded": stats["padded_calls"]}  # fmt: skip
-
-
 def served_as(before: dict[str, int], after: dict[str, int]) -> str:
-    """How one call was served, from ``served_counters`` around it: its eager reason (a capture that
-    failed or whose first replay differed has one), else ``capture`` (captured inside the call and
-    served by its first replay), else ``replay``; prefixed ``padded`` where it ran padded."""
+    """How one call was served, from the runner's ``counters()`` around it: its eager reason (a
+    capture that failed or whose first replay differed has one), else ``capture`` (captured inside
+    the call and served by its first replay), else ``replay``; prefixed ``padded`` where it ran padded."""
     reasons = [reason for reason in EAGER_REASONS if after[reason] > before[reason]]
     if reasons:
         kind = reasons[0]

@@ -248,11 +248,13 @@ class ViTGraphRunner:
         return output
 
     def counters(self) -> dict[str, int]:
-        """The calls served so far: ``replays``, eager runs by reason, ``padded`` calls of either kind.
-        Unlike ``stats``, read without the runner's lock: a caller on another thread reads them
-        without waiting for a capture (``bench-traffic --mode tower`` reads them call by call)."""
+        """The calls served so far: ``replays``, ``captures`` (each served by its first replay), eager
+        runs by reason, ``padded`` calls of either kind. Unlike ``stats``, read without the runner's
+        lock: a caller on another thread reads them without waiting for a capture (``bench-traffic
+        --mode tower`` reads them around each call, ``served_as``)."""
         with self._counts_lock:
-            return {"replays": self._replays, **self._eager_runs, "padded": self._padded_calls}
+            return {"replays": self._replays, "captures": self._captures, **self._eager_runs,
+                    "padded": self._padded_calls}  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs, ``rocm-vit bench`` and ``bench-memory``: captures, replays, evictions,

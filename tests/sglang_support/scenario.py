@@ -52,7 +52,7 @@ sys.path.append(str(HERE.parent))  # tests/, for the stand-in graph mechanism
 
 import torch  # noqa: E402
 from env_vars import set_env  # noqa: E402
-from toy_tower import tiny_qwen3_vl_config  # noqa: E402
+from toy_tower import tiny_qwen2_5_vl_config, tiny_qwen3_vl_config  # noqa: E402
 
 # Grids (t, h, w) in patches. 4 attention layouts: (1, 4, 8) and (1, 8, 4) share one (a single
 # segment of 32 patches); the third and fourth have 32 patches in segments with other boundaries.
@@ -322,22 +322,8 @@ def _tiny_qwen2_5_vl(device: str, attention: str | None = None) -> torch.nn.Modu
     """SGLang's Qwen2.5-VL tower at toy sizes: 4 blocks, full attention in 1 and 3, 2 x 2 merge-block windows."""
     from sglang.srt.models.qwen2_5_vl import Qwen2_5_VisionTransformer
     from sglang.srt.runtime_context import get_mm
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 
-    config = Qwen2_5_VLVisionConfig(
-        depth=4,
-        hidden_size=64,
-        intermediate_size=96,
-        num_heads=4,
-        out_hidden_size=48,
-        patch_size=4,
-        temporal_patch_size=2,
-        in_channels=3,
-        spatial_merge_size=2,
-        window_size=16,  # 16 // 2 // 4 = 2 merge blocks per window side
-        fullatt_block_indexes=[1, 3],
-        hidden_act="silu",
-    )
+    config = tiny_qwen2_5_vl_config()
     with torch.device(device), get_mm().override(mm_attention_backend=attention):
         return Qwen2_5_VisionTransformer(config).eval()
 

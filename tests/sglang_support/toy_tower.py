@@ -1,25 +1,36 @@
-"""The toy Qwen3-VL vision config the SGLang scenarios build SGLang's real tower from."""
+"""The toy Qwen3-VL and Qwen2.5-VL vision configs the SGLang scenarios build SGLang's real towers from."""
 
 from __future__ import annotations
 
 from typing import Any
 
+# What both toy towers share: 4 heads, an MLP of 96, patches of 4 x 4 over 2 frames of 3 channels
+# (``PATCH_DIM`` 96 in the scenarios), a 2 x 2 merge into rows of 48.
+_SHARED_SIZES = {
+    "intermediate_size": 96,
+    "num_heads": 4,
+    "out_hidden_size": 48,
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "in_channels": 3,
+    "spatial_merge_size": 2,
+}
+
 
 def tiny_qwen3_vl_config(hidden_size: int = 64) -> Any:
-    """3 blocks, 4 heads, patch 4, a 2 x 2 merge and one deepstack merger after block 1; a 6 x 6
-    position table, which most grids interpolate. ``hidden_size`` 64 gives head dim 16."""
+    """3 blocks, one deepstack merger after block 1; a 6 x 6 position table, which most grids
+    interpolate. ``hidden_size`` 64 gives head dim 16."""
     from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
 
     return Qwen3VLVisionConfig(
-        depth=3,
-        hidden_size=hidden_size,
-        intermediate_size=96,
-        num_heads=4,
-        out_hidden_size=48,
-        patch_size=4,
-        temporal_patch_size=2,
-        in_channels=3,
-        spatial_merge_size=2,
-        num_position_embeddings=36,
-        deepstack_visual_indexes=[1],
+        depth=3, hidden_size=hidden_size, num_position_embeddings=36, deepstack_visual_indexes=[1], **_SHARED_SIZES
+    )
+
+
+def tiny_qwen2_5_vl_config() -> Any:
+    """4 blocks, full attention in 1 and 3, windows of 2 x 2 merge blocks (16 // 2 // 4) elsewhere."""
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+
+    return Qwen2_5_VLVisionConfig(
+        depth=4, hidden_size=64, window_size=16, fullatt_block_indexes=[1, 3], hidden_act="silu", **_SHARED_SIZES
     )
