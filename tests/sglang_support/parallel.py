@@ -212,7 +212,7 @@ _EVERY_FAILURE = ["serve", *(f"fail_{name}" for name in FAILURES)]
 # name: (SGLang ServerArgs fields, how the rank starts, episodes)
 LAYOUTS: dict[str, tuple[dict, str, list[str]]] = {
     "tp2": ({"tp_size": 2}, "serving", [*_EVERY_FAILURE, "start", "churn"]),  # churn: ~1 min
-    "tp4": ({"tp_size": 4}, "serving", _EVERY_FAILURE),
+    "tp4": ({"tp_size": 4}, "serving", [*_EVERY_FAILURE, "start"]),
     "dp_attention_tp4_dp2": ({"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve"]),
     "dp_attention_tp2_dp2": ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve", "start"]),
     "dp_encoder_tp2": ({"tp_size": 2, "mm_enable_dp_encoder": True}, "serving", ["serve", "start"]),
