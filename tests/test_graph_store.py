@@ -272,7 +272,7 @@ def _pool_snapshot_without_traces(mempool_id=None, include_traces=True) -> list[
 def test_a_pools_bytes_are_read_from_its_own_snapshot_where_torch_can_take_one(
     monkeypatch: pytest.MonkeyPatch, snapshot, expected_call: dict
 ) -> None:
-    """After each capture the runner reads its pools' bytes on the capture thread: a whole-process
+    """After each capture the runner reads its pools' bytes inside the serving call: a whole-process
     snapshot walks every segment of a server, so the pool's alone (without traces) where this torch
     allows, and on any torch only the pool's segments on the runner's device count."""
     from rocm_vit.graphs import capture
