@@ -247,7 +247,8 @@ def _oracle_replay_ms(
     for grid, pixels in _calls(tower, progress(sorted(set(grids)), "oracle", "layout"), seed):
         _timed(tower, pixels, grid)  # the capture
         replays_before = runner.stats()["replays"]
-        on_twin, replayed = (functools.partial(_timed, model, pixels, grid) for model in (twin, tower))
+        on_twin = functools.partial(_timed, twin, pixels, grid)
+        replayed = functools.partial(_timed, tower, pixels, grid)
         # In the order ``_paired_calls`` times the stream's calls.
         paired = [_in_turn(index, on_twin, replayed)[1] for index in range(_ORACLE_REPEATS)]
         back_to_back = [_timed(tower, pixels, grid) for _ in range(_ORACLE_REPEATS)]

@@ -231,9 +231,9 @@ _no_cyclic_collection = _CollectionPause()
 
 def _pool_snapshot(pool_id: tuple[int, int]) -> list[dict[str, Any]]:
     """The allocator's segments of ``pool_id`` (and maybe others), read after every capture, inside
-    the serving call that made it. A whole-process snapshot lists every segment and block of a server (its weights,
-    its KV cache, with their traces where memory history is recorded) under the GIL, so the pool's
-    alone where this torch takes ``mempool_id``, without traces where it can."""
+    the serving call that made it. A whole-process snapshot lists every segment and block of a server
+    (its weights, its KV cache, with their traces where memory history is recorded) under the GIL, so
+    the pool's alone where this torch takes ``mempool_id``, without traces where it can."""
     options = _snapshot_options()
     if "mempool_id" not in options:
         return torch.cuda.memory_snapshot()
