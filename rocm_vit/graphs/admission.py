@@ -59,7 +59,8 @@ _LAYOUTS_TIMED_KEPT = 256
 # A launch time learned this far from the cost model's (either way) is worth one warning: padding,
 # and the buckets captured at start, follow the model's. Simulated chat at a 1.3 MP cap realizes
 # 90 / 91 % of the possible saving untuned / tuned on a 12 ms host, 82 / 87 % on 17 ms, 86 / 94 % on
-# 22 ms (docs/benchmarks.md); an H100 that learned 22.3 ms measured 82 % untuned.
+# 22 ms (docs/benchmarks.md); H100s that learned 22.3 and 26.9 ms measured 82 and 79 % untuned, and
+# tuned to 9.4 ms (tune times calls alone) 68 %: the warning cannot promise that tuning closes the gap.
 _LAUNCH_MISMATCH = 1.5
 
 
@@ -190,7 +191,8 @@ class Admission:
         logger.warning(
             "the launch time learned from this machine's eager ViT runs is %.1f ms, the graph cost "
             "model's %.1f ms: admission follows the learned one, but padding and the buckets captured "
-            "at start follow the model's; `rocm-vit tune` fits the model to this machine (docs/tuning.md)",
+            "at start follow the model's. `rocm-vit tune` fits the model to this GPU from calls timed "
+            'alone, which a busy host can still outrun (docs/tuning.md, "Launch time")',
             launch_ms,
             model_ms,
         )
