@@ -128,6 +128,11 @@ def test_the_launch_time_is_learned_from_launch_bound_runs_only_and_moves_the_de
         admission.timed(_layout(SMALL), 20.0)
     assert admission.launch_ms() == pytest.approx(19.947, abs=1e-3)
     assert admission.decide(LARGE, _layout(LARGE)) == "below_min_hits"
+    # The runs it learned from are kept for a benchmark to show: the 16 launch-bound ones only.
+    samples = admission.launch_samples()
+    assert len(samples) == 16
+    assert {(sample.host_ms, sample.device_ms) for sample in samples} == {(20.0, 4.0)}
+    assert samples[0].launch_ms == pytest.approx(19.947, abs=1e-3)
 
 
 def test_a_host_far_from_the_models_launch_time_is_told_once_to_tune(caplog: pytest.LogCaptureFixture) -> None:

@@ -98,6 +98,10 @@ def test_under_the_serving_defaults_a_capture_is_recorded_on_the_call_that_made_
     assert kinds["capture"] == 1 and sum(kinds.values()) == 6
     # Calls before the capture ran eagerly; those after it replayed.
     assert kinds["replay"] == measured["graphs"]["replays"] - 1
+    # The eager runs the launch time is learned from, as the runner kept them: here the call before
+    # the capture, launch-bound (its layout's device time by the model is far below the CPU's run).
+    (sample,) = measured["launch_samples"]
+    assert sample["host_ms"] > 2 * sample["device_ms"] > 0 and sample["launch_ms"] <= sample["host_ms"]
 
 
 def test_a_streams_second_half_is_compared_with_the_oracle_on_its_own_sampled_calls(monkeypatch) -> None:
@@ -155,6 +159,14 @@ def test_the_oracles_saving_is_split_by_whether_a_graph_of_an_earlier_call_could
     assert "9.00 / 8.00 / 9.00 / 12.00" in lines  # mean, p50, p90, p99
     assert "chat: 1 captures inside their calls (the runner: 150 ms capturing, 20 ms checking first replays)" in lines
     assert "chat: the oracle's replays back to back took -0.31 ms against those paired with the twin" in lines
+    assert "launch time" not in lines  # the report records no launch-bound run
+    taught = [{"host_ms": ms, "device_ms": 2.0, "launch_ms": ms - 0.5} for ms in (10.0, 20.0, 30.0, 40.0)]
+    report["streams"][0] |= {"launch_ms": 24.5, "launch_samples": taught}
+    lines = "\n".join(traffic_tower.format_tower_table(report))
+    assert (
+        "chat: launch time 24.5 ms, learned from 4 launch-bound eager runs (p10 / p50 / p90: host 13.0 / 25.0 / "
+        "37.0 ms, the model's device time 2.0 / 2.0 / 2.0, taught 12.5 / 24.5 / 36.5)" in lines
+    )
 
 
 def test_the_tower_oracle_times_each_layouts_own_graph_and_refuses_a_graph_that_never_replays(monkeypatch) -> None:

@@ -13,7 +13,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -96,6 +96,11 @@ def measure_tower(
                     "runner_capture_ms": 1e3 * stats["capture_seconds"],
                     "runner_verify_ms": 1e3 * stats["verify_seconds"],
                     "launch_ms": stats["launch_ms"],
+                    # The eager runs the learned launch time is the median of (host, model device, taught).
+                    "launch_samples": [
+                        {name: None if ms is None else round(ms, 3) for name, ms in asdict(sample).items()}
+                        for sample in runner.launch_samples()
+                    ],
                     "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
                     "pool_releases": stats["pool_releases"],
                     "evictions": stats["evictions"],
@@ -337,6 +342,28 @@ def _latencies(summary: dict[str, float]) -> str:
     return " / ".join(f"{summary[key]:.2f}" for key in ("mean_ms", "p50_ms", "p90_ms", "p99_ms"))
 
 
+def _launch_line(stream: dict[str, Any]) -> str | None:
+    """Which eager runs taught the stream's launch time (its median, once eight runs were timed):
+    their host and (by the model) device ms, p10 / p50 / p90; ``None`` where none did (or the
+    report predates the record)."""
+    samples = stream.get("launch_samples")
+    if not samples:
+        return None
+
+    def spread(name: str) -> str:
+        values = [sample[name] for sample in samples if sample[name] is not None]
+        if len(values) < 2:
+            return " / ".join(f"{value:.1f}" for value in values) or "-"
+        deciles = statistics.quantiles(values, n=10, method="inclusive")
+        return f"{deciles[0]:.1f} / {statistics.median(values):.1f} / {deciles[-1]:.1f}"
+
+    return (
+        f"{stream['stream']}: launch time {stream['launch_ms']:.1f} ms, learned from {len(samples)} launch-bound eager "
+        f"runs (p10 / p50 / p90: host {spread('host_ms')} ms, the model's device time {spread('device_ms')}, "
+        f"taught {spread('launch_ms')})"
+    )
+
+
 def format_tower_table(report: dict[str, Any]) -> list[str]:
     header = ["stream", "calls", "replays", "captures", "eager mean / p50 / p90 / p99",
               "graphs mean / p50 / p90 / p99", "ratio mean / p90", "oracle saves", "share"]  # fmt: skip
@@ -370,6 +397,7 @@ def format_tower_table(report: dict[str, Any]) -> list[str]:
         for stream in report["streams"]
         if (pairing := stream.get("oracle_back_to_back_less_paired_ms")) is not None
     ]
+    captures += [line for stream in report["streams"] if (line := _launch_line(stream))]
     kinds = []
     for stream in report["streams"]:
         for row in stream["second_half_by_kind"]:

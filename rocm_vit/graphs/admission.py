@@ -14,6 +14,7 @@ import statistics
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, launch_from_eager
@@ -64,6 +65,17 @@ _LAYOUTS_TIMED_KEPT = 256
 _LAUNCH_MISMATCH = 1.5
 
 
+@dataclass(frozen=True)
+class LaunchSample:
+    """An eager run that taught the launch time: what it took on the host, the cost model's device
+    time for its layout (``None`` without a model) and the launch time it taught. Kept so that a
+    benchmark can show which runs a learned launch time came from (``bench-traffic --mode tower``)."""
+
+    host_ms: float
+    device_ms: float | None
+    launch_ms: float
+
+
 class Admission:
     """Decisions of one runner. ``cost_model=None``: every layout within the limits is worth a graph
     at its ``min_hits``-th call. ``agree``: makes ranks that must decide alike agree on the launch time
@@ -85,7 +97,7 @@ class Admission:
         # Token count from which a capture was measured, alone in an empty pool, over the budget.
         self._over_budget_tokens: int | None = None
         self._lock = threading.Lock()  # eager runs are timed outside the runner's lock
-        self._launch_samples: deque[float] = deque(maxlen=_LAUNCH_SAMPLES)  # eager host ms
+        self._launch_samples: deque[LaunchSample] = deque(maxlen=_LAUNCH_SAMPLES)
         self._launch_samples_seen = 0
         self._layout_host_ms: OrderedDict[Hashable, deque[float]] = OrderedDict()  # recent runs, by layout
         # The launch time agreed across ranks, and how many samples had been seen then.
@@ -158,13 +170,13 @@ class Admission:
         launch-bound (every run without a cost model). Safe from any thread."""
         with self._lock:
             if self.cost_model is None:
-                self._launch_samples.append(host_ms)
+                self._launch_samples.append(LaunchSample(host_ms, None, host_ms))
             else:
                 device_ms = self.cost_model.device_ms(layout.segmentations["full"].seq_lens)
                 if self._launch_bound(device_ms, host_ms, self._recent_runs(layout, host_ms)):
                     # The launch time under which the model gives this run's host time, not the host
                     # time itself: a launch-bound run with device work takes longer than the launches.
-                    self._launch_samples.append(launch_from_eager(host_ms, device_ms))
+                    self._launch_samples.append(LaunchSample(host_ms, device_ms, launch_from_eager(host_ms, device_ms)))
             self._launch_samples_seen += 1  # every timed run, so that ranks agree at the same call
 
     def launch_ms(self) -> float:
@@ -175,7 +187,8 @@ class Admission:
         due = self._launch_agreed is None or seen - self._launch_agreed[1] >= _LAUNCH_REFRESH
         if seen >= _MIN_LAUNCH_SAMPLES and due:
             with self._lock:
-                samples = list(self._launch_samples) or [self.cost_model.launch_ms]  # none launch-bound yet
+                samples = [sample.launch_ms for sample in self._launch_samples]
+            samples = samples or [self.cost_model.launch_ms]  # none launch-bound yet
             microseconds = round(statistics.median(samples) * 1e3)
             self._launch_agreed = (self._agree([microseconds])[0] / 1e3, seen)
             self._warn_once_if_far_from_the_model(self._launch_agreed[0])
@@ -196,6 +209,12 @@ class Admission:
             launch_ms,
             model_ms,
         )
+
+    def launch_samples(self) -> list[LaunchSample]:
+        """The eager runs the launch time is the median of, oldest first (the last
+        ``_LAUNCH_SAMPLES`` launch-bound ones). Safe from any thread."""
+        with self._lock:
+            return list(self._launch_samples)
 
     def stats(self) -> dict[str, Any]:
         """What ``ViTGraphRunner.stats`` reports of admission; runs no collective."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rocm_vit.graphs.admission import EAGER_REASONS, Admission
+from rocm_vit.graphs.admission import EAGER_REASONS, Admission, LaunchSample
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism, Marker
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.options import RunnerOptions
@@ -246,6 +246,11 @@ class ViTGraphRunner:
             host_ms = (self._clock() - started) * 1e3
             self._admission.timed(layout, host_ms)  # outside the runner's lock: other threads time theirs
         return output
+
+    def launch_samples(self) -> list[LaunchSample]:
+        """The eager runs behind the launch time learned so far (``Admission.launch_samples``):
+        each one's host ms, the cost model's device ms for its layout and the launch time it taught."""
+        return self._admission.launch_samples()
 
     def counters(self) -> dict[str, int]:
         """The calls served so far: ``replays``, ``captures`` (each served by its first replay), eager
