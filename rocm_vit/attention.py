@@ -391,8 +391,8 @@ class AutoAttention(AttentionBackend):
         return self._without_lengths.reads_offsets_on_device
 
     def per_call_args(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> PickedArgs:
-        # Without host lengths, as for a caller holding only a device cu_seqlens: the rule's one-launch kernel.
-        return PickedArgs(self._without_lengths, self._without_lengths.per_call_args(cu_seqlens, max_seqlen))
+        backend = self._pick_by_bound(max_seqlen)
+        return PickedArgs(backend, backend.per_call_args(cu_seqlens, max_seqlen))
 
     def layer_args_from_tensor(
         self,
@@ -402,7 +402,10 @@ class AutoAttention(AttentionBackend):
     ) -> PickedArgs:
         if seq_lens is None and cu_seqlens.device.type == "cpu":
             seq_lens = _host_seq_lens(self.name, cu_seqlens, None)
-        backend = self._without_lengths if seq_lens is None else self._pick(seq_lens)
+        if seq_lens is not None:
+            backend = self._pick(seq_lens)
+        else:
+            backend = self._without_lengths if max_seqlen is None else self._pick_by_bound(max_seqlen)
         return PickedArgs(backend, backend.layer_args_from_tensor(cu_seqlens, max_seqlen, seq_lens))
 
     def __call__(
@@ -413,6 +416,15 @@ class AutoAttention(AttentionBackend):
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
         for backend in self._backends.values():
             backend.prepare(head_dim, heads, kv_heads, dtype, device)
+
+    def _pick_by_bound(self, max_seqlen: int) -> AttentionBackend:
+        """For a caller with device offsets and only a bound on the longest segment (a padded
+        graph serves every layout of its bucket this way): the rule's pick for one segment of
+        ``max_seqlen`` tokens where that kernel reads its offsets on the device (the long-sequence
+        kernel from its threshold, faster than the one-launch kernel there: docs/design.md,
+        "Padding"), else the rule's one-launch kernel."""
+        backend = self._pick((max_seqlen,))
+        return backend if backend.reads_offsets_on_device else self._without_lengths
 
     def _pick(self, seq_lens: Sequence[int]) -> AttentionBackend:
         # Remembered per layout: eager callers ask for every layer of every call.

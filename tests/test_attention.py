@@ -523,6 +523,24 @@ def test_cuda_auto_sends_long_segments_to_gluon_attn_on_hopper(machine):
     }
 
 
+def test_auto_runs_a_padded_bucket_on_the_long_kernel_from_its_threshold(machine):
+    """A padded graph has its offsets on the device and a bound on the longest segment only. From
+    the long kernel's threshold that kernel takes it (on the H200 a 3,072-token bucket replayed in
+    10.8 ms on triton_attn; one image of 3,036 tokens ran in 7.9 ms on gluon_attn); below it the
+    one-launch kernel, never cuDNN, which needs the lengths on the host."""
+    _with_gluon(machine, (9, 0))
+    backend = get_backend(head_dim=72)
+    offsets = torch.zeros(3, dtype=torch.int32)
+    assert type(backend.per_call_args(offsets, 3072).backend) is GluonAttention
+    assert type(backend.per_call_args(offsets, 2047).backend) is TritonAttention
+    assert type(backend.per_call_args(offsets, 1024).backend) is TritonAttention  # the rule says cuDNN
+    # A caller of SGLang's attention with a device cu_seqlens and a host bound: the same kernels.
+    on_device = torch.empty(3, dtype=torch.int32, device="meta")
+    assert type(backend.layer_args_from_tensor(on_device, 3072).backend) is GluonAttention
+    assert type(backend.layer_args_from_tensor(on_device, 1024).backend) is TritonAttention
+    assert type(backend.layer_args_from_tensor(on_device).backend) is TritonAttention  # no bound: one launch
+
+
 def test_gluon_attn_is_not_picked_for_a_head_dim_it_does_not_take(machine):
     _with_gluon(machine, (9, 0))
     # 12800 tokens are whole 128-token tiles: without the long kernel the rule sends them to cuDNN.
