@@ -378,7 +378,7 @@ class AutoAttention(AttentionBackend):
         self._rule = active_policy().attention.rule
         self._head_dim = head_dim
         self._backends = {name: BACKENDS[name]() for name in self._rule.candidates}
-        # Without host lengths (a device cu_seqlens only) the default rule's one-launch kernel runs.
+        # Without host lengths or a bound (a device cu_seqlens only) the rule's one-launch kernel runs.
         self._without_lengths = self._backends[self._rule.without_lengths]
         self._picks: dict[tuple[int, ...], AttentionBackend] = {}  # host lengths -> backend
 
