@@ -404,8 +404,10 @@ class AutoAttention(AttentionBackend):
             seq_lens = _host_seq_lens(self.name, cu_seqlens, None)
         if seq_lens is not None:
             backend = self._pick(seq_lens)
+        elif max_seqlen is not None:
+            backend = self._pick_by_bound(max_seqlen)
         else:
-            backend = self._without_lengths if max_seqlen is None else self._pick_by_bound(max_seqlen)
+            backend = self._without_lengths
         return PickedArgs(backend, backend.layer_args_from_tensor(cu_seqlens, max_seqlen, seq_lens))
 
     def __call__(

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from rocm_vit.graphs import EAGER_REASONS
-from rocm_vit.graphs.cost import MIN_SAVING_SHARE
+from rocm_vit.graphs.cost import MIN_SAVING_SHARE, capturable
 from rocm_vit.workloads.traffic import (
     GridTHW,
     latency_summary,
@@ -157,7 +157,7 @@ def oracle_under_margin(
     grids: Sequence[tuple[GridTHW, ...]], eager: Sequence[float], oracle: Sequence[Sequence[float]]
 ) -> float | None:
     """The share of the oracle's saving (its sampled savings) on layouts that measured under the
-    runner's margin: their samples' mean below ``MIN_SAVING_SHARE`` of their calls' mean eager ms.
+    runner's margin: their samples' mean not ``capturable`` against their calls' mean eager ms.
     Admission leaves such a layout eager by design (the margin is the cost model's error), so the
     defaults realize about nothing there and their share stays near or below one less this.
     ``None`` where nothing was sampled."""
@@ -173,7 +173,7 @@ def oracle_under_margin(
     under = sum(
         sum(saved)
         for lengths, saved in samples.items()
-        if saved and statistics.fmean(saved) < MIN_SAVING_SHARE * statistics.fmean(eager_ms[lengths])
+        if saved and not capturable(statistics.fmean(saved), statistics.fmean(eager_ms[lengths]))
     )
     return under / total
 
