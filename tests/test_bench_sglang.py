@@ -51,7 +51,7 @@ def _report() -> dict:
                     **stream,
                     "captures_in_calls": 612,
                     "capture_seconds_in_calls": 48.25,
-                    "out_of_memory": {"at_call": 700},
+                    "stopped": {"at_call": 700, "out_of_memory": True, "reserved_bytes": 80 * 2**30},
                 },
             ),
             "c": _result(
@@ -76,7 +76,11 @@ def test_tables_compare_each_plugin_configuration_with_sglangs_own_graphs() -> N
     assert "d: rocm-vit, ROCm decisions: FAILED: No module named 'x' (missing module: x)" in text
     stream_table = text.split("\nStream: 1000 calls of chat, 1.3 MP cap, seed 0\n")[1].splitlines()
     stream_line = next(line for line in stream_table if line.strip().startswith("b: SGLang graphs"))
-    assert "48.2" in stream_line and "1024" in stream_line and "out of memory at call 700 of 1000" in stream_line
+    assert (
+        "48.2" in stream_line
+        and "1024" in stream_line
+        and "stopped at call 700 of 1000: out of memory, 81920 MiB reserved" in stream_line
+    )
     assert "612" in stream_line and text.splitlines()[-1].strip().startswith("c: rocm-vit")  # the stream table last
 
 
@@ -106,15 +110,17 @@ def test_worker_gets_its_configuration_and_no_other(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.slow
-def test_a_cpu_run_measures_sglangs_eager_tower_and_skips_the_graph_configurations() -> None:
+def test_a_cpu_run_measures_sglangs_eager_tower_and_skips_the_graph_configurations(tmp_path: Path) -> None:
     pytest.importorskip("sglang")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env["TORCHDYNAMO_DISABLE"] = "1"  # SGLang's compiled helpers eager: plumbing, not speed, is checked here
     command = [sys.executable, "-m", "rocm_vit", "bench-sglang", "--device", "cpu", "--preset", "tiny"]
     command += ["--layouts", "1x64,2x96", "--warm", "1", "--calls", "2", "--stream-max-pixels", "65536", "--json"]
+    command += ["--save", str(tmp_path / "saved.json")]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout)
+    assert json.loads((tmp_path / "saved.json").read_text())["configs"]["a"] == report["configs"]["a"]
     a = report["configs"]["a"]
     assert "error" not in a and a["backend"] == "sdpa" and a["sgl_kernel"] == "absent", a
     assert [row["layout"] for row in a["layouts"]["rows"]] == ["1x64", "2x96"]

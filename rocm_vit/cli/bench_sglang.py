@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda where a GPU is seen")
     parser.add_argument("--worker-timeout", type=int, default=600, help="seconds one configuration may take")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout; the tables go to stderr")
+    parser.add_argument(
+        "--save", type=Path, default=None, help="write the JSON report here after each configuration (kept if cut off)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         result = _run_worker(key, config, device, args, warm, calls)
         result.update(label=config.label, wall_seconds=round(time.perf_counter() - started, 1))
         report["configs"][key] = result
+        if args.save:
+            args.save.write_text(json.dumps(report, indent=1))
     lines = format_report(report)
     if args.json:
         print("\n".join(lines), file=sys.stderr)
@@ -283,8 +288,12 @@ def stream_cells(streamed: dict[str, dict[str, Any]]) -> tuple[list[str], list[l
     for key, result in streamed.items():
         stream = result["stream"]
         note = ""
-        if stream.get("out_of_memory"):
-            note = f"out of memory at call {stream['out_of_memory']['at_call']} of {stream['calls']}"
+        stopped = stream.get("stopped")
+        if stopped:
+            why = "out of memory" if stopped.get("out_of_memory") else stopped.get("error")
+            note = f"stopped at call {stopped['at_call']} of {stream['calls']}: {why}"
+            if stopped.get("reserved_bytes") is not None:
+                note += f", {_mib(stopped['reserved_bytes'])} MiB reserved"
         start = stream.get("start")
         if start and start.get("captured") is not None:
             note = "; ".join(filter(None, [note, f"+{start['captured']} at start ({start['seconds']:.1f} s)"]))

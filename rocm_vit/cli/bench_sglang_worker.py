@@ -13,7 +13,8 @@ rocm-vit's adapter where the plugin is loaded). Two phases, each from fresh runn
   no graphs, padded alike), and the graph memory held after every layout (reserved bytes over those
   before the first graph call, the caching allocator's free blocks released on both sides);
 - stream: the calls of a stream, each timed alone; captures made, time spent capturing inside the
-  calls, graph memory at the end. Out of memory ends the stream, recorded with the call it hit.
+  calls, graph memory at the end. A failure (out of memory, most likely) ends the stream, recorded
+  with the call it hit and the bytes reserved then.
 """
 
 from __future__ import annotations
@@ -166,16 +167,25 @@ class _Bench:
         try:
             for grid in _progress(list(calls), "stream"):
                 times.append(self._timed(self._pixels(grid, generator), grid)[0])
-        except self.torch.OutOfMemoryError as error:
-            result["out_of_memory"] = {"at_call": len(times), "error": str(error).splitlines()[0]}
-            logger.warning("out of memory at call %d of the stream: %s", len(times), error)
+        except Exception as error:  # out of memory, most likely: a server's request would fail here
+            out_of_memory = isinstance(error, self.torch.OutOfMemoryError) or "out of memory" in str(error)
+            result["stopped"] = {
+                "at_call": len(times),
+                "out_of_memory": out_of_memory,
+                "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+                "reserved_bytes": self.torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else None,
+            }
+            logger.warning("the stream stopped at call %d: %s", len(times), error)
         from rocm_vit.workloads.traffic import latency_summary
 
         result["served"] = len(times)
         if times:
             result.update(latency_summary(times))
-        result["graph_bytes"] = self._held_since(base)
-        result.update(self._runner_counts())
+        try:
+            result["graph_bytes"] = self._held_since(base)
+            result.update(self._runner_counts())
+        except Exception as error:  # a device left unusable by the failure above
+            result["counts_error"] = f"{type(error).__name__}: {error}"
         return result
 
     # One call -------------------------------------------------------------------------------------

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from sgl_kernel._unavailable import unavailable
 
-STANDIN = True  # what the scenario and the benchmark report
-
 fused_add_rmsnorm = unavailable(__name__, "fused_add_rmsnorm")  # layers/layernorm.py
 gemma_fused_add_rmsnorm = unavailable(__name__, "gemma_fused_add_rmsnorm")
 gemma_rmsnorm = unavailable(__name__, "gemma_rmsnorm")
