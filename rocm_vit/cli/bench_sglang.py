@@ -34,6 +34,7 @@ import rocm_vit
 # 6 x 640x360 in one call, a 4-frame 720p video (HxW, as rocm-vit bench writes layouts).
 DEFAULT_LAYOUTS = "1x224,1x512,4x512,1x1024x1280,1x1600x2048,6x360x640,1x720x1280f4"
 SLOWER_LIMIT = 1.02  # the plugin against SGLang's own graphs on a warm layout
+_FROM_SGLANG = "max_difference_from_sglang_eager"  # a plugin configuration's graphs against SGLang's eager
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,8 @@ def _config_line(result: dict[str, Any]) -> str:
         return f"FAILED: {problem}{missing}"
     parts = [result.get("backend", "?"), result.get("runner", "?").rsplit(".", 1)[-1]]
     parts.append(f"sgl_kernel {result.get('sgl_kernel', '?')}")
+    if result.get("warm_up_seconds") is not None:
+        parts.append(f"process warm-up {result['warm_up_seconds']:.1f} s")
     if result.get("wall_seconds") is not None:
         parts.append(f"{result['wall_seconds']} s")
     return ", ".join(parts)
@@ -262,12 +265,15 @@ def layout_notes(ran: dict[str, dict[str, Any]]) -> list[str]:
         unequal = [
             f"{row['layout']} (max diff {row['max_difference']:.3g})" for row in rows if not row["bitwise_equal"]
         ]
+        from_sglang = [row[_FROM_SGLANG] for row in rows if _FROM_SGLANG in row]
         held = _mib(layouts.get("graph_bytes"))
         note = f"{key}: graph == own eager on {equal}/{len(rows)} layouts"
         note += f"{': not ' + ', '.join(unequal) if unequal else ''}; {layouts.get('graphs')} graphs, {held} MiB held"
         start = layouts.get("start")
         if start and start.get("seconds") is not None:
             note += f" (of which {start['captured']} captured at start in {start['seconds']:.1f} s)"
+        if from_sglang:
+            note += f"; max diff from SGLang's eager forward {max(from_sglang):.3g}"
         notes.append(note)
     if "b" in ran:
         rows_b = {row["layout"]: row for row in ran["b"]["layouts"]["rows"]}

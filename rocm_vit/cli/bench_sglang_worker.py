@@ -8,6 +8,9 @@ serves every call through SGLang's ``forward``: eager with graphs off; with them
 ``forward_with_cuda_graph`` and whatever runner the tower holds (SGLang's ``ViTCudaGraphRunner``, or
 rocm-vit's adapter where the plugin is loaded). Two phases, each from fresh runners:
 
+First one eager call of a small layout no phase uses, timed apart: what a process compiles once is
+not charged to any layout's first call.
+
 - layouts: per layout, the first call (capture included), the median of warm calls, the graph path
   against its own eager bit for bit (SGLang's: its eager ``forward``; rocm-vit's: its runner with
   no graphs, padded alike), and the graph memory held after every layout (reserved bytes over those
@@ -99,6 +102,7 @@ def _measure(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report["torch"] = torch.__version__
     bench = _Bench(tower, device, _patch_width(config), args.graphs, args.plugin)
+    report["warm_up_seconds"] = bench.warm_up()
     if args.layouts:
         workloads = parse_layouts(args.layouts, config)
         report["layouts"] = bench.layouts([(w.spec, w.grid_thw) for w in workloads], args.warm, args.seed)
@@ -130,6 +134,14 @@ class _Bench:
 
     # Phases ---------------------------------------------------------------------------------------
 
+    def warm_up(self) -> float:
+        """One eager call of a layout no phase uses, before any is timed: what a process compiles
+        once (SGLang's torch.compile'd rotary, Triton's kernels) is left out of every first call.
+        Returns its seconds, which the report shows."""
+        grid = ((1, 4, 4),)
+        with _environ(**{GRAPHS_ENV: "0"}):
+            return self._timed(self._pixels(grid, self._generator(1 << 20)), grid)[0] / 1e3
+
     def layouts(self, layouts: list[tuple[str, tuple]], warm: int, seed: int) -> dict[str, Any]:
         inputs = [(spec, grid, self._pixels(grid, self._generator(seed + i))) for i, (spec, grid) in enumerate(layouts)]
         base = self._fresh_runner()
@@ -153,7 +165,11 @@ class _Bench:
             for row, (_, grid, pixels) in zip(rows, inputs, strict=True):
                 reference = self._own_eager(pixels, grid).cpu()
                 row["bitwise_equal"] = bool(self.torch.equal(row["output"], reference))
-                row["max_difference"] = float((row["output"].float() - reference.float()).abs().max())
+                row["max_difference"] = _max_difference(row["output"], reference)
+                if self.plugin:  # and how far the plugin's graphs are from SGLang's own eager forward
+                    with _environ(**{GRAPHS_ENV: "0"}):
+                        sglang_eager = self._timed(pixels, grid)[1].cpu()
+                    row["max_difference_from_sglang_eager"] = _max_difference(row["output"], sglang_eager)
         for row in rows:
             del row["output"]
         result["rows"] = rows
@@ -306,6 +322,10 @@ class _Bench:
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
+
+
+def _max_difference(left: Any, right: Any) -> float:
+    return float((left.float() - right.float()).abs().max())
 
 
 def _patch_width(config: Any) -> int:
