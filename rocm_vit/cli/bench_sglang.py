@@ -226,9 +226,9 @@ def _config_line(result: dict[str, Any]) -> str:
     parts = [result.get("backend", "?"), result.get("runner", "?").rsplit(".", 1)[-1]]
     parts.append(f"sgl_kernel {result.get('sgl_kernel', '?')}")
     if result.get("warm_up_seconds") is not None:
-        parts.append(f"process warm-up {result['warm_up_seconds']:.1f} s")
+        parts.append(f"warm-up call {result['warm_up_seconds']:.1f} s")
     if result.get("wall_seconds") is not None:
-        parts.append(f"{result['wall_seconds']} s")
+        parts.append(f"worker {result['wall_seconds']} s")
     return ", ".join(parts)
 
 

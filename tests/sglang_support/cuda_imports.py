@@ -69,8 +69,9 @@ def _record_sgl_kernel_import_errors() -> list[dict[str, Any]]:
         try:
             return original(name, globals, locals, fromlist, level)
         except ImportError:
-            if level == 0 and name.split(".")[0] == "sgl_kernel":
-                errors.append({"module": name, "names": list(fromlist or ()), "by": (globals or {}).get("__name__")})
+            entry = {"module": name, "names": list(fromlist or ()), "by": (globals or {}).get("__name__")}
+            if level == 0 and name.split(".")[0] == "sgl_kernel" and entry not in errors:
+                errors.append(entry)
             raise
 
     builtins.__import__ = recording
