@@ -134,8 +134,9 @@ PY
 
 # With SGLANG_WHEELHOUSE=DIR (made by ci/sglang-wheelhouse.sh), installs SGLang into "$PY" from DIR
 # when "$PY" lacks it: offline (--no-index), one wheel at a time as given (--no-deps), only the
-# distributions "$PY" does not have, never torch, triton, sglang-kernel or NVIDIA's libraries (the
-# image's builds stay). The SGLang GPU tests then fail, not skip, where SGLang cannot be imported.
+# distributions "$PY" lacks or has at an older version (pydantic-core needs a newer typing-extensions
+# than some images have), never torch, triton, sglang-kernel or NVIDIA's libraries (the image's
+# builds stay). The SGLang GPU tests then fail, not skip, where SGLang cannot be imported.
 install_sglang_wheelhouse() {
   local wheels=()
   [ -n "${SGLANG_WHEELHOUSE:-}" ] || return 0
@@ -151,15 +152,27 @@ import re
 import sys
 from pathlib import Path
 
+try:
+    from packaging.version import InvalidVersion, Version
+except ImportError:
+    from pip._vendor.packaging.version import InvalidVersion, Version
+
 NEVER = ("torch", "triton", "pytorch-triton", "sglang-kernel", "sgl-kernel", "nvidia-")
 for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
-    name = re.sub(r"[-_.]+", "-", wheel.name.split("-", 1)[0]).lower()
+    name, version = wheel.name.split("-")[:2]
+    name = re.sub(r"[-_.]+", "-", name).lower()
     if name in NEVER[:-1] or name.startswith(NEVER[-1]):
         continue
     try:
-        md.version(name)
+        installed = md.version(name)
     except md.PackageNotFoundError:
         print(wheel)
+        continue
+    try:
+        if Version(installed) < Version(version):
+            print(wheel)
+    except InvalidVersion:
+        pass  # a local build the wheelhouse cannot judge: it stays
 PY
   )
   printf '%s\n' "${wheels[@]}" | grep -q '/sglang-[^/]*\.whl$' ||

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WHEELS = (
     "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl",
     "rocm_vit_absent_probe-1.0-py3-none-any.whl",  # installed nowhere
-    "pip-99.0-py3-none-any.whl",  # the interpreter has pip: not installed over it
+    "pip-1.0-py3-none-any.whl",  # the interpreter has a newer pip: not installed over it
     "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl",
     "triton-3.6.0-cp312-cp312-manylinux_2_28_x86_64.whl",
     "sglang_kernel-0.4.10-cp312-abi3-manylinux2014_x86_64.whl",
@@ -79,6 +79,14 @@ def test_installs_only_what_the_interpreter_lacks_offline_without_dependencies(t
         str(wheelhouse / WHEELS[0]),
     ]
     assert "installing 2 wheels" in done.stdout
+
+
+def test_installs_over_an_older_version_of_what_the_interpreter_has(tmp_path: Path) -> None:
+    newer_pip = "pip-999.0-py3-none-any.whl"
+    wheelhouse = _wheelhouse(tmp_path, (*WHEELS, newer_pip))
+    done, pip_args = _install(tmp_path, _base_python(), wheelhouse)
+    assert done.returncode == 0, done.stderr
+    assert pip_args[5:] == [str(wheelhouse / name) for name in (newer_pip, WHEELS[1], WHEELS[0])]
 
 
 def test_leaves_an_interpreter_that_has_sglang_alone(tmp_path: Path) -> None:
