@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from rocm_vit.cli import bench_sglang
-from rocm_vit.cli.bench_sglang import CONFIGS, format_report, skip_reason, worker_command, worker_environ
+from rocm_vit.cli.bench_sglang import (
+    CONFIGS,
+    format_report,
+    skip_reason,
+    worker_command,
+    worker_environ,
+    worker_timeout,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,14 +102,14 @@ def test_worker_gets_its_configuration_and_no_other(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("SGLANG_USE_AITER", "1")  # left over from an earlier ROCm run
     monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
     args = argparse.Namespace(preset="qwen3-vl-8b", layouts="1x224", seed=0, stream_max_pixels=None)
-    b, d = (worker_command(key, CONFIGS[key], "cuda", args, 20, 1000, tmp_path / "r.json") for key in "bd")
+    b, d = (worker_command(key, CONFIGS[key], "cuda", args, 20, 1000, tmp_path / "r.json", 240) for key in "bd")
     assert b[b.index("--attention") + 1] == "triton_attn" and "--graphs" in b and "--plugin" not in b
     assert d[d.index("--attention") + 1] == "aiter_attn" and {"--graphs", "--plugin"} <= set(d)
     assert b[b.index("--stream-calls") + 1] == "1000" and d[d.index("--stream-calls") + 1] == "0"
-    assert b[b.index("--dtype") + 1] == "bfloat16"
+    assert b[b.index("--dtype") + 1] == "bfloat16" and b[b.index("--stream-deadline") + 1] == "220"
     standin = Path(b[b.index("--sgl-kernel-standin") + 1])
     assert (standin / "sgl_kernel" / "__init__.py").is_file()
-    on_cpu = worker_command("a", CONFIGS["a"], "cpu", args, 20, 1000, tmp_path / "r.json")
+    on_cpu = worker_command("a", CONFIGS["a"], "cpu", args, 20, 1000, tmp_path / "r.json", 240)
     assert on_cpu[on_cpu.index("--attention") + 1] == "sdpa" and on_cpu[on_cpu.index("--dtype") + 1] == "float32"
     environ_c, environ_d = worker_environ(CONFIGS["c"]), worker_environ(CONFIGS["d"])
     assert not {"SGLANG_USE_AITER", "SGLANG_VIT_ENABLE_CUDA_GRAPH", "ROCM_VIT_EMULATE"} & set(environ_c)
@@ -129,6 +136,15 @@ def test_a_cpu_run_measures_sglangs_eager_tower_and_skips_the_graph_configuratio
     assert a["stream"]["served"] == a["stream"]["calls"] == 2 and a["stream"]["p90_ms"] > 0
     assert all("needs a GPU" in report["configs"][key]["skipped"] for key in "bcd")
     assert "Layouts: warm median ms" in done.stderr and "a: SGLang eager" in done.stderr
+
+
+def test_a_budget_is_shared_by_the_configurations_left() -> None:
+    c, b, a, d = (CONFIGS[key] for key in "cbad")
+    assert worker_timeout(600, None, 0, [c, b, a, d]) == 600  # no budget: the limit
+    assert worker_timeout(600, 350, 0, [c, b, a, d]) == 100  # 350 s over weights 1, 1, 1, 0.5
+    assert worker_timeout(600, 350, 50, [b, a, d]) == 120  # c left 50 s to the others
+    assert worker_timeout(600, 350, 300, [d]) == 50 and worker_timeout(40, 350, 300, [d]) == 40
+    assert worker_timeout(600, 350, 349, [d]) == 30  # never less than the report's margin and 10 s
 
 
 def test_unknown_configuration_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

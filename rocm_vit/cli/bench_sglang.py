@@ -34,6 +34,7 @@ import rocm_vit
 # 6 x 640x360 in one call, a 4-frame 720p video (HxW, as rocm-vit bench writes layouts).
 DEFAULT_LAYOUTS = "1x224,1x512,4x512,1x1024x1280,1x1600x2048,6x360x640,1x720x1280f4"
 SLOWER_LIMIT = 1.02  # the plugin against SGLang's own graphs on a warm layout
+_REPORT_MARGIN_S = 20  # a worker's stream stops this long before --worker-timeout
 _FROM_SGLANG = "max_difference_from_sglang_eager"  # a plugin configuration's graphs against SGLang's eager
 
 
@@ -80,7 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-max-pixels", type=int, default=None, help="the stream's pixel cap per image (default 1.3 MP)"
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda where a GPU is seen")
-    parser.add_argument("--worker-timeout", type=int, default=600, help="seconds one configuration may take")
+    parser.add_argument("--worker-timeout", type=int, default=600, help="seconds one configuration may take at most")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for every configuration together, shared by those left (a stream ends where its share does)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout; the tables go to stderr")
     parser.add_argument(
         "--save", type=Path, default=None, help="write the JSON report here after each configuration (kept if cut off)"
@@ -109,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         "rocm_vit": rocm_vit.__version__,
         "configs": {},
     }
+    began = time.perf_counter()
+    to_run = [key for key in args.configs if skip_reason(CONFIGS[key], device) is None]
     for key in args.configs:
         config = CONFIGS[key]
         print(f"== bench-sglang {key}: {config.label}", file=sys.stderr, flush=True)
@@ -117,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
             report["configs"][key] = {"label": config.label, "skipped": skipped}
             continue
         started = time.perf_counter()
-        result = _run_worker(key, config, device, args, warm, calls)
+        left = to_run[to_run.index(key) :]
+        timeout_s = worker_timeout(args.worker_timeout, args.budget, started - began, [CONFIGS[k] for k in left])
+        result = _run_worker(key, config, device, args, warm, calls, timeout_s)
         result.update(label=config.label, wall_seconds=round(time.perf_counter() - started, 1))
         report["configs"][key] = result
         if args.save:
@@ -139,8 +150,25 @@ def skip_reason(config: Configuration, device: str) -> str | None:
     return None
 
 
+def worker_timeout(limit_s: float, budget_s: float | None, spent_s: float, left: list[Configuration]) -> float:
+    """Seconds the first of ``left`` may take: ``limit_s``, or under a budget its share of what is
+    left of it, a configuration without a stream weighing half one with."""
+    if budget_s is None:
+        return limit_s
+    weights = [1.0 if config.stream else 0.5 for config in left]
+    share = (budget_s - spent_s) * weights[0] / sum(weights)
+    return max(_REPORT_MARGIN_S + 10.0, min(limit_s, share))
+
+
 def worker_command(
-    key: str, config: Configuration, device: str, args: argparse.Namespace, warm: int, calls: int, out: Path
+    key: str,
+    config: Configuration,
+    device: str,
+    args: argparse.Namespace,
+    warm: int,
+    calls: int,
+    out: Path,
+    timeout_s: float,
 ) -> list[str]:
     """The worker's command line for one configuration (``sdpa`` on a CPU: SGLang's Triton needs a GPU)."""
     attention = config.attention if device == "cuda" else "sdpa"
@@ -149,6 +177,8 @@ def worker_command(
     command += ["--dtype", "bfloat16" if device == "cuda" else "float32"]
     command += ["--layouts", args.layouts, "--warm", str(warm), "--seed", str(args.seed)]
     command += ["--stream-calls", str(calls if config.stream else 0)]
+    # The stream stops in time for the report: start-up and the layouts take the rest.
+    command += ["--stream-deadline", f"{timeout_s - _REPORT_MARGIN_S:.0f}"]
     if args.stream_max_pixels:
         command += ["--stream-max-pixels", str(args.stream_max_pixels)]
     command += ["--graphs"] if config.graphs else []
@@ -170,15 +200,16 @@ def worker_environ(config: Configuration) -> dict[str, str]:
 
 
 def _run_worker(
-    key: str, config: Configuration, device: str, args: argparse.Namespace, warm: int, calls: int
+    key: str, config: Configuration, device: str, args: argparse.Namespace, warm: int, calls: int, timeout_s: float
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "report.json"
-        command = worker_command(key, config, device, args, warm, calls, out)
+        command = worker_command(key, config, device, args, warm, calls, out, timeout_s)
         try:
-            done = subprocess.run(command, env=worker_environ(config), timeout=args.worker_timeout, check=False)
+            done = subprocess.run(command, env=worker_environ(config), timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
-            return {"error": f"the worker ran past --worker-timeout {args.worker_timeout} s"}
+            kept = json.loads(out.read_text()) if out.exists() else {}  # the layouts, where they were done
+            return {**kept, "error": f"the worker ran past its {timeout_s:.0f} s (--worker-timeout, --budget)"}
         if not out.exists():
             return {"error": f"the worker exited {done.returncode} without a report (its stderr is above)"}
         return json.loads(out.read_text())

@@ -40,6 +40,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 GRAPHS_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH"
+_STARTED = time.monotonic()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sgl-kernel-standin", type=Path, help="put this on sys.path where sgl_kernel is missing")
     parser.add_argument("--path", type=Path, action="append", default=[], help="append to sys.path")
+    parser.add_argument("--stream-deadline", type=float, default=None, help="seconds after start the stream stops")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     report: dict[str, Any] = {"config": args.config}
@@ -69,8 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         report["traceback"] = traceback.format_exc()[-6000:]
         if isinstance(error, ModuleNotFoundError):
             report["missing_module"] = error.name
-    args.out.write_text(json.dumps(report, indent=1))
+    _write(args.out, report)
     return 0
+
+
+def _write(path: Path, report: dict[str, Any]) -> None:
+    """The report, replaced whole (the parent may kill this process between two writes)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(report, indent=1))
+    partial.replace(path)
 
 
 def _measure(args: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -106,9 +115,11 @@ def _measure(args: argparse.Namespace, report: dict[str, Any]) -> None:
     if args.layouts:
         workloads = parse_layouts(args.layouts, config)
         report["layouts"] = bench.layouts([(w.spec, w.grid_thw) for w in workloads], args.warm, args.seed)
+        _write(args.out, report)  # kept if the stream runs past the parent's timeout
     if args.stream_calls:
         stream = chat_stream(args.stream_calls, args.seed, args.stream_max_pixels or OPERATOR_CAP_PIXELS)
-        report["stream"] = {"name": stream.name, **bench.stream(stream.calls, args.seed)}
+        deadline = None if args.stream_deadline is None else _STARTED + args.stream_deadline
+        report["stream"] = {"name": stream.name, **bench.stream(stream.calls, args.seed, deadline)}
 
 
 def _sgl_kernel(standin: Path | None, torch: Any) -> str:
@@ -175,13 +186,17 @@ class _Bench:
         result["rows"] = rows
         return result
 
-    def stream(self, calls: tuple[tuple, ...], seed: int) -> dict[str, Any]:
+    def stream(self, calls: tuple[tuple, ...], seed: int, deadline: float | None = None) -> dict[str, Any]:
+        """The calls one after another; stops at ``deadline`` (``time.monotonic()``), recorded."""
         base = self._fresh_runner()
         times: list[float] = []
         result: dict[str, Any] = {"calls": len(calls)}
         generator = self._generator(seed)
         try:
             for grid in _progress(list(calls), "stream"):
+                if deadline is not None and time.monotonic() > deadline:
+                    result["stopped"] = {"at_call": len(times), "error": "time budget (--worker-timeout) spent"}
+                    break
                 times.append(self._timed(self._pixels(grid, generator), grid)[0])
         except Exception as error:  # out of memory, most likely: a server's request would fail here
             out_of_memory = isinstance(error, self.torch.OutOfMemoryError) or "out of memory" in str(error)
