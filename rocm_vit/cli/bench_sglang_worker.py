@@ -222,11 +222,12 @@ class _Bench:
     # One call -------------------------------------------------------------------------------------
 
     def _timed(self, pixels: Any, grid: tuple) -> tuple[float, Any]:
-        """Wall ms of one call through SGLang's ``forward``, the device idle before and after."""
+        """Wall ms of one call through SGLang's ``forward``, the device idle before and after, under
+        ``inference_mode`` as SGLang's scheduler serves requests (its ``DynamicGradMode``)."""
         grid_thw = self.torch.tensor(grid, dtype=self.torch.int32)
         self._synchronize()
         started = time.perf_counter()
-        with self.torch.no_grad():
+        with self.torch.inference_mode():
             output = self.tower(pixels, grid_thw)
         self._synchronize()
         return (time.perf_counter() - started) * 1e3, output
@@ -274,7 +275,8 @@ class _Bench:
 
             self._synchronize()
             started = time.perf_counter()
-            self.start["captured"] = capture_vit_buckets(nn.ModuleDict({"visual": self.tower}))
+            with self.torch.no_grad():  # as SGLang's scheduler runs init_cuda_graphs, where the hook runs
+                self.start["captured"] = capture_vit_buckets(nn.ModuleDict({"visual": self.tower}))
             self._synchronize()
             self.start["seconds"] = time.perf_counter() - started
             self.start["stats"] = fresh.stats()
