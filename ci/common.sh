@@ -132,6 +132,55 @@ PY
   [ "$rc" = 0 ] || exit "$rc"
 }
 
+# With SGLANG_WHEELHOUSE=DIR (made by ci/sglang-wheelhouse.sh), installs SGLang into "$PY" from DIR
+# when "$PY" lacks it: offline (--no-index), one wheel at a time as given (--no-deps), only the
+# distributions "$PY" lacks or has at an older version (pydantic-core needs a newer typing-extensions
+# than some images have), never torch, triton, sglang-kernel or NVIDIA's libraries (the image's
+# builds stay). The SGLang GPU tests then fail, not skip, where SGLang cannot be imported.
+install_sglang_wheelhouse() {
+  local wheels=()
+  [ -n "${SGLANG_WHEELHOUSE:-}" ] || return 0
+  [ -d "$SGLANG_WHEELHOUSE" ] || die "SGLANG_WHEELHOUSE=$SGLANG_WHEELHOUSE is not a directory (make it with ci/sglang-wheelhouse.sh)"
+  export SGLANG_WHEELHOUSE
+  if "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("sglang") is None)'; then
+    echo "== SGLang: $PY has it already; $SGLANG_WHEELHOUSE is not used"
+    return 0
+  fi
+  mapfile -t wheels < <("$PY" - "$SGLANG_WHEELHOUSE" <<'PY'
+import importlib.metadata as md
+import re
+import sys
+from pathlib import Path
+
+try:
+    from packaging.version import InvalidVersion, Version
+except ImportError:
+    from pip._vendor.packaging.version import InvalidVersion, Version
+
+NEVER = ("torch", "triton", "pytorch-triton", "sglang-kernel", "sgl-kernel", "nvidia-")
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    name, version = wheel.name.split("-")[:2]
+    name = re.sub(r"[-_.]+", "-", name).lower()
+    if name in NEVER[:-1] or name.startswith(NEVER[-1]):
+        continue
+    try:
+        installed = md.version(name)
+    except md.PackageNotFoundError:
+        print(wheel)
+        continue
+    try:
+        if Version(installed) < Version(version):
+            print(wheel)
+    except InvalidVersion:
+        pass  # a local build the wheelhouse cannot judge: it stays
+PY
+  )
+  printf '%s\n' "${wheels[@]}" | grep -q '/sglang-[^/]*\.whl$' ||
+    die "SGLANG_WHEELHOUSE=$SGLANG_WHEELHOUSE holds no sglang wheel to install (make it with ci/sglang-wheelhouse.sh)"
+  echo "== SGLang: installing ${#wheels[@]} wheels from $SGLANG_WHEELHOUSE into $PY (--no-index --no-deps)"
+  "$PY" -m pip install --quiet --disable-pip-version-check --no-index --no-deps "${wheels[@]}"
+}
+
 # Runs `rocm-vit verify` when the subcommand exists (it grows with the graph-runner work).
 run_verify() {
   if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("rocm_vit.cli.verify") is None)'; then

@@ -9,6 +9,7 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 choose_gpu_python cuda
+install_sglang_wheelhouse
 echo "== native CUDA"
 REQUIRE_EXECUTED=1 run_pytest -m "gpu and not rocm" tests
 run_verify --grad-mode inference

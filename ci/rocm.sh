@@ -14,6 +14,7 @@ export SGLANG_USE_AITER=1
 unset ROCM_VIT_EMULATE
 
 choose_gpu_python rocm
+install_sglang_wheelhouse
 report_dir=${ROCM_VIT_REPORT_DIR:-$ROOT/build/rocm-vit-report-$(date +%Y%m%d-%H%M%S)}
 _report_on_exit() {
   local status=$? report_status=0

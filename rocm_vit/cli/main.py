@@ -32,6 +32,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "rocm_vit.cli.bench_traffic",
         "graph admission on serving streams: share of the possible saving realized, p90 against all-eager",
     ),
+    "bench-sglang": (
+        "rocm_vit.cli.bench_sglang",
+        "SGLang's own Qwen3-VL tower: eager, SGLang's ViT graphs, rocm-vit's plugin, side by side",
+    ),
     "tune": ("rocm_vit.cli.tune", "measure this GPU and write the profile the policy loads"),
     "report": ("rocm_vit.cli.report", "check this stack's hazards and write report.md for a bug report"),
 }

@@ -1,0 +1,154 @@
+"""``rocm-vit bench-sglang``: its tables from workers' reports, the workers' command lines and
+environments, and one real run on this CPU (SGLang's eager tower; the graph configurations skip).
+The measurement itself needs a GPU: docs/sglang.md, "Side by side with SGLang's own ViT graphs"."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocm_vit.cli import bench_sglang
+from rocm_vit.cli.bench_sglang import (
+    CONFIGS,
+    format_report,
+    skip_reason,
+    worker_command,
+    worker_environ,
+    worker_timeout,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _row(layout: str, warm: float, first: float, equal: bool | None = None) -> dict:
+    row = {"layout": layout, "patches": 196, "warm_ms": warm, "first_ms": first}
+    if equal is not None:
+        row.update(bitwise_equal=equal, max_difference=0.0 if equal else 0.0625)
+        row["max_difference_from_sglang_eager"] = 0.5  # the plugin's rows only, in a real report
+    return row
+
+
+def _result(label: str, rows: list[dict], stream: dict | None = None, **layouts: object) -> dict:
+    result = {"label": label, "backend": "triton_attn", "runner": "x.ViTCudaGraphRunner", "sgl_kernel": "stand-in"}
+    result["layouts"] = {"rows": rows, "graph_bytes": 3 * 2**20, "graphs": 2, **layouts}
+    if stream is not None:
+        result["stream"] = {"name": "chat, 1.3 MP cap", "calls": 1000, **stream}
+    return result
+
+
+def _report() -> dict:
+    stream = {"mean_ms": 20.0, "p50_ms": 18.0, "p90_ms": 30.0, "p99_ms": 41.0, "graph_bytes": 2**30}
+    return {
+        "preset": "qwen3-vl-8b",
+        "device": "cuda",
+        "rocm_vit": "0.1.0",
+        "stream_calls": 1000,
+        "seed": 0,
+        "configs": {
+            "a": _result("SGLang eager", [_row("1x224", 5.0, 900.0), _row("1x512", 8.0, 9.0)], stream),
+            "b": _result(
+                "SGLang graphs",
+                [_row("1x224", 2.0, 150.0, True), _row("1x512", 4.0, 120.0, True)],
+                {
+                    **stream,
+                    "captures_in_calls": 612,
+                    "capture_seconds_in_calls": 48.25,
+                    "stopped": {"at_call": 700, "out_of_memory": True, "reserved_bytes": 80 * 2**30},
+                },
+            ),
+            "c": _result(
+                "rocm-vit",
+                [_row("1x224", 2.02, 3.0, True), _row("1x512", 4.2, 5.0, False)],
+                {**stream, "captures_in_calls": 40, "capture_seconds_in_calls": 2.0},
+                start={"captured": 6, "seconds": 1.5},
+            ),
+            "d": {"label": "rocm-vit, ROCm decisions", "import_error": "No module named 'x'", "missing_module": "x"},
+        },
+    }
+
+
+def test_tables_compare_each_plugin_configuration_with_sglangs_own_graphs() -> None:
+    text = "\n".join(format_report(_report()))
+    # Warm medians (first calls), and c against b on warm medians: 1.010 within the limit, 1.050 past it.
+    assert "2.02 (3.00)" in text and "1.010" in text and "1.050" in text
+    assert "c slower than b on 1x512: 4.20 vs 4.00 ms" in text and "slower than b on 1x224" not in text
+    assert "b: graph == own eager on 2/2 layouts" in text
+    assert "c: graph == own eager on 1/2 layouts: not 1x512 (max diff 0.0625)" in text
+    assert "6 captured at start in 1.5 s); max diff from SGLang's eager forward 0.5" in text
+    assert "d: rocm-vit, ROCm decisions: FAILED: No module named 'x' (missing module: x)" in text
+    stream_table = text.split("\nStream: 1000 calls of chat, 1.3 MP cap, seed 0\n")[1].splitlines()
+    stream_line = next(line for line in stream_table if line.strip().startswith("b: SGLang graphs"))
+    assert (
+        "48.2" in stream_line
+        and "1024" in stream_line
+        and "stopped at call 700 of 1000: out of memory, 81920 MiB reserved" in stream_line
+    )
+    assert "612" in stream_line and text.splitlines()[-1].strip().startswith("c: rocm-vit")  # the stream table last
+
+
+def test_graph_configurations_skip_on_a_cpu_and_run_on_a_gpu() -> None:
+    assert skip_reason(CONFIGS["a"], "cpu") is None
+    assert all(skip_reason(CONFIGS[key], "cpu") for key in "bcd")
+    assert not any(skip_reason(CONFIGS[key], "cuda") for key in "abcd")
+
+
+def test_worker_gets_its_configuration_and_no_other(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SGLANG_USE_AITER", "1")  # left over from an earlier ROCm run
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
+    args = argparse.Namespace(preset="qwen3-vl-8b", layouts="1x224", seed=0, stream_max_pixels=None)
+    b, d = (worker_command(key, CONFIGS[key], "cuda", args, 20, 1000, tmp_path / "r.json", 240) for key in "bd")
+    assert b[b.index("--attention") + 1] == "triton_attn" and "--graphs" in b and "--plugin" not in b
+    assert d[d.index("--attention") + 1] == "aiter_attn" and {"--graphs", "--plugin"} <= set(d)
+    assert b[b.index("--stream-calls") + 1] == "1000" and d[d.index("--stream-calls") + 1] == "0"
+    assert b[b.index("--dtype") + 1] == "bfloat16" and b[b.index("--stream-deadline") + 1] == "220"
+    standin = Path(b[b.index("--sgl-kernel-standin") + 1])
+    assert (standin / "sgl_kernel" / "__init__.py").is_file()
+    on_cpu = worker_command("a", CONFIGS["a"], "cpu", args, 20, 1000, tmp_path / "r.json", 240)
+    assert on_cpu[on_cpu.index("--attention") + 1] == "sdpa" and on_cpu[on_cpu.index("--dtype") + 1] == "float32"
+    environ_c, environ_d = worker_environ(CONFIGS["c"]), worker_environ(CONFIGS["d"])
+    assert not {"SGLANG_USE_AITER", "SGLANG_VIT_ENABLE_CUDA_GRAPH", "ROCM_VIT_EMULATE"} & set(environ_c)
+    assert (environ_d["ROCM_VIT_EMULATE"], environ_d["SGLANG_USE_AITER"]) == ("rocm", "1")
+    assert environ_c["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+
+
+@pytest.mark.slow
+def test_a_cpu_run_measures_sglangs_eager_tower_and_skips_the_graph_configurations(tmp_path: Path) -> None:
+    pytest.importorskip("sglang")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env["TORCHDYNAMO_DISABLE"] = "1"  # SGLang's compiled helpers eager: plumbing, not speed, is checked here
+    command = [sys.executable, "-m", "rocm_vit", "bench-sglang", "--device", "cpu", "--preset", "tiny"]
+    command += ["--layouts", "1x64,2x96", "--warm", "1", "--calls", "2", "--stream-max-pixels", "65536", "--json"]
+    command += ["--save", str(tmp_path / "saved.json")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert json.loads((tmp_path / "saved.json").read_text())["configs"]["a"] == report["configs"]["a"]
+    a = report["configs"]["a"]
+    assert "error" not in a and a["backend"] == "sdpa" and a["sgl_kernel"] == "absent", a
+    assert [row["layout"] for row in a["layouts"]["rows"]] == ["1x64", "2x96"]
+    assert all(row["warm_ms"] > 0 and row["first_ms"] > 0 for row in a["layouts"]["rows"])
+    assert a["stream"]["served"] == a["stream"]["calls"] == 2 and a["stream"]["p90_ms"] > 0
+    assert all("needs a GPU" in report["configs"][key]["skipped"] for key in "bcd")
+    assert "Layouts: warm median ms" in done.stderr and "a: SGLang eager" in done.stderr
+
+
+def test_a_budget_is_shared_by_the_configurations_left() -> None:
+    c, b, a, d = (CONFIGS[key] for key in "cbad")
+    assert worker_timeout(600, None, 0, [c, b, a, d]) == 600  # no budget: the limit
+    assert worker_timeout(600, 350, 0, [c, b, a, d]) == 100  # 350 s over weights 1, 1, 1, 0.5
+    assert worker_timeout(600, 350, 50, [b, a, d]) == 120  # c left 50 s to the others
+    assert worker_timeout(600, 350, 300, [d]) == 50 and worker_timeout(40, 350, 300, [d]) == 40
+    assert worker_timeout(600, 350, 349, [d]) == 30  # never less than the report's margin and 10 s
+
+
+def test_unknown_configuration_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    bench_sglang.add_arguments(parser)
+    assert bench_sglang.run(parser.parse_args(["--configs", "ax", "--device", "cpu"])) == 2
+    assert "unknown configurations ['x']" in capsys.readouterr().err

@@ -1,0 +1,34 @@
+"""The ``sgl_kernel`` stand-in covers what SGLang imports on a CUDA torch, and refuses every call.
+
+tests/sglang_support/cuda_imports.py --simulate-cuda imports SGLang's tower, ViT graph runner, model
+runner, encode server and rocm-vit's plugin with CUDA simulated on this CPU (SGLang's branches are taken at import),
+in a process of its own: every ``sgl_kernel`` import must be served by the stand-in, except the one
+SGLang itself guards with a fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parent / "sglang_support" / "cuda_imports.py"
+# SGLang imports these inside try/except with a fallback of its own (layers/quantization/utils.py).
+ALLOWED_ABSENT = {("sgl_kernel.scalar_type", ("ScalarType", "scalar_types"))}
+
+
+def test_standin_serves_every_sgl_kernel_import_on_a_cuda_torch() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--simulate-cuda"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "import_error" not in report and report["missing_modules"] == [], report
+    assert report["is_cuda"] and report["sgl_kernel"] == "stand-in", report
+    absent = {(error["module"], tuple(error["names"])) for error in report["sgl_kernel_import_errors"]}
+    assert absent == ALLOWED_ABSENT, report["sgl_kernel_import_errors"]
+    assert report["call"].startswith("sgl_kernel.silu_and_mul called: not available here"), report
