@@ -1,0 +1,155 @@
+"""An eager call's host and device cost, and its replay, per layout: one tree measured, or trees compared.
+
+``measure`` times whichever ``rocm_vit`` is first on the path (``PYTHONPATH=.base`` for a baseline
+tree, ``PYTHONPATH=.`` for this checkout) with this checkout's ``rocm_vit/workloads/launch_cost.py``
+loaded by path, so a tree whose ``bench`` lacks these columns is measured the same way as this one.
+``compare`` prints one table of the JSON files ``measure`` wrote, before against after per mode.
+
+    PYTHONPATH=.base python tests/gpu_launch_bench.py measure --label before --out before.json
+    PYTHONPATH=. python tests/gpu_launch_bench.py measure --label after --out after.json
+    python tests/gpu_launch_bench.py compare before.json after.json
+
+(A script, not ``-m tests.gpu_launch_bench``: run from the repository root of either tree.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+# Single images of 196, 784, 2,116, 4,096, 4,900 and 8,100 patches, and a 2048 x 1600 photo (12,800).
+DEFAULT_LAYOUTS = "1x224,1x448,1x736,1x1024,1x1120,1x1440,1x2048x1600"
+_LAUNCH_COST = Path(__file__).resolve().parents[1] / "rocm_vit" / "workloads" / "launch_cost.py"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    measure_parser = commands.add_parser("measure", help="time the rocm_vit on the path; write JSON")
+    measure_parser.add_argument("--label", required=True, help="e.g. before or after")
+    measure_parser.add_argument("--out", type=Path, required=True)
+    measure_parser.add_argument("--preset", default="qwen3-vl-8b")
+    measure_parser.add_argument("--layouts", default=DEFAULT_LAYOUTS)
+    measure_parser.add_argument("--repeats", type=int, default=10)
+    compare_parser = commands.add_parser("compare", help="one table of measure's JSON files")
+    compare_parser.add_argument("files", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "measure":
+        report = measure(args.label, args.preset, args.layouts, args.repeats)
+        args.out.write_text(json.dumps(report, indent=2))
+        print(format_comparison([report]))
+        return 1 if any(row["check"] != "exact" for row in report["rows"]) else 0
+    print(format_comparison([json.loads(path.read_text()) for path in args.files]))
+    return 0
+
+
+def measure(label: str, preset_name: str, layouts: str, repeats: int) -> dict:
+    """One row per layout: eager wall ms, host ms, device ms, kernels, host us per launch, replay ms, check."""
+    import torch
+
+    import rocm_vit
+    from rocm_vit.workloads.workload import bench_graph_options, build_tower, median_ms, parse_layouts, random_pixels
+
+    launch_cost = _load_launch_cost()
+    # A CPU runs the script's own test (tiny preset, fp32): no graphs or device columns there.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tower = build_tower(preset_name, device, dtype, None, seed=0)
+    workloads = parse_layouts(layouts, tower.config)
+    tower.enable_graphs(**bench_graph_options(32, workloads, device))
+    rows = []
+    with torch.inference_mode():
+        for index, workload in enumerate(workloads):
+            pixels = random_pixels(workload, tower.config, device, index).to(dtype)
+            grid = list(workload.grid_thw)
+
+            def eager(pixels=pixels, grid=grid):
+                return tower(pixels, grid, use_graphs=False)
+
+            eager_out = eager()
+            row = {"layout": workload.spec, "patches": workload.patches}
+            row["eager_ms"] = median_ms(eager, device, repeats)
+            row.update(launch_cost.eager_cost(eager, device, repeats).fields())
+            graph_out = tower(pixels, grid)  # captures
+            row["replay_ms"] = median_ms(lambda pixels=pixels, grid=grid: tower(pixels, grid), device, repeats)
+            row["check"] = "exact" if torch.equal(graph_out, eager_out) else "MISMATCH"
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return {
+        "label": label,
+        "mode": "rocm" if os.environ.get("ROCM_VIT_EMULATE") else "native",
+        "rocm_vit_path": str(Path(rocm_vit.__file__).resolve().parent),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "attention_backend": tower.attention.name,
+        "preset": preset_name,
+        "repeats": repeats,
+        "rows": rows,
+    }
+
+
+_COLUMNS = (
+    ("eager_ms", "eager ms", "{:.2f}"),
+    ("host_ms", "host ms", "{:.2f}"),
+    ("device_ms", "device ms", "{:.2f}"),
+    ("kernels", "kernels", "{}"),
+    ("host_us_per_launch", "us/launch", "{:.1f}"),
+    ("replay_ms", "replay ms", "{:.2f}"),
+    ("check", "check", "{}"),
+)
+
+
+def format_comparison(reports: list[dict]) -> str:
+    """Rows: mode and layout; columns: each measure as ``label1/label2/...`` in the order given."""
+    labels = list(dict.fromkeys(report["label"] for report in reports))
+    by_key = {(report["mode"], report["label"], row["layout"]): row for report in reports for row in report["rows"]}
+    modes = list(dict.fromkeys(report["mode"] for report in reports))
+    layouts = list(dict.fromkeys(row["layout"] for report in reports for row in report["rows"]))
+    header = ["mode", "layout", "patches", *(f"{title} {'/'.join(labels)}" for _, title, _ in _COLUMNS)]
+    lines = []
+    for mode in modes:
+        for layout in layouts:
+            rows = [by_key.get((mode, label, layout)) for label in labels]
+            if not any(rows):
+                continue
+            patches = next(row["patches"] for row in rows if row)
+            cells = [mode, layout, str(patches)]
+            for key, _, fmt in _COLUMNS:
+                cells.append("/".join("-" if not row or row.get(key) is None else fmt.format(row[key]) for row in rows))
+            lines.append(cells)
+    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
+    devices = sorted({f"{report['device']} (torch {report['torch']}, triton {report['triton']})" for report in reports})
+    return "\n".join(
+        [
+            f"eager cost per layout on {', '.join(devices)}; columns {'/'.join(labels)}",
+            *(
+                "  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True))
+                for line in [header, *lines]
+            ),
+        ]
+    )
+
+
+def _load_launch_cost():
+    spec = importlib.util.spec_from_file_location("_launch_cost", _LAUNCH_COST)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return "none"
+    return triton.__version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())
