@@ -1,0 +1,198 @@
+"""Triton launches bound once per argument signature: the compiled kernel's launcher, called directly.
+
+``kernel[grid](...)`` runs ``JITFunction.run`` at every launch: it binds and specialises every
+argument, formats the options into a cache key, checks the kernel's globals, builds launch metadata for
+hooks, and its launcher asks the driver about every pointer. That is tens of microseconds a launch, more
+than a small kernel runs for. ``launcher(kernel, **options)`` returns a ``FastLaunch``; its first launch
+of a signature goes through ``run`` and keeps the compiled kernel ``run`` used, later launches of that
+signature call the compiled kernel's launcher with data pointers as ints.
+
+Exactness: the signature key holds everything ``run`` specialises a launch on (``signature_key``): the
+current device, each constexpr's value, each tensor's dtype and the backend's own pointer
+specialisation (16-byte alignment; on ROCm also a storage within 2 GiB), each specialised int's width,
+``== 1`` and divisibility by 16, each unspecialised int's width, floats and ``None``; the options are
+the launcher's. An argument of another kind, a launch hook (a profiler such as proton), the
+interpreter and a Triton whose launch protocol this does not mirror (``_PROTOCOL_VERSIONS``) take
+``run``. Triton's knobs (debug, instrumentation) are read once per key, at its first launch.
+``VERIFY`` makes every fast launch ask ``run`` for its kernel and raise when it is another (the GPU tests).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import triton
+
+# Triton versions whose JITFunction.run, CompiledKernel and launchers this module's launch mirrors.
+_PROTOCOL_VERSIONS = ((3, 6), (3, 9))
+VERIFY = False
+
+_CONSTEXPR, _SPECIALISED, _UNSPECIALISED = 0, 1, 2
+_INT32 = (-(2**31), 2**31)
+_INT64_MAX = 2**63
+
+
+def launcher(kernel: Any, **options: Any) -> FastLaunch:
+    """The ``FastLaunch`` of ``kernel`` with launch ``options`` (``num_warps``, ``num_stages``,
+    ``enable_fp_fusion``, ...), one per process for each distinct pair."""
+    # By identity: the FastLaunch holds the kernel, so its id stays its own (and a test's stand-in
+    # kernel need not be hashable).
+    key = (id(kernel), tuple(sorted(options.items())))
+    found = _launchers.get(key)
+    if found is None:
+        with _launchers_lock:
+            found = _launchers.setdefault(key, FastLaunch(kernel, options))
+    return found
+
+
+class FastLaunch:
+    """``fast(grid, *args)`` launches ``kernel[grid](*args, **options)``: ``args`` are every parameter
+    of the kernel in order, constexprs included, positionally."""
+
+    def __init__(self, kernel: Any, options: dict[str, Any]) -> None:
+        self._kernel = kernel
+        self._options = options
+        params = getattr(kernel, "params", ())
+        self._kinds = tuple(
+            _CONSTEXPR if p.is_constexpr else _UNSPECIALISED if p.do_not_specialize else _SPECIALISED for p in params
+        )
+        self._aligned = tuple(not p.do_not_specialize_on_alignment for p in params)
+        # The slow path passes constexprs by name, as the wrappers did (tests/aot_rocm.py reads them so);
+        # the interpreter's kernels declare no params and take every argument by position.
+        self._positional = next((i for i, kind in enumerate(self._kinds) if kind == _CONSTEXPR), len(self._kinds))
+        self._keyword_names = tuple(p.name for p in params[self._positional :])
+        self.enabled = fast_launch_supported(kernel)
+        # signature key -> (the compiled kernel's launcher, its function handle, packed metadata, the kernel)
+        self._entries: dict[tuple, tuple] = {}
+        self._tensor_spec: dict[int, Callable[..., str]] = {}  # device -> backend.get_tensor_specialization
+
+    def __call__(self, grid: Sequence[int], *args: Any) -> None:
+        key = None
+        # Nothing is asked of the driver before a first launch through run returned a kernel (on a
+        # CPU, tests/aot_rocm.py records launches with no driver there).
+        if self._tensor_spec and not _hooks_set():
+            device = _driver_fns().current_device()
+            tensor_spec = self._tensor_spec.get(device)
+            if tensor_spec is not None:
+                key = signature_key(self._kinds, self._aligned, tensor_spec, device, args)
+                entry = self._entries.get(key) if key is not None else None
+                if entry is not None:
+                    if VERIFY:
+                        self._verify(entry[3], grid, args)
+                    _launch(entry, grid, _driver_fns().current_stream(device), args)
+                    return
+        positional, named = self._split(args)
+        compiled = self._kernel[tuple(grid)](*positional, **named, **self._options)
+        if self.enabled and compiled is not None:
+            self._remember(key, compiled, args)
+
+    def _split(self, args: Sequence[Any]) -> tuple[Sequence[Any], dict[str, Any]]:
+        """``run``'s positional arguments and constexprs by name."""
+        if not self._kinds:
+            return args, {}
+        return args[: self._positional], dict(zip(self._keyword_names, args[self._positional :], strict=True))
+
+    def _remember(self, key: tuple | None, compiled: Any, args: Sequence[Any]) -> None:
+        device = _driver_fns().current_device()
+        if device not in self._tensor_spec:
+            self._tensor_spec[device] = self._kernel.device_caches[device][3].get_tensor_specialization
+            key = signature_key(self._kinds, self._aligned, self._tensor_spec[device], device, args)
+        if key is not None:
+            self._entries[key] = (compiled.run, compiled.function, compiled.packed_metadata, compiled)
+
+    def _verify(self, kept: Any, grid: Sequence[int], args: Sequence[Any]) -> None:
+        positional, named = self._split(args)
+        expected = self._kernel.run(*positional, grid=tuple(grid), warmup=True, **named, **self._options)
+        if expected is not kept:
+            raise AssertionError(f"fast launch of {self._kernel} kept another compiled kernel than run() picks")
+
+
+def signature_key(
+    kinds: Sequence[int],
+    aligned: Sequence[bool],
+    tensor_spec: Callable[..., str],
+    device: int,
+    args: Sequence[Any],
+) -> tuple | None:
+    """What ``JITFunction.run`` specialises a launch of ``args`` on, or ``None`` for an argument kind
+    this module does not key (that launch takes ``run``). ``kinds``/``aligned`` per parameter:
+    constexpr, specialised or ``do_not_specialize``; specialised on alignment."""
+    key: list[Any] = [device]
+    for kind, align, arg in zip(kinds, aligned, args, strict=True):
+        if kind == _CONSTEXPR:
+            key.append(arg)
+        elif isinstance(arg, torch.Tensor):
+            key.append((arg.dtype, tensor_spec(arg, align=align)))
+        elif isinstance(arg, bool):
+            key.append(("u1", arg) if kind == _SPECIALISED else "u1")
+        elif isinstance(arg, int):
+            width = 32 if _INT32[0] <= arg < _INT32[1] else 64 if arg < _INT64_MAX else 65
+            key.append((width, arg == 1, align and arg % 16 == 0) if kind == _SPECIALISED else width)
+        elif isinstance(arg, float):
+            key.append(float)
+        elif arg is None:
+            key.append(None)
+        elif hasattr(arg, "block_shape") and hasattr(arg, "base"):  # a host TensorDescriptor
+            key.append((type(arg), arg.base.dtype, tuple(arg.block_shape), getattr(arg, "layout", None), arg.padding))
+        else:
+            return None
+    return tuple(key)
+
+
+def fast_launch_supported(kernel: Any) -> bool:
+    """Whether launches of ``kernel`` may bypass ``run``: a compiled (not interpreted) Triton kernel
+    under a Triton whose launch protocol this module mirrors."""
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    in_range = _PROTOCOL_VERSIONS[0] <= version <= _PROTOCOL_VERSIONS[1]
+    return in_range and isinstance(kernel, triton.runtime.JITFunction) and hasattr(kernel, "device_caches")
+
+
+def _launch(entry: tuple, grid: Sequence[int], stream: int, args: Sequence[Any]) -> None:
+    run, function, packed_metadata, _ = entry
+    size = len(grid)
+    # Pointers as ints: the launcher skips its driver query of each tensor's pointer.
+    values = [arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args]
+    # No launch metadata or hooks: a launch with hooks set goes through run (_hooks_set).
+    run(
+        grid[0],
+        grid[1] if size > 1 else 1,
+        grid[2] if size > 2 else 1,
+        stream,
+        function,
+        packed_metadata,
+        None,
+        None,
+        None,
+        *values,
+    )
+
+
+def _hooks_set() -> bool:
+    runtime = triton.knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+
+
+class _DriverFns:
+    """The active driver's device and stream queries, looked up once (``driver.active`` is a lazy proxy)."""
+
+    def __init__(self) -> None:
+        active = triton.runtime.driver.active
+        self.current_device = active.get_current_device
+        self.current_stream = active.get_current_stream
+
+
+_driver_fns_cache: list[_DriverFns] = []
+
+
+def _driver_fns() -> _DriverFns:
+    if not _driver_fns_cache:
+        _driver_fns_cache.append(_DriverFns())
+    return _driver_fns_cache[0]
+
+
+_launchers: dict[tuple, FastLaunch] = {}
+_launchers_lock = threading.Lock()
