@@ -35,19 +35,33 @@ def main(argv: list[str] | None = None) -> int:
     measure_parser.add_argument("--preset", default="qwen3-vl-8b")
     measure_parser.add_argument("--layouts", default=DEFAULT_LAYOUTS)
     measure_parser.add_argument("--repeats", type=int, default=10)
+    measure_parser.add_argument(
+        "--slow-launches", action="store_true", help="every Triton launch through JITFunction.run (fast_launch off)"
+    )
+    launches_parser = commands.add_parser("launches", help="host us per launch of single kernels, this tree")
+    launches_parser.add_argument("--out", type=Path, required=True)
     compare_parser = commands.add_parser("compare", help="one table of measure's JSON files")
     compare_parser.add_argument("files", type=Path, nargs="+")
     args = parser.parse_args(argv)
     if args.command == "measure":
-        report = measure(args.label, args.preset, args.layouts, args.repeats)
+        if args.slow_launches:
+            _slow_launches()
+        report = measure(args.label, args.preset, args.layouts, args.repeats, args.slow_launches)
         args.out.write_text(json.dumps(report, indent=2))
         print(format_comparison([report]))
         return 1 if any(row["check"] != "exact" for row in report["rows"]) else 0
-    print(format_comparison([json.loads(path.read_text()) for path in args.files]))
+    if args.command == "launches":
+        rows = launch_floors()
+        args.out.write_text(json.dumps(rows, indent=2))
+        print("\n".join(f"{name:>44}  {us:8.1f} us/launch" for name, us in rows.items()))
+        return 0
+    missing = [str(path) for path in args.files if not path.is_file()]
+    reports = [json.loads(path.read_text()) for path in args.files if path.is_file()]
+    print(format_comparison(reports) + (f"\nmissing (a failed step): {missing}" if missing else ""))
     return 0
 
 
-def measure(label: str, preset_name: str, layouts: str, repeats: int) -> dict:
+def measure(label: str, preset_name: str, layouts: str, repeats: int, slow_launches: bool = False) -> dict:
     """One row per layout: eager wall ms, host ms, device ms, kernels, host us per launch, replay ms, check."""
     import torch
 
@@ -81,7 +95,7 @@ def measure(label: str, preset_name: str, layouts: str, repeats: int) -> dict:
             print(json.dumps(row), file=sys.stderr, flush=True)
     return {
         "label": label,
-        "mode": "rocm" if os.environ.get("ROCM_VIT_EMULATE") else "native",
+        "mode": ("rocm" if os.environ.get("ROCM_VIT_EMULATE") else "native") + ("/slow" if slow_launches else ""),
         "rocm_vit_path": str(Path(rocm_vit.__file__).resolve().parent),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -91,6 +105,70 @@ def measure(label: str, preset_name: str, layouts: str, repeats: int) -> dict:
         "repeats": repeats,
         "rows": rows,
     }
+
+
+def launch_floors(calls: int = 200) -> dict[str, float]:
+    """Host microseconds per call of single launches, each enqueued behind a busy device."""
+    import torch
+    import torch.nn.functional as F
+    from rocm_vit.backends import fast_launch, triton_add_norm
+    from rocm_vit.backends.launch_math import next_power_of_2
+
+    launch_cost = _load_launch_cost()
+    device = torch.device("cuda")
+    x = torch.randn(196, 1152, device=device, dtype=torch.bfloat16)
+    update, weight, bias = torch.randn_like(x), torch.randn_like(x[0]), torch.randn_like(x[0])
+    summed, normed = torch.empty_like(x), torch.empty_like(x)
+    linear = torch.nn.Linear(1152, 3456, device=device, dtype=torch.bfloat16)
+    qkv = torch.randn(2116, 3, 16, 72, device=device, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 2116], dtype=torch.int32, device=device)
+    kernel, block = triton_add_norm._add_norm_kernel, next_power_of_2(1152)
+    args = (x, update, weight, bias, summed, normed, 1e-6, 1152, block, True, True, False)
+    fast = fast_launch.launcher(kernel, num_warps=triton_add_norm._num_warps(block), enable_fp_fusion=False)
+    named = dict(zip(("HIDDEN", "BLOCK", "HAS_UPDATE", "HAS_BIAS", "RMS"), args[7:], strict=True))
+    cases = {
+        "torch add (one kernel)": lambda: torch.add(x, update),
+        "F.linear 196x1152x3456 (one GEMM)": lambda: F.linear(x, linear.weight, linear.bias),
+        "add_norm kernel[grid] (JITFunction.run)": lambda: kernel[(196,)](
+            *args[:7], **named, num_warps=fast._options["num_warps"], enable_fp_fusion=False
+        ),
+        "add_norm FastLaunch (kept kernel)": lambda: fast((196,), *args),
+        "add_norm wrapper (2 allocations + launch)": lambda: triton_add_norm.add_norm(
+            x, update, weight, bias, 1e-6, "layer_norm"
+        ),
+    }
+    if torch.cuda.get_device_capability() == (9, 0) and torch.version.hip is None:
+        from rocm_vit.backends import gluon_attn
+
+        q, k, v = qkv.unbind(1)
+        cases["gluon_attn 1x2116 wrapper (3 launches)"] = lambda: gluon_attn.gluon_varlen_attention(
+            q, k, v, offsets, 2116, 0.1
+        )
+    floors = {}
+    with torch.inference_mode():
+        for name, call in cases.items():
+
+            def repeated(call=call):
+                for _ in range(calls):
+                    call()
+
+            floors[name] = launch_cost.eager_cost(repeated, device, 3).host_ms * 1e3 / calls
+        if "gluon_attn 1x2116 wrapper (3 launches)" in cases:
+            _slow_launches()
+            call = cases["gluon_attn 1x2116 wrapper (3 launches)"]
+            floors["gluon_attn 1x2116 wrapper, fast_launch off"] = (
+                launch_cost.eager_cost(lambda: [call() for _ in range(calls)], device, 3).host_ms * 1e3 / calls
+            )
+    return floors
+
+
+def _slow_launches() -> None:
+    """Send every Triton launch of this tree through ``JITFunction.run``, as with a launch hook set."""
+    try:
+        from rocm_vit.backends import fast_launch
+    except ImportError:  # a tree from before fast_launch: every launch is slow already
+        return
+    fast_launch._hooks_set = lambda: True
 
 
 _COLUMNS = (
