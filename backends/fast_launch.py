@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import triton
+from triton import knobs
 
 # Triton versions whose JITFunction.run, CompiledKernel and launchers this module's launch mirrors.
 _PROTOCOL_VERSIONS = ((3, 6), (3, 9))
@@ -171,7 +172,7 @@ def _launch(entry: tuple, grid: Sequence[int], stream: int, args: Sequence[Any])
 
 
 def _hooks_set() -> bool:
-    runtime = triton.knobs.runtime
+    runtime = knobs.runtime
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
