@@ -51,21 +51,30 @@ def _values() -> list:
     return [*ints, True, False, 0.5, 1.0, None, *tensors]
 
 
+def _backends() -> list:
+    """NVIDIA's (the base class's pointer specialisation) and AMD's, which also specialises a pointer
+    on a storage within 2 GiB (buffer ops)."""
+    from triton.backends.amd.compiler import HIPBackend
+
+    return [BaseBackend, HIPBackend]
+
+
 @pytest.mark.parametrize("kind", list(_KINDS))
 @pytest.mark.parametrize("aligned", [True, False])
-def test_equal_keys_mean_equal_triton_specialisations(kind: str, aligned: bool) -> None:
+@pytest.mark.parametrize("backend", _backends(), ids=["cuda", "hip"])
+def test_equal_keys_mean_equal_triton_specialisations(kind: str, aligned: bool, backend) -> None:
     """Two arguments with one key get one specialisation from Triton's binder (native_specialize_impl):
     a hit never launches a kernel compiled for other arguments."""
     specialise = kind == "specialised"
-    for first, second in itertools.combinations(_values(), 2):
+    # A storage over 2 GiB (reserved, never touched: no memory is committed).
+    values = [*_values(), torch.empty(2**29 + 16, dtype=torch.float32)]
+    for first, second in itertools.combinations(values, 2):
         keys = [
-            signature_key([_KINDS[kind]], [aligned], BaseBackend.get_tensor_specialization, 0, [value])
+            signature_key([_KINDS[kind]], [aligned], backend.get_tensor_specialization, 0, [value])
             for value in (first, second)
         ]
         if keys[0] == keys[1]:
-            specs = [
-                native_specialize_impl(BaseBackend, value, False, specialise, aligned) for value in (first, second)
-            ]
+            specs = [native_specialize_impl(backend, value, False, specialise, aligned) for value in (first, second)]
             assert specs[0] == specs[1], (first, second, keys[0])
 
 
