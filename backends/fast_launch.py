@@ -75,15 +75,15 @@ class FastLaunch:
         # Nothing is asked of the driver before a first launch through run returned a kernel (on a
         # CPU, tests/aot_rocm.py records launches with no driver there).
         if self._tensor_spec and not _hooks_set():
-            device = _driver_fns().current_device()
+            device = _current_device()
             tensor_spec = self._tensor_spec.get(device)
             if tensor_spec is not None:
-                key = signature_key(self._kinds, self._aligned, tensor_spec, device, args)
+                key, values = _bind(self._kinds, self._aligned, tensor_spec, device, args)
                 entry = self._entries.get(key) if key is not None else None
                 if entry is not None:
                     if VERIFY:
                         self._verify(entry[3], grid, args)
-                    _launch(entry, grid, _driver_fns().current_stream(device), args)
+                    _launch(entry, grid, _current_stream(device), values)
                     return
         positional, named = self._split(args)
         compiled = self._kernel[tuple(grid)](*positional, **named, **self._options)
@@ -97,9 +97,11 @@ class FastLaunch:
         return args[: self._positional], dict(zip(self._keyword_names, args[self._positional :], strict=True))
 
     def _remember(self, key: tuple | None, compiled: Any, args: Sequence[Any]) -> None:
-        device = _driver_fns().current_device()
+        device = _current_device()
         if device not in self._tensor_spec:
-            self._tensor_spec[device] = self._kernel.device_caches[device][3].get_tensor_specialization
+            tensor_spec = self._kernel.device_caches[device][3].get_tensor_specialization
+            # The base backend's rule (NVIDIA's) is applied inline: a call per pointer saved.
+            self._tensor_spec[device] = _BASE_RULE if _is_base_rule(tensor_spec) else tensor_spec
             key = signature_key(self._kinds, self._aligned, self._tensor_spec[device], device, args)
         if key is not None:
             self._entries[key] = (compiled.run, compiled.function, compiled.packed_metadata, compiled)
@@ -120,18 +122,35 @@ def signature_key(
 ) -> tuple | None:
     """What ``JITFunction.run`` specialises a launch of ``args`` on, or ``None`` for an argument kind
     this module does not key (that launch takes ``run``). ``kinds``/``aligned`` per parameter:
-    constexpr, specialised or ``do_not_specialize``; specialised on alignment."""
+    constexpr, specialised or ``do_not_specialize``; specialised on alignment. ``tensor_spec``: the
+    backend's ``get_tensor_specialization``."""
+    if _is_base_rule(tensor_spec):
+        tensor_spec = _BASE_RULE
+    return _bind(kinds, aligned, tensor_spec, device, args)[0]
+
+
+def _bind(
+    kinds: Sequence[int], aligned: Sequence[bool], tensor_spec: Any, device: int, args: Sequence[Any]
+) -> tuple[tuple | None, list[Any]]:
+    """``(signature_key, the launcher's arguments)``: data pointers as ints, the rest as given.
+    ``tensor_spec`` ``_BASE_RULE`` applies the base backend's pointer rule inline."""
     key: list[Any] = [device]
-    for kind, align, arg in zip(kinds, aligned, args, strict=True):
+    values = list(args)
+    for index, arg in enumerate(args):
+        kind = kinds[index]
         if kind == _CONSTEXPR:
             key.append(arg)
         elif isinstance(arg, torch.Tensor):
-            key.append((arg.dtype, tensor_spec(arg, align=align)))
+            pointer = values[index] = arg.data_ptr()
+            if tensor_spec is _BASE_RULE:
+                key.append((arg.dtype, aligned[index] and pointer % 16 == 0))
+            else:
+                key.append((arg.dtype, tensor_spec(arg, align=aligned[index])))
         elif isinstance(arg, bool):
             key.append(("u1", arg) if kind == _SPECIALISED else "u1")
         elif isinstance(arg, int):
             width = 32 if _INT32[0] <= arg < _INT32[1] else 64 if arg < _INT64_MAX else 65
-            key.append((width, arg == 1, align and arg % 16 == 0) if kind == _SPECIALISED else width)
+            key.append((width, arg == 1, aligned[index] and arg % 16 == 0) if kind == _SPECIALISED else width)
         elif isinstance(arg, float):
             key.append(float)
         elif arg is None:
@@ -139,8 +158,17 @@ def signature_key(
         elif hasattr(arg, "block_shape") and hasattr(arg, "base"):  # a host TensorDescriptor
             key.append((type(arg), arg.base.dtype, tuple(arg.block_shape), getattr(arg, "layout", None), arg.padding))
         else:
-            return None
-    return tuple(key)
+            return None, values
+    return tuple(key), values
+
+
+_BASE_RULE = object()  # stands for BaseBackend.get_tensor_specialization: 16-byte aligned pointers
+
+
+def _is_base_rule(tensor_spec: Any) -> bool:
+    from triton.backends.compiler import BaseBackend
+
+    return tensor_spec is _BASE_RULE or tensor_spec == BaseBackend.get_tensor_specialization
 
 
 def fast_launch_supported(kernel: Any) -> bool:
@@ -151,12 +179,11 @@ def fast_launch_supported(kernel: Any) -> bool:
     return in_range and isinstance(kernel, triton.runtime.JITFunction) and hasattr(kernel, "device_caches")
 
 
-def _launch(entry: tuple, grid: Sequence[int], stream: int, args: Sequence[Any]) -> None:
+def _launch(entry: tuple, grid: Sequence[int], stream: int, values: Sequence[Any]) -> None:
     run, function, packed_metadata, _ = entry
     size = len(grid)
-    # Pointers as ints: the launcher skips its driver query of each tensor's pointer.
-    values = [arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args]
-    # No launch metadata or hooks: a launch with hooks set goes through run (_hooks_set).
+    # Pointers as ints (_bind): the launcher skips its driver query of each tensor's pointer. No launch
+    # metadata or hooks: a launch with hooks set goes through run (_hooks_set).
     run(
         grid[0],
         grid[1] if size > 1 else 1,
@@ -177,23 +204,22 @@ def _hooks_set() -> bool:
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
 
-class _DriverFns:
+def _current_device() -> int:
+    return _driver_fns()[0]()
+
+
+def _current_stream(device: int) -> int:
+    return _driver_fns()[1](device)
+
+
+def _driver_fns() -> tuple[Callable[[], int], Callable[[int], int]]:
     """The active driver's device and stream queries, looked up once (``driver.active`` is a lazy proxy)."""
-
-    def __init__(self) -> None:
-        active = triton.runtime.driver.active
-        self.current_device = active.get_current_device
-        self.current_stream = active.get_current_stream
-
-
-_driver_fns_cache: list[_DriverFns] = []
-
-
-def _driver_fns() -> _DriverFns:
     if not _driver_fns_cache:
-        _driver_fns_cache.append(_DriverFns())
+        active = triton.runtime.driver.active
+        _driver_fns_cache.append((active.get_current_device, active.get_current_stream))
     return _driver_fns_cache[0]
 
 
+_driver_fns_cache: list[tuple[Callable[[], int], Callable[[int], int]]] = []
 _launchers: dict[tuple, FastLaunch] = {}
 _launchers_lock = threading.Lock()

@@ -10,7 +10,6 @@ backend. tests/gpu/test_fast_launch_gpu.py checks the same against Triton on a G
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -139,9 +138,7 @@ class _StandInKernel:
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> tuple[FastLaunch, _StandInKernel]:
     kernel = _StandInKernel()
-    monkeypatch.setattr(
-        fast_launch, "_driver_fns", lambda: SimpleNamespace(current_device=lambda: 0, current_stream=lambda d: 77)
-    )
+    monkeypatch.setattr(fast_launch, "_driver_fns", lambda: (lambda: 0, lambda device: 77))  # device 0, stream 77
     fast = FastLaunch(kernel, {"num_warps": 4})
     fast.enabled = True  # the stand-in is no JITFunction
     return fast, kernel
