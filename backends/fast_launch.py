@@ -15,10 +15,13 @@ the launcher's. An argument of another kind, a launch hook (a profiler such as p
 interpreter and a Triton whose launch protocol this does not mirror (``_PROTOCOL_VERSIONS``) take
 ``run``. Triton's knobs (debug, instrumentation) are read once per key, at its first launch.
 ``VERIFY`` makes every fast launch ask ``run`` for its kernel and raise when it is another (the GPU tests).
+Under Triton 3.6, a kept kernel that takes host ``TensorDescriptor``s also keeps each one's encoded tensor
+map (``_DescriptorLaunch``), which its launcher would otherwise encode again at every launch.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -104,7 +107,8 @@ class FastLaunch:
             self._tensor_spec[device] = _BASE_RULE if _is_base_rule(tensor_spec) else tensor_spec
             key = signature_key(self._kinds, self._aligned, self._tensor_spec[device], device, args)
         if key is not None:
-            self._entries[key] = (compiled.run, compiled.function, compiled.packed_metadata, compiled)
+            run = _descriptor_launch(compiled.run) or compiled.run
+            self._entries[key] = (run, compiled.function, compiled.packed_metadata, compiled)
 
     def _verify(self, kept: Any, grid: Sequence[int], args: Sequence[Any]) -> None:
         positional, named = self._split(args)
@@ -174,8 +178,7 @@ def _is_base_rule(tensor_spec: Any) -> bool:
 def fast_launch_supported(kernel: Any) -> bool:
     """Whether launches of ``kernel`` may bypass ``run``: a compiled (not interpreted) Triton kernel
     under a Triton whose launch protocol this module mirrors."""
-    version = tuple(int(part) for part in triton.__version__.split(".")[:2])
-    in_range = _PROTOCOL_VERSIONS[0] <= version <= _PROTOCOL_VERSIONS[1]
+    in_range = _PROTOCOL_VERSIONS[0] <= _triton_version() <= _PROTOCOL_VERSIONS[1]
     return in_range and isinstance(kernel, triton.runtime.JITFunction) and hasattr(kernel, "device_caches")
 
 
@@ -196,6 +199,68 @@ def _launch(entry: tuple, grid: Sequence[int], stream: int, values: Sequence[Any
         None,
         *values,
     )
+
+
+def _descriptor_launch(launcher: Any) -> _DescriptorLaunch | None:
+    """Triton 3.6's CUDA launcher of a kernel that takes host ``TensorDescriptor``s, with their
+    expansions kept (``_DescriptorLaunch``), or ``None`` where the launcher is not that one exactly."""
+    if _triton_version() != (3, 6) or type(launcher).__name__ != "CudaLauncher":
+        return None
+    if launcher.global_scratch_size or launcher.profile_scratch_size:
+        return None
+    wrapper = launcher.launch  # wrap_handle_tensordesc's inner, over the compiled C launch
+    code = getattr(wrapper, "__code__", None)
+    if code is None or code.co_freevars != ("launcher", "tensordesc_indices", "tensordesc_meta"):
+        return None
+    launch, indices, metadata = (cell.cell_contents for cell in wrapper.__closure__)
+    module = sys.modules[type(launcher).__module__]
+    if getattr(module, "_BASE_ARGS_FORMAT_LEN", None) != 13 or not metadata or None in metadata:
+        return None
+    flags = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+    return _DescriptorLaunch(launch, sorted(indices), list(metadata), module.make_tensordesc_arg, flags)
+
+
+class _DescriptorLaunch:
+    """What Triton 3.6's ``CudaLauncher.__call__`` and ``wrap_handle_tensordesc`` do for a kernel with
+    no scratch memory, except that each descriptor's expansion (a ``cuTensorMapEncodeTiled``) is kept
+    per base address, shape, strides and padding: the same values, encoded once. The map is copied
+    into the kernel's parameters at each launch, so a kept one is never written while in flight."""
+
+    def __init__(
+        self, launch: Callable[..., Any], indices: list[int], metadata: list, expand: Callable, flags: tuple
+    ) -> None:
+        self._launch = launch
+        self._indices = frozenset(indices)
+        self._metadata = {index: entry for index, entry in zip(indices, metadata, strict=True)}
+        self._expand = expand
+        self._cooperative, self._pdl = flags
+        self._expanded: dict[tuple, list] = {}
+
+    def __call__(
+        self, grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata, enter, leave, *args
+    ) -> None:
+        final = [grid_x, grid_y, grid_z, stream, function, self._cooperative, self._pdl, None, None]
+        final += [packed_metadata, launch_metadata, enter, leave]
+        for index, arg in enumerate(args):
+            if index not in self._indices:
+                final.append(arg)
+                continue
+            key = (index, arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), arg.padding)
+            expanded = self._expanded.get(key)
+            if expanded is None:
+                if len(self._expanded) >= _KEPT_EXPANSIONS:
+                    self._expanded.clear()
+                expanded = self._expanded[key] = self._expand(arg, self._metadata[index])
+            final.extend(expanded)
+        self._launch(*final)
+
+
+# Descriptor expansions kept per kernel: a layout's layers reuse a few addresses; cleared when full.
+_KEPT_EXPANSIONS = 512
+
+
+def _triton_version() -> tuple[int, int]:
+    return tuple(int(part) for part in triton.__version__.split(".")[:2])
 
 
 def _hooks_set() -> bool:

@@ -210,3 +210,45 @@ def test_launcher_is_one_per_kernel_and_options() -> None:
     first = fast_launch.launcher(_copy_kernel, num_warps=4, enable_fp_fusion=False)
     assert fast_launch.launcher(_copy_kernel, enable_fp_fusion=False, num_warps=4) is first
     assert fast_launch.launcher(_copy_kernel, num_warps=8, enable_fp_fusion=False) is not first
+
+
+@pytest.mark.skipif(not triton.__version__.startswith("3.6."), reason="the descriptor launch mirrors Triton 3.6's")
+def test_descriptor_launch_passes_what_tritons_launcher_passes_and_encodes_each_descriptor_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Triton 3.6's own CudaLauncher.__call__ and wrap_handle_tensordesc against _DescriptorLaunch, on a
+    C launch that records its arguments; the expansion (cuTensorMapEncodeTiled, which needs the driver)
+    is a stand-in returning what make_tensordesc_arg returns: the map, then the shape and strides."""
+    from rocm_vit.backends.gluon_attn import _descriptors
+    from triton.backends.nvidia import driver
+
+    encoded = []
+
+    def expand(descriptor, metadata):
+        encoded.append(descriptor)
+        return [("map", descriptor.base.data_ptr(), metadata["swizzle"]), *descriptor.shape, *descriptor.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", expand)
+    launched = []
+    signature = {0: "tensordesc<bf16[64, 1, 64],L>", 1: "*bf16", 2: "i32", 3: "tensordesc<bf16[64, 1, 16],L>"}
+    launcher = driver.CudaLauncher.__new__(driver.CudaLauncher)
+    launcher.launch = driver.wrap_handle_tensordesc(
+        lambda *args: launched.append(args), signature, [{"swizzle": 128}, {"swizzle": 32}]
+    )
+    launcher.global_scratch_size = launcher.profile_scratch_size = 0
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+    launcher.launch_cooperative_grid, launcher.launch_pdl, launcher.num_ctas = False, True, 1
+    fast = fast_launch._descriptor_launch(launcher)
+    assert fast is not None
+    qkv = torch.empty(300, 3, 16, 80, dtype=torch.bfloat16)
+    first, tail = _descriptors(qkv[:, 0], 64)
+    args = (2, 3, 1, 77, 0xF00, (4, 1, 0), None, None, None, first, 1234, 7, tail)
+    launcher(*args)
+    fast(*args)
+    fast(*args)
+    assert launched[0] == launched[1] == launched[2]
+    assert len(encoded) == 4  # Triton's launcher encodes both every launch; the kept expansion once
+    other = (*args[:9], *_descriptors(qkv[:, 1], 64)[:1], 1234, 7, tail)  # k's address: another map
+    launcher(*other)
+    fast(*other)
+    assert launched[3] == launched[4] != launched[0]
