@@ -15,14 +15,14 @@ step() {  # step NAME TIMEOUT_S "ENV=... COMMAND": output to $OUT/NAME.log, its 
   tail -n 9 "$OUT/$1.log" >&2
 }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >&2 || true
-step before-native 100 "PYTHONPATH=.base $BENCH measure $MEASURE_ARGS --label before --out $OUT/before-native.json"
-step after-native 100 "PYTHONPATH=. $BENCH measure $MEASURE_ARGS --label after --out $OUT/after-native.json"
-step before-rocm 100 "PYTHONPATH=.base $ROCM $BENCH measure $MEASURE_ARGS --label before --out $OUT/before-rocm.json"
-step after-rocm 100 "PYTHONPATH=. $ROCM $BENCH measure $MEASURE_ARGS --label after --out $OUT/after-rocm.json"
+step before-native 95 "PYTHONPATH=.base $BENCH measure $MEASURE_ARGS --label before --out $OUT/before-native.json"
+step after-native 95 "PYTHONPATH=. $BENCH measure $MEASURE_ARGS --label after --out $OUT/after-native.json"
+step before-rocm 110 "PYTHONPATH=.base $ROCM $BENCH measure $MEASURE_ARGS --label before --out $OUT/before-rocm.json"
+step after-rocm 110 "PYTHONPATH=. $ROCM $BENCH measure $MEASURE_ARGS --label after --out $OUT/after-rocm.json"
 step after-native-slow 60 "PYTHONPATH=. $BENCH measure --layouts 1x224,1x736,1x1440 $MEASURE_ARGS --label after --slow-launches \
   --out $OUT/after-native-slow.json"
-step launches 40 "PYTHONPATH=. $BENCH launches --out $OUT/launches.json"
-step gpu-tests 80 "PYTHONPATH=. $PY -m pytest -q -x -m gpu tests/gpu/test_fast_launch_gpu.py"
+step launches 35 "PYTHONPATH=. $BENCH launches --out $OUT/launches.json"
+step gpu-tests 70 "PYTHONPATH=. $PY -m pytest -q -x -m gpu tests/gpu/test_fast_launch_gpu.py"
 echo "== launch floors (host us per call, this tree)"
 cat "$OUT/launches.log"
 echo "== comparison"

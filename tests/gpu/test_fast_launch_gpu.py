@@ -103,13 +103,19 @@ def test_a_kernel_after_its_first_launch_skips_run_and_equals_the_slow_path(
     torch.cuda.synchronize()
     assert runs == []
     assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
+    if name == "gluon_attn" and fast_launch._triton_version() == (3, 6):
+        from rocm_vit.backends import gluon_attn
+
+        # Its kept launches reuse the descriptors' encoded tensor maps.
+        entries = fast_launch.launcher(gluon_attn._attn_fwd, num_warps=4)._entries.values()
+        assert any(isinstance(entry[0], fast_launch._DescriptorLaunch) for entry in entries)
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("name", ["tiny", "qwen3-vl-8b"])
-def test_towers_are_exact_with_fast_launches_eager_and_replayed(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+def test_a_tower_is_exact_with_fast_launches_eager_and_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The 8B tower's widths (head dim 72: the kernels the bench compiled), four blocks.
     torch.manual_seed(0)
-    config = preset(name, depth=4, deepstack_visual_indexes=[1, 2])
+    config = preset("qwen3-vl-8b", depth=4, deepstack_visual_indexes=[1, 2])
     tower = tower_class(config)(config).to(DEVICE, torch.bfloat16).eval()
     tower.enable_graphs(min_hits=1, by_benefit=False, max_tokens=1 << 15, budget_bytes=64 << 30)
     for grid in ([[1, 14, 14]], [[1, 46, 46]], [[1, 90, 90]], [[1, 128, 100]], [[1, 16, 16], [1, 30, 20]]):
