@@ -178,7 +178,7 @@ def format_report(report: dict) -> str:
     columns.append(("eager_ms", "eager ms", "{:.2f}"))
     columns += [(key, title, fmt) for key, title, fmt in LAUNCH_COLUMNS if rows and key in rows[0]]
     if rows and "graph_ms" in rows[0]:
-        columns += [("graph_ms", "replay ms", "{:.2f}"), ("speedup", "speedup", "{:.2f}x")]
+        columns += [("graph_ms", "graph ms", "{:.2f}"), ("speedup", "speedup", "{:.2f}x")]
         columns.append(("capture_ms", "capture ms", "{:.0f}"))
     if rows and "transformers_ms" in rows[0]:
         columns.append(("transformers_ms", "transformers ms", "{:.2f}"))

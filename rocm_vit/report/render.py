@@ -216,7 +216,7 @@ def _bench(document: dict[str, Any]) -> list[str]:
         cells += ["-" if row[key] is None else fmt.format(row[key]) for key, _, fmt in _LAUNCH_COLUMNS if key in row]
         rows.append([*cells, row["check"]])
     header = ["layout", "patches", "eager ms"]
-    header += ["replay ms", "speedup", "policy", "pick fastest"] if graphs else []
+    header += ["graph ms", "speedup", "policy", "pick fastest"] if graphs else []
     header += [title for key, title, _ in _LAUNCH_COLUMNS if data["rows"] and key in data["rows"][0]]
     lines += _table([*header, "check"], rows)
     if "bench.png" in document["plots"]:
