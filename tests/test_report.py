@@ -263,8 +263,7 @@ def test_failures_and_hazards_reach_the_summary_the_markdown_and_the_exit_status
     # bench: 224 px (196 patches) replays under the 4096-patch ceiling, 2048x1600 (12800) runs eagerly
     # with what an eager call costs the host and the device; a count the profiler missed reads "-"
     assert (
-        "| layout | patches | eager ms | graph ms | speedup | policy | pick fastest | host ms | device ms |"
-        in markdown
+        "| layout | patches | eager ms | graph ms | speedup | policy | pick fastest | host ms | device ms |" in markdown
     )
     assert "| 1x224 | 196 | 9.10 | **1.50** | 6.07x | graph | yes | 20.40 | 1.72 | 235 | 86.8 | exact |" in markdown
     assert (
