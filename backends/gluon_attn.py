@@ -24,6 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from . import fast_launch
 from .launch_math import cdiv
 from .tail_split import TailSplit, merge_tail, partials, plan_tail_split
 from .triton_attn import triton_varlen_attention
@@ -126,7 +127,8 @@ def _launch(
     plan: TailSplit | None = None,
 ) -> None:
     """One launch of the kernel: whole programs into ``out``, or a tail split's programs into partials."""
-    _attn_fwd[grid](
+    fast_launch.launcher(_attn_fwd, num_warps=4)(
+        grid,
         *descriptors,
         out,
         cu_seqlens,
@@ -137,14 +139,13 @@ def _launch(
         part_ml,
         None if plan is None else plan.first_tail_block,
         1 if plan is None else plan.splits,
-        HEAD_DIM=head_dim,
-        BLOCK_N=BLOCK_N,
-        NUM_STAGES=NUM_STAGES,
-        CONSUMER_REGS=CONSUMER_REGS[consumers],
-        LOADER_REGS=LOADER_REGS,
-        SPLIT=plan is not None,
-        CONSUMERS=consumers,
-        num_warps=4,
+        head_dim,  # HEAD_DIM
+        BLOCK_N,
+        NUM_STAGES,
+        CONSUMER_REGS[consumers],
+        LOADER_REGS,
+        plan is not None,  # SPLIT
+        consumers,  # CONSUMERS
     )
 
 
@@ -221,18 +222,71 @@ def _sm_count(index: int) -> int:
 
 
 def _descriptors(x: torch.Tensor, rows: int) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """TMA descriptors over ``x`` ``[N, H, D]`` for ``rows`` x 64 (columns 0-63) and ``rows`` x 16 (64-79)."""
-    shape, strides = list(x.shape), list(x.stride())
-    return tuple(
-        TensorDescriptor(x, shape, strides, [rows, 1, width], _shared_layout(rows, width, x.dtype))
-        for width in (64, 16)
-    )
+    """TMA descriptors over ``x`` ``[N, H, D]`` for ``rows`` x 64 (columns 0-63) and ``rows`` x 16 (64-79).
+
+    Built once per pointer, shape, strides, dtype and ``rows`` (the validation and the layouts are host
+    time every layer paid): a kept pair is over a ``_DevicePointer``, so the cache holds no tensor alive,
+    and describes the same memory as a fresh pair would."""
+    key = (x.data_ptr(), x.shape, x.stride(), x.dtype, rows)
+    pair = _kept_descriptors.get(key)
+    if pair is None:
+        base = _DevicePointer(x.data_ptr(), x.dtype) if _POINTER_BASES else x
+        shape, strides = list(x.shape), list(x.stride())
+        pair = tuple(
+            TensorDescriptor(base, shape, strides, [rows, 1, width], _shared_layout(rows, width, x.dtype))
+            for width in (64, 16)
+        )
+        if _POINTER_BASES:
+            if len(_kept_descriptors) >= _KEPT_DESCRIPTORS:
+                _kept_descriptors.clear()
+            _kept_descriptors[key] = pair
+    return pair
+
+
+class _DevicePointer:
+    """What a descriptor reads of its base tensor: the address and the dtype."""
+
+    __slots__ = ("_address", "dtype")
+
+    def __init__(self, address: int, dtype: torch.dtype) -> None:
+        self._address = address
+        self.dtype = dtype
+
+    def data_ptr(self) -> int:
+        return self._address
+
+
+def _pointer_bases_specialise_as_tensors() -> bool:
+    """Whether Triton specialises a descriptor over a ``_DevicePointer`` as over its tensor (checked on a
+    CPU tensor at import): else descriptors are built per launch over the tensors, as before."""
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+
+        x = torch.empty(8, 1, 80, dtype=torch.bfloat16)
+        layout = _shared_layout(8, 64, x.dtype)
+        over = [
+            TensorDescriptor(base, list(x.shape), list(x.stride()), [8, 1, 64], layout)
+            for base in (x, _DevicePointer(x.data_ptr(), x.dtype))
+        ]
+        return len({native_specialize_impl(BaseBackend, desc, False, True, True) for desc in over}) == 1
+    except Exception:  # an internal moved: the plain path
+        logger.info("gluon_attn builds TMA descriptors per launch: pointer bases do not specialise as tensors")
+        return False
+
+
+# Descriptors of recent tensors: a layout's layers reuse a few addresses; cleared when full.
+_KEPT_DESCRIPTORS = 256
+_kept_descriptors: dict[tuple, tuple[TensorDescriptor, TensorDescriptor]] = {}
 
 
 @functools.cache
 def _shared_layout(rows: int, width: int, dtype: torch.dtype) -> gl.NVMMASharedLayout:
     # Six per call otherwise, on the eager path where host time is what a small image waits on.
     return gl.NVMMASharedLayout.get_default_for([rows, 1, width], _GL_DTYPES[dtype])
+
+
+_POINTER_BASES = _pointer_bases_specialise_as_tensors()
 
 
 # ---------------------------------------------------------------------------------------------

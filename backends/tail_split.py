@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fast_launch
 from .launch_math import cdiv, next_power_of_2
 
 # Costs in key-tile steps: a program's fixed part, and the split's own (a kernel boundary, the merge).
@@ -84,7 +85,8 @@ def merge_tail(
     """``out``'s tail rows ``first_tail_row ..`` of every segment from the split partials, in split order."""
     splits, segments, rows, heads, width = part_o.shape
     head_dim = out.shape[2]
-    _merge_kernel[(cdiv(rows, MERGE_BLOCK_ROWS), heads, segments)](
+    fast_launch.launcher(_merge_kernel, num_warps=4)(
+        (cdiv(rows, MERGE_BLOCK_ROWS), heads, segments),
         part_o,
         part_ml,
         out,
@@ -94,11 +96,10 @@ def merge_tail(
         first_tail_row,
         rows,
         splits,
-        WIDTH=width,
-        HEAD_DIM=head_dim,
-        BLOCK_D=next_power_of_2(head_dim),
-        BLOCK_R=MERGE_BLOCK_ROWS,
-        num_warps=4,
+        width,  # WIDTH
+        head_dim,  # HEAD_DIM
+        next_power_of_2(head_dim),  # BLOCK_D
+        MERGE_BLOCK_ROWS,  # BLOCK_R
     )
 
 

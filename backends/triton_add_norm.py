@@ -2,7 +2,8 @@
 
 Invariant: eager torch's roundings, so it differs from the unfused pair only in the order of fp32 row
 sums. Shapes: ``x``, ``update`` ``[N, C]`` contiguous, one dtype; weight/bias ``[C]``; ``C`` <= 16384.
-Allocates the two outputs only, never syncs; one binary per ``(C, dtype, norm kind)``.
+Allocates the two outputs only, never syncs; one binary per ``(C, dtype, norm kind)``, launched through
+``fast_launch`` (bound once per signature).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fast_launch
 from .launch_math import next_power_of_2
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -37,7 +39,10 @@ def add_norm(
     if rows == 0:
         return summed, normed
     block = next_power_of_2(hidden)
-    _add_norm_kernel[(rows,)](
+    # Separate roundings of products and sums, as eager torch.
+    launch = fast_launch.launcher(_add_norm_kernel, num_warps=_num_warps(block), enable_fp_fusion=False)
+    launch(
+        (rows,),
         x,
         x if update is None else update,
         weight,
@@ -45,14 +50,11 @@ def add_norm(
         summed,
         normed,
         float(eps),
-        HIDDEN=hidden,
-        BLOCK=block,
-        HAS_UPDATE=update is not None,
-        HAS_BIAS=bias is not None,
-        RMS=kind == "rms_norm",
-        num_warps=_num_warps(block),
-        # Separate roundings of products and sums, as eager torch.
-        enable_fp_fusion=False,
+        hidden,  # HIDDEN
+        block,  # BLOCK
+        update is not None,  # HAS_UPDATE
+        bias is not None,  # HAS_BIAS
+        kind == "rms_norm",  # RMS
     )
     return summed, normed
 

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fast_launch
 from .launch_math import cdiv, next_power_of_2
 from .varlen_args import check_varlen_inputs, longest_segment_bound, varlen_output
 
@@ -135,7 +136,9 @@ def triton_varlen_attention(
     block_d0, block_d1 = _head_dim_split(head_dim)
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2])
     grid = (cdiv(bound, config.block_m), num_seqs, heads)
-    _varlen_attn_fwd[grid](
+    launch = fast_launch.launcher(_varlen_attn_fwd, num_warps=config.num_warps, num_stages=config.num_stages)
+    launch(
+        grid,
         q,
         k,
         v,
@@ -143,16 +146,14 @@ def triton_varlen_attention(
         cu_seqlens,
         *strides,
         float(scale) * _LOG2_E,
-        GROUP_SIZE=heads // kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_D0=block_d0,
-        BLOCK_D1=block_d1,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        ALIGN=_common_alignment(strides),
-        DOT_PRECISION=_fp32_dot_precision(arch) if v.dtype == torch.float32 else None,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        heads // kv_heads,  # GROUP_SIZE
+        head_dim,  # HEAD_DIM
+        block_d0,  # BLOCK_D0
+        block_d1,  # BLOCK_D1
+        config.block_m,  # BLOCK_M
+        config.block_n,  # BLOCK_N
+        _common_alignment(strides),  # ALIGN
+        _fp32_dot_precision(arch) if v.dtype == torch.float32 else None,  # DOT_PRECISION
     )
     return out
 

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fast_launch
 from .launch_math import next_power_of_2
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -25,17 +26,11 @@ def add_position_embedding_(
     rows, hidden = x.shape
     if rows:
         block = next_power_of_2(hidden)
-        _add_position_embedding_kernel[(rows,)](
-            x,
-            table,
-            taps,
-            weights,
-            HIDDEN=hidden,
-            BLOCK=block,
-            TAPS=NUM_TAPS,
-            num_warps=max(1, min(8, block // 256)),
-            enable_fp_fusion=False,  # separate roundings of products and sums, as eager torch
+        # Separate roundings of products and sums, as eager torch.
+        launch = fast_launch.launcher(
+            _add_position_embedding_kernel, num_warps=max(1, min(8, block // 256)), enable_fp_fusion=False
         )
+        launch((rows,), x, table, taps, weights, hidden, block, NUM_TAPS)  # HIDDEN, BLOCK, TAPS
     return x
 
 

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fast_launch
 from .launch_math import cdiv, next_power_of_2
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -79,7 +80,10 @@ def _launch(
     """Launch with an explicit configuration; ``rocm-vit bench-rope --sweep`` calls it directly."""
     num_tokens, q_heads, head_dim = q.shape
     k_heads = k.shape[1]
-    _rotary_kernel[(cdiv(num_tokens, block_tokens),)](
+    # Separate roundings of products and sums, as eager torch: bit-identical to rotary_native_.
+    launch = fast_launch.launcher(_rotary_kernel, num_warps=num_warps, enable_fp_fusion=False)
+    launch(
+        (cdiv(num_tokens, block_tokens),),
         q,
         k,
         cos,
@@ -87,16 +91,13 @@ def _launch(
         num_tokens,
         q.stride(0),
         k.stride(0),
-        Q_HEADS=q_heads,
-        K_HEADS=k_heads,
-        HEAD_DIM=head_dim,
-        Q_HEADS_PAD=next_power_of_2(q_heads),
-        K_HEADS_PAD=next_power_of_2(k_heads),
-        HALF_PAD=next_power_of_2(head_dim // 2),
-        BLOCK_TOKENS=block_tokens,
-        num_warps=num_warps,
-        # Separate roundings of products and sums, as eager torch: bit-identical to rotary_native_.
-        enable_fp_fusion=False,
+        q_heads,  # Q_HEADS
+        k_heads,  # K_HEADS
+        head_dim,  # HEAD_DIM
+        next_power_of_2(q_heads),  # Q_HEADS_PAD
+        next_power_of_2(k_heads),  # K_HEADS_PAD
+        next_power_of_2(head_dim // 2),  # HALF_PAD
+        block_tokens,  # BLOCK_TOKENS
     )
 
 

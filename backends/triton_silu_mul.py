@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fast_launch
 from .launch_math import cdiv
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -25,14 +26,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((rows, width), dtype=gate_up.dtype, device=gate_up.device)
     if rows:
-        _silu_mul_kernel[(rows, cdiv(width, _BLOCK))](
-            gate_up,
-            out,
-            width,
-            BLOCK=_BLOCK,
-            num_warps=_NUM_WARPS,
-            enable_fp_fusion=False,  # separate roundings of products and sums, as eager torch
-        )
+        # Separate roundings of products and sums, as eager torch.
+        launch = fast_launch.launcher(_silu_mul_kernel, num_warps=_NUM_WARPS, enable_fp_fusion=False)
+        launch((rows, cdiv(width, _BLOCK)), gate_up, out, width, _BLOCK)
     return out
 
 

@@ -243,6 +243,45 @@ def test_bench_json_and_table_name_the_version_and_the_build_commit(
     assert "  commit 0123abcd-stamped  " in format_report(report).splitlines()[0]
 
 
+def test_bench_rows_carry_what_an_eager_call_costs_the_host_and_the_device(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rocm_vit.cli.bench import format_report
+
+    assert main(["bench", "--layouts", "1x64,1x128", "--repeats", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for row in report["rows"]:
+        # On a CPU the host time is the call's wall time; the device columns have nothing to show.
+        assert row["host_ms"] > 0 and row["busy_ahead"] is True
+        assert row["device_ms"] is None and row["kernels"] is None and row["host_us_per_launch"] is None
+    header, first = format_report(report).splitlines()[2:4]
+    assert header.split()[:11] == [
+        "layout",
+        "patches",
+        "tokens",
+        "eager",
+        "ms",
+        "host",
+        "ms",
+        "device",
+        "ms",
+        "kernels",
+        "host",
+    ]
+    assert first.split()[5:9] == ["-", "-", "-", "finite"]
+
+
+def test_eager_cost_per_launch_is_host_time_over_the_kernels() -> None:
+    from rocm_vit.workloads.launch_cost import EagerCost
+
+    cost = EagerCost(host_ms=20.4, device_ms=1.72, kernels=235, busy_ahead=True)
+    assert cost.fields() == {
+        "host_ms": 20.4, "device_ms": 1.72, "kernels": 235, "busy_ahead": True,
+        "host_us_per_launch": pytest.approx(86.8, abs=0.05),
+    }  # fmt: skip
+    assert EagerCost(1.0, None, None, True).host_us_per_launch is None
+
+
 @pytest.mark.parametrize(
     ("name", "kind"),
     [

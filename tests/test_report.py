@@ -261,8 +261,14 @@ def test_failures_and_hazards_reach_the_summary_the_markdown_and_the_exit_status
     assert "- no_grad: 23 of 24 runs exact on NVIDIA H200; captures 12" in markdown
     assert "**MISMATCH**: 1x448" in markdown
     # bench: 224 px (196 patches) replays under the 4096-patch ceiling, 2048x1600 (12800) runs eagerly
-    assert "| 1x224 | 196 | 9.10 | **1.50** | 6.07x | graph | yes | exact |" in markdown
-    assert "| 1x2048x1600 | 12800 | **30.00** | 31.00 | 0.97x | eager | yes | exact |" in markdown
+    # with what an eager call costs the host and the device; a count the profiler missed reads "-"
+    assert (
+        "| layout | patches | eager ms | graph ms | speedup | policy | pick fastest | host ms | device ms |" in markdown
+    )
+    assert "| 1x224 | 196 | 9.10 | **1.50** | 6.07x | graph | yes | 20.40 | 1.72 | 235 | 86.8 | exact |" in markdown
+    assert (
+        "| 1x2048x1600 | 12800 | **30.00** | 31.00 | 0.97x | eager | yes | 19.60 | 29.50 | - | - | exact |" in markdown
+    )
     assert "| 1x1024 | 1024 | 0.200 | **0.100** | triton_attn | triton_attn |" in markdown
     assert "| hit rate (replays / calls) | 80.0% | >= 75% | yes |" in markdown
 
@@ -325,6 +331,10 @@ def _canned_gpu_results() -> dict[str, PartResult]:
                         "layout": "1x224",
                         "patches": 196,
                         "eager_ms": 9.1,
+                        "host_ms": 20.4,
+                        "device_ms": 1.72,
+                        "kernels": 235,
+                        "host_us_per_launch": 86.8,
                         "graph_ms": 1.5,
                         "speedup": 6.07,
                         "check": "exact",
@@ -333,6 +343,10 @@ def _canned_gpu_results() -> dict[str, PartResult]:
                         "layout": "1x2048x1600",
                         "patches": 12800,
                         "eager_ms": 30.0,
+                        "host_ms": 19.6,
+                        "device_ms": 29.5,
+                        "kernels": None,
+                        "host_us_per_launch": None,
                         "graph_ms": 31.0,
                         "speedup": 0.97,
                         "check": "exact",

@@ -1,4 +1,10 @@
-"""``rocm-vit bench``: tower latency per image layout, eager against graphs, optionally against transformers."""
+"""``rocm-vit bench``: tower latency per image layout, eager against graphs, optionally against transformers.
+
+Besides the eager wall time, each row says what an eager call costs the host and the device apart
+(``rocm_vit.workloads.launch_cost``): host ms to enqueue it behind a busy device, device ms, device
+activities per call and host microseconds per launch. Eager runs near device speed only where host
+ms stays under device ms.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from rocm_vit.cli.breakdown import format_breakdown, kernel_breakdown
 from rocm_vit.models import VisionTower, preset_names
 from rocm_vit.platform import platform_info
 from rocm_vit.version import build_info
+from rocm_vit.workloads.launch_cost import MAX_AHEAD_MS, eager_cost
 from rocm_vit.workloads.workload import (
     NAMED_SWEEPS,
     Workload,
@@ -114,6 +121,7 @@ def _measure(
         "patches": workload.patches,
         "tokens": eager_out.shape[0],
         "eager_ms": median_ms(lambda: tower(pixels, grid, use_graphs=False), device, repeats),
+        **eager_cost(lambda: tower(pixels, grid, use_graphs=False), device, repeats).fields(),
     }
     check = "finite" if torch.isfinite(eager_out).all() else "NON-FINITE"
     if graphs:
@@ -168,13 +176,14 @@ def format_report(report: dict) -> str:
     rows = report["rows"]
     columns = [("layout", "layout", "{}"), ("patches", "patches", "{}"), ("tokens", "tokens", "{}")]
     columns.append(("eager_ms", "eager ms", "{:.2f}"))
+    columns += [(key, title, fmt) for key, title, fmt in LAUNCH_COLUMNS if rows and key in rows[0]]
     if rows and "graph_ms" in rows[0]:
         columns += [("graph_ms", "graph ms", "{:.2f}"), ("speedup", "speedup", "{:.2f}x")]
         columns.append(("capture_ms", "capture ms", "{:.0f}"))
     if rows and "transformers_ms" in rows[0]:
         columns.append(("transformers_ms", "transformers ms", "{:.2f}"))
     columns.append(("check", "check", "{}"))
-    cells = [[fmt.format(row[key]) for key, _, fmt in columns] for row in rows]
+    cells = [[_cell(fmt, row[key]) for key, _, fmt in columns] for row in rows]
     lines = [
         f"rocm-vit {report['rocm_vit']} bench  {report['date']}  {report['device']}  commit {report['commit']}  "
         f"torch {report['torch']}",
@@ -182,6 +191,9 @@ def format_report(report: dict) -> str:
         f"median of {report['repeats']}",
         *table_lines([title for _, title, _ in columns], cells),
     ]
+    waited = [row["layout"] for row in rows if not row.get("busy_ahead", True)]
+    if waited:
+        lines.append(f"host ms includes waits on the device (a sleep of {MAX_AHEAD_MS:.0f} ms ahead ran out): {waited}")
     runner = report["runner"]
     if runner:
         lines.append(
@@ -193,6 +205,19 @@ def format_report(report: dict) -> str:
     if rows and "breakdown" in rows[0]:
         lines.append(format_breakdown(rows))
     return "\n".join(lines)
+
+
+# An eager call's host and device cost (launch_cost.EagerCost): row key, title, format; "-" off the GPU.
+LAUNCH_COLUMNS = (
+    ("host_ms", "host ms", "{:.2f}"),
+    ("device_ms", "device ms", "{:.2f}"),
+    ("kernels", "kernels", "{}"),
+    ("host_us_per_launch", "host us/launch", "{:.1f}"),
+)
+
+
+def _cell(fmt: str, value: object) -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 def _plot(rows: list[dict], path: Path, title: str) -> None:

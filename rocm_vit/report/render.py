@@ -178,6 +178,15 @@ def _tune(document: dict[str, Any]) -> list[str]:
     return lines
 
 
+# bench's columns of an eager call's cost (rocm_vit.cli.bench.LAUNCH_COLUMNS); rows from before them lack them.
+_LAUNCH_COLUMNS = (
+    ("host_ms", "host ms", "{:.2f}"),
+    ("device_ms", "device ms", "{:.2f}"),
+    ("kernels", "kernels", "{}"),
+    ("host_us_per_launch", "host us/launch", "{:.1f}"),
+)
+
+
 def _bench(document: dict[str, Any]) -> list[str]:
     section = document["sections"]["bench"]
     data = section.get("data")
@@ -204,9 +213,11 @@ def _bench(document: dict[str, Any]) -> list[str]:
                 pick,
                 "yes" if pick == faster else "no",
             ]
+        cells += ["-" if row[key] is None else fmt.format(row[key]) for key, _, fmt in _LAUNCH_COLUMNS if key in row]
         rows.append([*cells, row["check"]])
     header = ["layout", "patches", "eager ms"]
     header += ["graph ms", "speedup", "policy", "pick fastest"] if graphs else []
+    header += [title for key, title, _ in _LAUNCH_COLUMNS if data["rows"] and key in data["rows"][0]]
     lines += _table([*header, "check"], rows)
     if "bench.png" in document["plots"]:
         lines += ["", "![bench](bench.png)"]

@@ -1,0 +1,233 @@
+"""An eager call's host and device cost, and its replay, per layout: one tree measured, or trees compared.
+
+``measure`` times whichever ``rocm_vit`` is first on the path (``PYTHONPATH=.base`` for a baseline
+tree, ``PYTHONPATH=.`` for this checkout) with this checkout's ``rocm_vit/workloads/launch_cost.py``
+loaded by path, so a tree whose ``bench`` lacks these columns is measured the same way as this one.
+``compare`` prints one table of the JSON files ``measure`` wrote, before against after per mode.
+
+    PYTHONPATH=.base python tests/gpu_launch_bench.py measure --label before --out before.json
+    PYTHONPATH=. python tests/gpu_launch_bench.py measure --label after --out after.json
+    python tests/gpu_launch_bench.py compare before.json after.json
+
+(A script, not ``-m tests.gpu_launch_bench``: run from the repository root of either tree.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+# Single images of 196, 784, 2,116, 4,096, 4,900 and 8,100 patches, and a 2048 x 1600 photo (12,800).
+DEFAULT_LAYOUTS = "1x224,1x448,1x736,1x1024,1x1120,1x1440,1x2048x1600"
+_LAUNCH_COST = Path(__file__).resolve().parents[1] / "rocm_vit" / "workloads" / "launch_cost.py"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    measure_parser = commands.add_parser("measure", help="time the rocm_vit on the path; write JSON")
+    measure_parser.add_argument("--label", required=True, help="e.g. before or after")
+    measure_parser.add_argument("--out", type=Path, required=True)
+    measure_parser.add_argument("--preset", default="qwen3-vl-8b")
+    measure_parser.add_argument("--layouts", default=DEFAULT_LAYOUTS)
+    measure_parser.add_argument("--repeats", type=int, default=10)
+    measure_parser.add_argument(
+        "--slow-launches", action="store_true", help="every Triton launch through JITFunction.run (fast_launch off)"
+    )
+    launches_parser = commands.add_parser("launches", help="host us per launch of single kernels, this tree")
+    launches_parser.add_argument("--out", type=Path, required=True)
+    compare_parser = commands.add_parser("compare", help="one table of measure's JSON files")
+    compare_parser.add_argument("files", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "measure":
+        if args.slow_launches:
+            _slow_launches()
+        report = measure(args.label, args.preset, args.layouts, args.repeats, args.slow_launches)
+        args.out.write_text(json.dumps(report, indent=2))
+        print(format_comparison([report]))
+        return 1 if any(row["check"] != "exact" for row in report["rows"]) else 0
+    if args.command == "launches":
+        rows = launch_floors()
+        args.out.write_text(json.dumps(rows, indent=2))
+        print("\n".join(f"{name:>44}  {us:8.1f} us/launch" for name, us in rows.items()))
+        return 0
+    missing = [str(path) for path in args.files if not path.is_file()]
+    reports = [json.loads(path.read_text()) for path in args.files if path.is_file()]
+    print(format_comparison(reports) + (f"\nmissing (a failed step): {missing}" if missing else ""))
+    return 0
+
+
+def measure(label: str, preset_name: str, layouts: str, repeats: int, slow_launches: bool = False) -> dict:
+    """One row per layout: eager wall ms, host ms, device ms, kernels, host us per launch, replay ms, check."""
+    import torch
+
+    import rocm_vit
+    from rocm_vit.workloads.workload import bench_graph_options, build_tower, median_ms, parse_layouts, random_pixels
+
+    launch_cost = _load_launch_cost()
+    # A CPU runs the script's own test (tiny preset, fp32): no graphs or device columns there.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tower = build_tower(preset_name, device, dtype, None, seed=0)
+    workloads = parse_layouts(layouts, tower.config)
+    tower.enable_graphs(**bench_graph_options(32, workloads, device))
+    rows = []
+    with torch.inference_mode():
+        for index, workload in enumerate(workloads):
+            pixels = random_pixels(workload, tower.config, device, index).to(dtype)
+            grid = list(workload.grid_thw)
+
+            def eager(pixels=pixels, grid=grid):
+                return tower(pixels, grid, use_graphs=False)
+
+            eager_out = eager()
+            row = {"layout": workload.spec, "patches": workload.patches}
+            row["eager_ms"] = median_ms(eager, device, repeats)
+            row.update(launch_cost.eager_cost(eager, device, repeats).fields())
+            graph_out = tower(pixels, grid)  # captures
+            row["replay_ms"] = median_ms(lambda pixels=pixels, grid=grid: tower(pixels, grid), device, repeats)
+            row["check"] = "exact" if torch.equal(graph_out, eager_out) else "MISMATCH"
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return {
+        "label": label,
+        "mode": ("rocm" if os.environ.get("ROCM_VIT_EMULATE") else "native") + ("/slow" if slow_launches else ""),
+        "rocm_vit_path": str(Path(rocm_vit.__file__).resolve().parent),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "attention_backend": tower.attention.name,
+        "preset": preset_name,
+        "repeats": repeats,
+        "rows": rows,
+    }
+
+
+def launch_floors(calls: int = 200) -> dict[str, float]:
+    """Host microseconds per call of single launches, each enqueued behind a busy device."""
+    import torch
+    import torch.nn.functional as F
+    from rocm_vit.backends import fast_launch, triton_add_norm
+    from rocm_vit.backends.launch_math import next_power_of_2
+
+    launch_cost = _load_launch_cost()
+    device = torch.device("cuda")
+    x = torch.randn(196, 1152, device=device, dtype=torch.bfloat16)
+    update, weight, bias = torch.randn_like(x), torch.randn_like(x[0]), torch.randn_like(x[0])
+    summed, normed = torch.empty_like(x), torch.empty_like(x)
+    linear = torch.nn.Linear(1152, 3456, device=device, dtype=torch.bfloat16)
+    qkv = torch.randn(2116, 3, 16, 72, device=device, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 2116], dtype=torch.int32, device=device)
+    kernel, block = triton_add_norm._add_norm_kernel, next_power_of_2(1152)
+    args = (x, update, weight, bias, summed, normed, 1e-6, 1152, block, True, True, False)
+    fast = fast_launch.launcher(kernel, num_warps=triton_add_norm._num_warps(block), enable_fp_fusion=False)
+    named = dict(zip(("HIDDEN", "BLOCK", "HAS_UPDATE", "HAS_BIAS", "RMS"), args[7:], strict=True))
+    cases = {
+        "torch add (one kernel)": lambda: torch.add(x, update),
+        "F.linear 196x1152x3456 (one GEMM)": lambda: F.linear(x, linear.weight, linear.bias),
+        "add_norm kernel[grid] (JITFunction.run)": lambda: kernel[(196,)](
+            *args[:7], **named, num_warps=fast._options["num_warps"], enable_fp_fusion=False
+        ),
+        "add_norm FastLaunch (kept kernel)": lambda: fast((196,), *args),
+        "add_norm wrapper (2 allocations + launch)": lambda: triton_add_norm.add_norm(
+            x, update, weight, bias, 1e-6, "layer_norm"
+        ),
+    }
+    if torch.cuda.get_device_capability() == (9, 0) and torch.version.hip is None:
+        from rocm_vit.backends import gluon_attn
+
+        q, k, v = qkv.unbind(1)
+        cases["gluon_attn 1x2116 wrapper (3 launches)"] = lambda: gluon_attn.gluon_varlen_attention(
+            q, k, v, offsets, 2116, 0.1
+        )
+    floors = {}
+    with torch.inference_mode():
+        for name, call in cases.items():
+
+            def repeated(call=call):
+                for _ in range(calls):
+                    call()
+
+            floors[name] = launch_cost.eager_cost(repeated, device, 3).host_ms * 1e3 / calls
+        if "gluon_attn 1x2116 wrapper (3 launches)" in cases:
+            _slow_launches()
+            call = cases["gluon_attn 1x2116 wrapper (3 launches)"]
+            floors["gluon_attn 1x2116 wrapper, fast_launch off"] = (
+                launch_cost.eager_cost(lambda: [call() for _ in range(calls)], device, 3).host_ms * 1e3 / calls
+            )
+    return floors
+
+
+def _slow_launches() -> None:
+    """Send every Triton launch of this tree through ``JITFunction.run``, as with a launch hook set."""
+    try:
+        from rocm_vit.backends import fast_launch
+    except ImportError:  # a tree from before fast_launch: every launch is slow already
+        return
+    fast_launch._hooks_set = lambda: True
+
+
+_COLUMNS = (
+    ("eager_ms", "eager ms", "{:.2f}"),
+    ("host_ms", "host ms", "{:.2f}"),
+    ("device_ms", "device ms", "{:.2f}"),
+    ("kernels", "kernels", "{}"),
+    ("host_us_per_launch", "us/launch", "{:.1f}"),
+    ("replay_ms", "replay ms", "{:.2f}"),
+    ("check", "check", "{}"),
+)
+
+
+def format_comparison(reports: list[dict]) -> str:
+    """Rows: mode and layout; columns: each measure as ``label1/label2/...`` in the order given."""
+    labels = list(dict.fromkeys(report["label"] for report in reports))
+    by_key = {(report["mode"], report["label"], row["layout"]): row for report in reports for row in report["rows"]}
+    modes = list(dict.fromkeys(report["mode"] for report in reports))
+    layouts = list(dict.fromkeys(row["layout"] for report in reports for row in report["rows"]))
+    header = ["mode", "layout", "patches", *(f"{title} {'/'.join(labels)}" for _, title, _ in _COLUMNS)]
+    lines = []
+    for mode in modes:
+        for layout in layouts:
+            rows = [by_key.get((mode, label, layout)) for label in labels]
+            if not any(rows):
+                continue
+            patches = next(row["patches"] for row in rows if row)
+            cells = [mode, layout, str(patches)]
+            for key, _, fmt in _COLUMNS:
+                cells.append("/".join("-" if not row or row.get(key) is None else fmt.format(row[key]) for row in rows))
+            lines.append(cells)
+    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
+    devices = sorted({f"{report['device']} (torch {report['torch']}, triton {report['triton']})" for report in reports})
+    return "\n".join(
+        [
+            f"eager cost per layout on {', '.join(devices)}; columns {'/'.join(labels)}",
+            *(
+                "  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True))
+                for line in [header, *lines]
+            ),
+        ]
+    )
+
+
+def _load_launch_cost():
+    spec = importlib.util.spec_from_file_location("_launch_cost", _LAUNCH_COST)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return "none"
+    return triton.__version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

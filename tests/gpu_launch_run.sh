@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The eager cost table before and after, on one card in one run (issue 56), then this tree's GPU tests
+# of fast_launch; the comparison table prints last. Needs the baseline tree unpacked at .base/ (e.g.
+# `git archive 27893e6 | tar -x -C .base`) and $OUT (JSON and logs go there). About 6 minutes on an H100.
+set -u
+OUT=${OUT:-/tmp/launch-run}
+mkdir -p "$OUT"
+PY=${PYTHON:-python}
+BENCH="$PY tests/gpu_launch_bench.py"
+MEASURE_ARGS=${MEASURE_ARGS:-}  # e.g. "--preset tiny --layouts 1x64 --repeats 1" for a CPU smoke run
+ROCM="ROCM_VIT_EMULATE=rocm SGLANG_USE_AITER=1"
+step() {  # step NAME TIMEOUT_S "ENV=... COMMAND": output to $OUT/NAME.log, its tail here; keeps going on failure
+  echo "== $1" >&2
+  timeout "$2" bash -c "$3" >"$OUT/$1.log" 2>&1 || echo "   $1 failed (exit $?): see $OUT/$1.log" >&2
+  tail -n 9 "$OUT/$1.log" >&2
+}
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >&2 || true
+step before-native 95 "PYTHONPATH=.base $BENCH measure $MEASURE_ARGS --label before --out $OUT/before-native.json"
+step after-native 95 "PYTHONPATH=. $BENCH measure $MEASURE_ARGS --label after --out $OUT/after-native.json"
+step before-rocm 110 "PYTHONPATH=.base $ROCM $BENCH measure $MEASURE_ARGS --label before --out $OUT/before-rocm.json"
+step after-rocm 110 "PYTHONPATH=. $ROCM $BENCH measure $MEASURE_ARGS --label after --out $OUT/after-rocm.json"
+step after-native-slow 60 "PYTHONPATH=. $BENCH measure --layouts 1x224,1x736,1x1440 $MEASURE_ARGS --label after --slow-launches \
+  --out $OUT/after-native-slow.json"
+step launches 35 "PYTHONPATH=. $BENCH launches --out $OUT/launches.json"
+step gpu-tests 70 "PYTHONPATH=. $PY -m pytest -q -x -m gpu tests/gpu/test_fast_launch_gpu.py"
+echo "== launch floors (host us per call, this tree)"
+cat "$OUT/launches.log"
+echo "== comparison"
+$BENCH compare "$OUT"/{before,after}-native.json "$OUT"/after-native-slow.json "$OUT"/{before,after}-rocm.json \
+  2>&1 | tee "$OUT/comparison.txt"
