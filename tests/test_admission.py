@@ -12,6 +12,7 @@ import pytest
 
 from rocm_vit.graphs.admission import Admission
 from rocm_vit.graphs.cost import CostModel
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.layout import AttentionLayout, VisionLayout
 
 # One block, one millisecond per token on the device, 10 ms to launch, a capture costs 10 ms: a
@@ -31,8 +32,8 @@ def _layout(grid: tuple[tuple[int, int, int], ...]) -> AttentionLayout:
 
 
 def _admission(cost_model: CostModel | None = PER_TOKEN, **limits: int) -> Admission:
-    options = {"capacity": 2, "min_hits": 2, "max_tokens": 1024, **limits}
-    return Admission(**options, cost_model=cost_model, agree=lambda values: list(values))
+    options = RunnerOptions(**{"capacity": 2, "min_hits": 2, "max_tokens": 1024, **limits}, cost_model=cost_model)
+    return Admission(options, agree=lambda values: list(values))
 
 
 def _serve(admission: Admission, grids: list) -> list[str | None]:

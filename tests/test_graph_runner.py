@@ -24,6 +24,7 @@ from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
 from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
 from rocm_vit.graphs.memory import ScratchBounds
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.runner import LayoutArgs
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
@@ -197,9 +198,12 @@ def _launches_taking(milliseconds: float) -> Any:
 
 
 def _runner(**kwargs: Any) -> tuple[ViTGraphRunner, StandInGraphs]:
+    """A runner of the toy blocks; ``kwargs``: ``RunnerOptions`` fields (``min_hits`` 1 unless given)
+    and the runner's own keywords."""
     mechanism = kwargs.pop("mechanism", None) or StandInGraphs()
-    kwargs.setdefault("min_hits", 1)
-    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa").layout_args, mechanism=mechanism, **kwargs)
+    own = {name: kwargs.pop(name) for name in ("clock", "agree_max", "prepare_capture") if name in kwargs}
+    options = RunnerOptions(**{"min_hits": 1, **kwargs})
+    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa").layout_args, options, mechanism=mechanism, **own)
     return runner, mechanism
 
 
@@ -326,7 +330,7 @@ def test_replays_read_their_own_offsets_which_nothing_writes_after_capture(gener
     copy lands in them between the capture and any replay (on MI355X a host-to-device copy right
     before a replay was read stale: docs/rocm.md, "Hazards")."""
     layout_args = _RecordingOffsets()
-    runner = ViTGraphRunner(_offsets_forward, layout_args, min_hits=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(_offsets_forward, layout_args, RunnerOptions(min_hits=1), mechanism=StandInGraphs())
     layouts = [_layout((1, 4, 4), (1, 2, 2)), _layout((1, 2, 2), (1, 4, 4)), _layout((1, 2, 10))]
     for layout in layouts * 3 + layouts[:1] * 2:
         x, cos, sin = _inputs(layout, generator)
@@ -504,7 +508,9 @@ def _failing_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: t
 
 
 def test_input_that_fails_eagerly_too_raises_and_marks_nothing(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_failing_forward, get_backend("sdpa").layout_args, min_hits=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(
+        _failing_forward, get_backend("sdpa").layout_args, RunnerOptions(min_hits=1), mechanism=StandInGraphs()
+    )
     layout = _layout((1, 2, 4))
     x, cos, sin = _inputs(layout, generator)
     with pytest.raises(RuntimeError, match="rejects this input"):
@@ -544,7 +550,7 @@ def test_bad_input_raises_before_anything_runs(generator: torch.Generator, chang
     [
         ({"capacity": -1}, "capacity = -1"),
         ({"min_hits": 0}, "min_hits = 0"),
-        ({"max_tokens": 0}, "max_tokens = 0"),
+        ({"max_tokens": -1}, "max_tokens = -1"),
         ({"max_tokens": None}, "max_tokens = None"),
         ({"budget_bytes": -1}, "budget_bytes = -1"),
     ],
@@ -693,7 +699,9 @@ def _windowed(*grid: tuple[int, int, int]) -> AttentionLayout:
 
 def _windowed_runner(layout_args: LayoutArgs | None = None) -> ViTGraphRunner:
     layout_args = layout_args or get_backend("sdpa").layout_args
-    return ViTGraphRunner(_windowed_toy_forward_blocks, layout_args, min_hits=1, mechanism=StandInGraphs())
+    return ViTGraphRunner(
+        _windowed_toy_forward_blocks, layout_args, RunnerOptions(min_hits=1), mechanism=StandInGraphs()
+    )
 
 
 def test_windowed_graph_owns_offsets_per_segmentation(generator: torch.Generator) -> None:

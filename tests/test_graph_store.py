@@ -23,6 +23,7 @@ from test_graph_runner import (
 
 from rocm_vit.attention import SegmentLengths, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.layout import AttentionLayout
 
 snapshot_calls: list[dict[str, Any]] = []  # what each stand-in snapshot was asked for
@@ -226,7 +227,9 @@ def _toy_with_offsets(x, attn_args: dict, cos, sin, offsets: torch.Tensor) -> to
 
 
 def test_further_inputs_get_staging_buffers_copied_before_every_replay(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_toy_with_offsets, get_backend("sdpa").layout_args, min_hits=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(
+        _toy_with_offsets, get_backend("sdpa").layout_args, RunnerOptions(min_hits=1), mechanism=StandInGraphs()
+    )
     layout = _layout((1, 2, 4), (1, 2, 2))
     for _ in range(3):
         x, cos, sin = _inputs(layout, generator)

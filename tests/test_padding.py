@@ -20,6 +20,7 @@ from test_graph_runner import HIDDEN, StandInGraphs, on_the_capture_stream, reco
 from rocm_vit.attention import SdpaAttention, VarlenArgs
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.padding import GRANULE, LADDER_RATIO, Padding, bucket_ladder
 from rocm_vit.layout import AttentionLayout, PaddedLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
@@ -124,9 +125,8 @@ def _padded_runner(
     mechanism: StandInGraphs | None = None, **kwargs
 ) -> tuple[ViTGraphRunner, _RecordingVarlen, StandInGraphs]:
     layout_args, mechanism = _RecordingVarlen(), mechanism or StandInGraphs()
-    runner = ViTGraphRunner(
-        _varlen_forward, layout_args, min_hits=1, mechanism=mechanism, padding=Padding(MODEL, 8192), **kwargs
-    )
+    options = RunnerOptions(min_hits=1, padding_model=MODEL, **kwargs)
+    runner = ViTGraphRunner(_varlen_forward, layout_args, options, mechanism=mechanism)
     return runner, layout_args, mechanism
 
 

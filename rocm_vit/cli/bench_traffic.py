@@ -27,7 +27,6 @@ from rocm_vit.graphs import ViTGraphRunner, admission
 from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
 from rocm_vit.graphs.options import RunnerOptions
-from rocm_vit.graphs.padding import Padding
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.policy import runner_options
 from rocm_vit.settings import Settings
@@ -121,10 +120,10 @@ def policies(tuned_launch_ms: float | None = None) -> dict[str, RunnerOptions]:
     defaults = runner_options(None, Settings(), BLOCKS, takes_device_offsets=True)
     if tuned_launch_ms is not None:
         model = defaults.cost_model.with_launch_ms(tuned_launch_ms)
-        defaults = replace(defaults, cost_model=model, padding=Padding(model, defaults.max_tokens))
+        defaults = replace(defaults, cost_model=model, padding_model=model)
     return {
-        "count": replace(defaults, max_tokens=4096, cost_model=None, padding=None),
-        "benefit, exact": replace(defaults, padding=None),
+        "count": replace(defaults, max_tokens=4096, cost_model=None, padding_model=None),
+        "benefit, exact": replace(defaults, padding_model=None),
         "benefit": defaults,
     }
 
@@ -153,9 +152,7 @@ def simulate(
     with _admission_unheard():
         for name, options in chosen.items():
             clock = _HostClock(host)
-            runner = ViTGraphRunner(
-                _toy_blocks, _no_attention, mechanism=HostGraphs(), clock=clock, **options.runner_kwargs()
-            )
+            runner = ViTGraphRunner(_toy_blocks, _no_attention, options, mechanism=HostGraphs(), clock=clock)
             padding = options.padding
             if buckets_first and padding is not None:
                 for grids in padding.bucket_call_grids(MERGE):

@@ -17,7 +17,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, launch_from_eager
+from rocm_vit.graphs.cost import PAYBACK_SHARE, launch_from_eager
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.recent import remember
 
@@ -77,17 +78,15 @@ class LaunchSample:
 
 
 class Admission:
-    """Decisions of one runner. ``cost_model=None``: every layout within the limits is worth a graph
-    at its ``min_hits``-th call. ``agree``: makes ranks that must decide alike agree on the launch time
-    (identity for one process)."""
+    """Decisions of one runner under ``options`` (``RunnerOptions``). Without a cost model every layout
+    within the limits is worth a graph at its ``min_hits``-th call. ``agree``: makes ranks that must
+    decide alike agree on the launch time (identity for one process)."""
 
-    def __init__(
-        self, *, capacity: int, min_hits: int, max_tokens: int, cost_model: CostModel | None, agree: Agree
-    ) -> None:
-        self.capacity = capacity
-        self.min_hits = min_hits
-        self.max_tokens = max_tokens
-        self.cost_model = cost_model
+    def __init__(self, options: RunnerOptions, *, agree: Agree) -> None:
+        self.capacity = options.capacity
+        self.min_hits = options.min_hits
+        self.max_tokens = options.max_tokens
+        self.cost_model = options.cost_model
         self._agree = agree
         self._hits: OrderedDict[Hashable, int] = OrderedDict()  # calls of layouts without a graph
         # Calls of layouts with a graph, from before their capture; least recently used first.

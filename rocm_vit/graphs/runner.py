@@ -31,13 +31,11 @@ import torch
 
 from rocm_vit.graphs.admission import EAGER_REASONS, Admission, LaunchSample
 from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism, Marker
-from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.padding import Padding, padded_shape, real_rows
 from rocm_vit.graphs.staging import Signature, check_call, padded_call, signature_of
 from rocm_vit.graphs.store import Graph, GraphStore, graph_offsets
 from rocm_vit.layout import AttentionLayout, PaddedLayout
-from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_HITS
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +46,7 @@ ForwardBlocks = Callable[..., torch.Tensor]
 LayoutArgs = Callable[[AttentionLayout, Mapping[str, torch.Tensor]], Mapping[str, Any]]
 # The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
 AgreeMax = Callable[[Sequence[int]], list[int]]
+_DEFAULT_OPTIONS = RunnerOptions()  # frozen, and without padding: nothing in it is shared state
 
 
 @dataclass
@@ -68,14 +67,12 @@ class ViTGraphRunner:
     ``attn_args = layout_args(layout, cu_seqlens)``: per segmentation, arguments that reference the
     given ``cu_seqlens`` (the graph's own offsets, or the layout's in an eager run) and hold nothing
     read back from the device. ``run`` returns a tensor owned by the caller, ready on its current
-    stream, and raises only what the eager ``forward_blocks`` would. Options (docs/usage.md,
-    "Graphs"): ``capacity``, ``min_hits``, ``max_tokens`` (also the staging size),
-    ``budget_bytes`` (``None``: ``default_budget_bytes``), ``cost_model`` (``None``: every layout is
-    worth a graph), ``clock`` (times eager runs), ``agree_max`` (the element-wise maximum over the
-    ranks that must decide alike), ``padding`` (runs the layouts it pads padded, eagerly too;
-    ``layout_args`` must then take a ``PaddedLayout``), ``prepare_capture`` (called on the runner's
-    stream before each warm-up and capture: what ``forward_blocks`` makes lazily per stream is made
-    there, outside the pool).
+    stream, and raises only what the eager ``forward_blocks`` would. ``options``: its limits, cost
+    model and padding (``RunnerOptions``; with padding, ``layout_args`` must take a ``PaddedLayout``).
+    ``mechanism``: the graph API (``CudaGraphs``); ``clock`` times eager runs; ``agree_max``: the
+    element-wise maximum over the ranks that must decide alike; ``prepare_capture`` is called on the
+    runner's stream before each warm-up and capture: what ``forward_blocks`` makes lazily per stream
+    is made there, outside the pool.
     ``forward_blocks`` is never given the caller's tensors to write: an eager run takes a copy of ``x``.
     """
 
@@ -83,29 +80,22 @@ class ViTGraphRunner:
         self,
         forward_blocks: ForwardBlocks,
         layout_args: LayoutArgs,
+        options: RunnerOptions = _DEFAULT_OPTIONS,
         *,
-        capacity: int = DEFAULT_CAPACITY,
-        min_hits: int = DEFAULT_MIN_HITS,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        budget_bytes: int | None = None,
-        prepare_capture: Callable[[], None] | None = None,
         mechanism: GraphMechanism | None = None,
+        prepare_capture: Callable[[], None] | None = None,
         agree_max: AgreeMax | None = None,
-        cost_model: CostModel | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        padding: Padding | None = None,
     ) -> None:
-        RunnerOptions(capacity, min_hits, max_tokens, budget_bytes, cost_model, padding)  # checks them
         self.forward_blocks = forward_blocks
         self.layout_args = layout_args
-        self._admission = Admission(
-            capacity=capacity, min_hits=min_hits, max_tokens=max_tokens, cost_model=cost_model, agree=self._agree
-        )
+        self.options = options
+        self._admission = Admission(options, agree=self._agree)
         self._prepare_capture = prepare_capture or _nothing
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
-        self._store = GraphStore(self._mechanism, self._admission, budget_bytes=budget_bytes, agree_max=agree_max)
-        self._padding = padding
+        self._store = GraphStore(self._mechanism, self._admission, options, agree_max=agree_max)
+        self._padding = options.padding
         self._clock = clock
         self._padded_calls = 0
         self._lock = threading.Lock()

@@ -19,6 +19,7 @@ import torch
 from rocm_vit.graphs.admission import Admission
 from rocm_vit.graphs.capture import GraphMechanism
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.staging import Signature, Staging
 from rocm_vit.layout import AttentionLayout
 
@@ -76,23 +77,25 @@ class Graph:
 
 
 class GraphStore:
-    """At most ``admission.capacity`` graphs by key and their memory, within ``budget_bytes``
+    """At most ``options.capacity`` graphs by key and their memory, within ``options.budget_bytes``
     (``None``: ``default_budget_bytes`` of the device, fixed at the first capture), staging at
-    ``admission.max_tokens`` rows. ``agree_max``: the element-wise maximum over the ranks that must
+    ``options.max_tokens`` rows. ``agree_max``: the element-wise maximum over the ranks that must
     decide alike, for the smallest device's budget."""
 
     def __init__(
         self,
         mechanism: GraphMechanism,
         admission: Admission,
+        options: RunnerOptions,
         *,
-        budget_bytes: int | None,
         agree_max: Callable[[Sequence[int]], list[int]] | None,
     ) -> None:
         self._mechanism = mechanism
         self._admission = admission
         self._agree_max = agree_max
-        self.budget_bytes = budget_bytes
+        self._capacity = options.capacity
+        self._max_tokens = options.max_tokens
+        self.budget_bytes = options.budget_bytes
         # By key. Which graph is used least, and least recently, is admission's to know (``least_used``).
         self.graphs: dict[tuple, Graph] = {}
         self.staging: dict[Signature, Staging] = {}
@@ -131,7 +134,7 @@ class GraphStore:
             self._staging_warned = True
             logger.warning(
                 "graph staging for %d tokens needs %.0f MiB, over the %.0f MiB budget; calls run eagerly",
-                self._admission.max_tokens,
+                self._max_tokens,
                 fixed_bytes / 2**20,
                 self.budget_bytes / 2**20,
             )
@@ -140,7 +143,7 @@ class GraphStore:
     def staging_for(self, signature: Signature, device: torch.device) -> Staging:
         staging = self.staging.get(signature)
         if staging is None:
-            staging = self.staging[signature] = Staging(signature, self._admission.max_tokens, device)
+            staging = self.staging[signature] = Staging(signature, self._max_tokens, device)
         return staging
 
     def capture_target(self, device: torch.device) -> tuple[Any, Any]:
@@ -163,7 +166,7 @@ class GraphStore:
         so evicting them would free nothing there). A capture whose bound says it may not fit even
         alone is tried alone: only a measurement refuses it (``Admission.over_budget_from``)."""
         fixed_bytes = self._fixed_bytes(signature)
-        while len(self.graphs) >= self._admission.capacity:
+        while len(self.graphs) >= self._capacity:
             self._evict_least_used()
         need = self.scratch.bound(tokens)
         if need is not None and self.pool_bytes and fixed_bytes + max(self.pool_bytes, need) > self.budget_bytes:
@@ -295,7 +298,7 @@ class GraphStore:
         """Staging and offsets once ``signature``'s staging exists."""
         fixed_bytes = self._staging_bytes() + self._offsets_bytes()
         if signature not in self.staging:
-            fixed_bytes += Staging.planned_bytes(signature, self._admission.max_tokens)
+            fixed_bytes += Staging.planned_bytes(signature, self._max_tokens)
         return fixed_bytes
 
     def _staging_bytes(self) -> int:

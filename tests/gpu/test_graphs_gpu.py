@@ -12,6 +12,7 @@ import torch
 
 from rocm_vit.attention import get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import VisionTower, preset, tower_class
 from rocm_vit.models.side_stream import SideStream
@@ -207,7 +208,9 @@ def test_a_layout_freed_on_another_thread_during_a_capture_breaks_neither_the_ca
         finally:
             freed.set()
 
-    runner = ViTGraphRunner(forward_blocks, get_backend("sdpa").layout_args, min_hits=1, budget_bytes=1 << 30)
+    runner = ViTGraphRunner(
+        forward_blocks, get_backend("sdpa").layout_args, RunnerOptions(min_hits=1, budget_bytes=1 << 30)
+    )
 
     def call(layout) -> None:
         x, cos, sin = (torch.randn(layout.num_patches, 8, device=DEVICE) for _ in range(3))
