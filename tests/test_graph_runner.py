@@ -21,11 +21,11 @@ import torch
 
 from rocm_vit.attention import AttnArgs, SegmentLengths, VarlenArgs, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
-from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
 from rocm_vit.graphs.memory import ScratchBounds
 from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.runner import LayoutArgs
+from rocm_vit.graphs.torch_graphs import HostGraphs
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
 
@@ -986,7 +986,7 @@ def test_no_cyclic_collection_runs_inside_a_capture(monkeypatch: pytest.MonkeyPa
 def test_the_collector_stays_off_until_the_last_of_overlapping_captures_ends() -> None:
     """Two threads may capture at once, each through its own runner: the first to end must not turn
     the collector back on under the other."""
-    from rocm_vit.graphs.capture import _no_cyclic_collection
+    from rocm_vit.graphs.torch_graphs import _no_cyclic_collection
 
     first_in, second_done = threading.Event(), threading.Event()
     seen = []

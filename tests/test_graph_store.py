@@ -278,13 +278,13 @@ def test_a_pools_bytes_are_read_from_its_own_snapshot_where_torch_can_take_one(
     """After each capture the runner reads its pools' bytes inside the serving call: a whole-process
     snapshot walks every segment of a server, so the pool's alone (without traces) where this torch
     allows, and on any torch only the pool's segments on the runner's device count."""
-    from rocm_vit.graphs import capture
+    from rocm_vit.graphs import torch_graphs
 
     monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
     snapshot_calls.clear()
-    capture._snapshot_options.cache_clear()
+    torch_graphs._snapshot_options.cache_clear()
     try:
         assert CudaGraphs.pool_bytes(CudaGraphs.__new__(CudaGraphs), [0, 7], torch.device("cuda", 0)) == 6 << 20
     finally:
-        capture._snapshot_options.cache_clear()
+        torch_graphs._snapshot_options.cache_clear()
     assert snapshot_calls == [expected_call]

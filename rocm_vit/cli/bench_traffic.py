@@ -24,9 +24,9 @@ import torch
 
 from rocm_vit.cli.traffic_tower import TOWER_STREAMS, format_tower_table, measure_tower
 from rocm_vit.graphs import ViTGraphRunner, admission
-from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
 from rocm_vit.graphs.options import RunnerOptions
+from rocm_vit.graphs.torch_graphs import HostGraphs
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.policy import runner_options
 from rocm_vit.settings import Settings

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from rocm_vit.graphs.admission import EAGER_REASONS, Admission, LaunchSample
-from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism, Marker
 from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.padding import Padding, padded_shape, real_rows
 from rocm_vit.graphs.staging import Signature, check_call, padded_call, signature_of
 from rocm_vit.graphs.store import Graph, GraphStore, graph_offsets
+from rocm_vit.graphs.torch_graphs import CudaGraphs, GraphMechanism, Marker
 from rocm_vit.layout import AttentionLayout, PaddedLayout
 
 logger = logging.getLogger(__name__)

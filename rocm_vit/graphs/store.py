@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from rocm_vit.graphs.admission import Admission
-from rocm_vit.graphs.capture import GraphMechanism
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.staging import Signature, Staging
+from rocm_vit.graphs.torch_graphs import GraphMechanism
 from rocm_vit.layout import AttentionLayout
 
 logger = logging.getLogger(__name__)

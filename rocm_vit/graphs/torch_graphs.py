@@ -1,4 +1,5 @@
-"""The graph mechanism the runner drives: real CUDA/HIP graphs behind a small seam (a stand-in on CPU).
+"""torch's graph API behind the small seam the runner drives (``GraphMechanism``): CUDA/HIP graphs
+(``CudaGraphs``), and a host stand-in on the CPU (``HostGraphs``).
 
 Invariants: captures use ``capture_begin``/``capture_end`` on the runner's stream, never ``torch.cuda.graph``;
 a warm-up allocates in its capture's pool; pools are released by emptying the cache, never by freeing a
