@@ -24,6 +24,8 @@ from test_graph_runner import (
 from rocm_vit.attention import SegmentLengths, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
 from rocm_vit.graphs.options import RunnerOptions
+from rocm_vit.graphs.store import Graph, GraphStore
+from rocm_vit.graphs.torch_graphs import HostGraphs
 from rocm_vit.layout import AttentionLayout
 
 snapshot_calls: list[dict[str, Any]] = []  # what each stand-in snapshot was asked for
@@ -288,3 +290,25 @@ def test_a_pools_bytes_are_read_from_its_own_snapshot_where_torch_can_take_one(
     finally:
         torch_graphs._snapshot_options.cache_clear()
     assert snapshot_calls == [expected_call]
+
+
+def _held_graph() -> Graph:
+    """A graph entry for the store's bookkeeping alone: no tensors behind it."""
+    return Graph(graph=object(), output=torch.empty(0), pool=object(), staging=None, inputs=(), offsets={}, tokens=4)
+
+
+def test_the_least_used_graph_is_evicted_and_the_least_recently_used_among_equals() -> None:
+    """Uses live with the graphs: each replay counts one; at capacity the least used goes first, and
+    among equals the one replayed longest ago."""
+    store = GraphStore(HostGraphs(), RunnerOptions(capacity=3, max_tokens=64), agree_max=None)
+    for key in ("first", "second", "third"):
+        store.add(key, _held_graph())
+    assert store.uses_to_beat() == 1
+    for key in ("second", "first"):
+        store.graph_to_replay(key)  # uses: first 2, second 2, third 1
+    store.make_room((), 4)
+    assert list(store.graphs) == ["second", "first"] and store.uses_to_beat() is None
+    store.add("third", _held_graph())
+    store.graph_to_replay("third")  # all at 2: second was replayed longest ago
+    store.make_room((), 4)
+    assert list(store.graphs) == ["first", "third"] and store.evictions == 2

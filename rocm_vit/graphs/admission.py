@@ -1,10 +1,11 @@
 """Which calls of the graph runner get a graph: the deciding half of the runner, apart from the doing.
 
 ``Admission.decide`` says why a call runs eagerly, or that its layout may be captured now. It counts
-each layout's calls (and halves the counts now and then, so old popularity fades), knows which
-layouts failed, chooses the graph to evict, and learns the host's launch time from timed eager runs,
-which the cost model needs (docs/design.md, "Runner"). It holds no tensor and touches no device:
-``runner.py`` captures, checks and replays, and reports back what happened.
+the calls of layouts without a graph (and halves the counts now and then, so old popularity fades),
+knows which layouts failed, and learns the host's launch time from timed eager runs, which the cost
+model needs (docs/design.md, "Runner"). It holds no tensor and touches no device: ``capture.py``
+captures and checks, ``runner.py`` replays, and they report back what happened; the graphs held and
+their uses are the store's (``store.py``).
 """
 
 from __future__ import annotations
@@ -89,8 +90,6 @@ class Admission:
         self.cost_model = options.cost_model
         self._agree = agree
         self._hits: OrderedDict[Hashable, int] = OrderedDict()  # calls of layouts without a graph
-        # Calls of layouts with a graph, from before their capture; least recently used first.
-        self._uses: OrderedDict[Hashable, int] = OrderedDict()
         self._failed: OrderedDict[Hashable, str] = OrderedDict()  # key -> capture_failed / capture_unverified
         self._calls = 0
         # Token count from which a capture was measured, alone in an empty pool, over the budget.
@@ -103,9 +102,10 @@ class Admission:
         self._launch_agreed: tuple[float, int] | None = None
         self._warned_launch = False
 
-    def decide(self, key: Hashable, layout: AttentionLayout) -> str | None:
+    def decide(self, key: Hashable, layout: AttentionLayout, uses_to_beat: int | None = None) -> str | None:
         """Why a call of ``layout`` (graph key ``key``) without a graph runs eagerly now (one of
-        ``EAGER_REASONS``), or ``None`` when it may be captured. Counts the call."""
+        ``EAGER_REASONS``), or ``None`` when it may be captured. Counts the call. ``uses_to_beat``:
+        at capacity, the uses of the graph a capture would evict (``GraphStore.uses_to_beat``)."""
         tokens = layout.num_patches
         if key in self._failed:
             return self._failed[key]
@@ -125,31 +125,24 @@ class Admission:
         exact = saving_ms is not None and not layout.offsets_per_call
         if exact and hits * saving_ms < PAYBACK_SHARE * self.cost_model.capture_ms:
             return "below_payback"
-        if self.cost_model is not None and len(self._uses) >= self.capacity and hits <= self._uses[self.least_used()]:
+        if self.cost_model is not None and uses_to_beat is not None and hits <= uses_to_beat:
             return "over_capacity"  # every graph held is called at least as often
         return None
 
-    def called(self) -> None:
+    def called(self) -> bool:
         """One more call of any kind: halve every call count once per period, so what was popular
-        long ago makes way."""
+        long ago makes way. Returns whether this call halved them: the store halves its graphs'
+        uses then too (``GraphStore.halve_uses``)."""
         self._calls += 1
         if self._calls % (_AGING_CALLS_PER_GRAPH * max(1, self.capacity)):
-            return
-        for counts in (self._uses, self._hits):
-            for key in counts:
-                counts[key] //= 2
+            return False
+        for key in self._hits:
+            self._hits[key] //= 2
+        return True
 
-    def captured(self, key: Hashable) -> None:
-        """``key`` has a graph now: its calls so far count as its uses."""
-        self._uses[key] = self._hits.pop(key, 1)
-
-    def replayed(self, key: Hashable) -> None:
-        self._uses[key] += 1
-        self._uses.move_to_end(key)
-
-    def dropped(self, key: Hashable) -> None:
-        """``key``'s graph is gone (evicted, released, or not kept)."""
-        del self._uses[key]
+    def captured(self, key: Hashable) -> int:
+        """``key`` has a graph now: its calls so far, which count as its graph's first uses."""
+        return self._hits.pop(key, 1)
 
     def failed(self, key: Hashable, reason: str) -> None:
         """``key``'s capture failed or was not verified: it runs eagerly for good, for ``reason``."""
@@ -159,10 +152,6 @@ class Admission:
     def over_budget_from(self, tokens: int) -> None:
         """A capture of ``tokens`` alone in an empty pool was over the budget: none that large again."""
         self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
-
-    def least_used(self) -> Hashable:
-        """The held graph called least often (the least recently used among equals): the one to evict."""
-        return min(self._uses, key=self._uses.__getitem__)
 
     def timed(self, layout: AttentionLayout, host_ms: float) -> None:
         """An eager run of ``layout`` took ``host_ms`` on the host: a launch-time sample if it was

@@ -94,7 +94,7 @@ class ViTGraphRunner:
         self._prepare_capture = prepare_capture or _nothing
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
-        self._store = GraphStore(self._mechanism, self._admission, options, agree_max=agree_max)
+        self._store = GraphStore(self._mechanism, options, agree_max=agree_max)
         self._padding = options.padding
         self._clock = clock
         self._padded_calls = 0
@@ -191,10 +191,10 @@ class ViTGraphRunner:
     ) -> tuple[torch.Tensor | None, str | None, tuple[torch.Tensor, ...]]:
         """Under the runner's lock: replay ``key``'s graph, or capture it (on this thread, inside this
         call); either way ``(output, None, tensors)``. Else ``(None, why, tensors as eager takes them)``."""
-        self._admission.called()
-        entry = self._store.graphs.get(key)
+        if self._admission.called():
+            self._store.halve_uses()
+        entry = self._store.graph_to_replay(key)
         if entry is not None:
-            self._admission.replayed(key)
             return self._replay(entry, layout, tensors, immutable), None, tensors
         tensors = padded_call(tensors, real_tokens, layout)
         reason = self._admit(key, layout, tensors[0].device)
@@ -204,7 +204,8 @@ class ViTGraphRunner:
         if reason is None:
             output, pool_before = self._capture_and_verify(key, signature, layout, tensors, immutable)
             # Here, not inside: a pool is released only once no local holds the warm-up's output.
-            self._store.hold_budget(layout.num_patches, pool_before)
+            if self._store.hold_budget(layout.num_patches, pool_before):
+                self._admission.over_budget_from(layout.num_patches)
             return output, None, tensors
         self._eager_runs[reason] += 1
         return None, reason, tensors
@@ -277,7 +278,7 @@ class ViTGraphRunner:
                 self._warned_no_gpu = True
                 logger.warning("graphs need a CUDA/ROCm device; running %s eagerly", device)
             return "no_gpu"
-        reason = self._admission.decide(key, layout)
+        reason = self._admission.decide(key, layout, self._store.uses_to_beat())
         if reason is None:
             self._store.use_device(device)
         return reason
@@ -324,6 +325,7 @@ class ViTGraphRunner:
             why = attempt.error or "another rank's capture failed"
             self._remember_failure(key, layout, "capture_failed", why)
             return output, attempt.pool_before
+        attempt.entry.uses = self._admission.captured(key)
         store.add(key, attempt.entry)
         self._captures += 1
         self._capture_seconds += time.perf_counter() - started

@@ -1,22 +1,22 @@
 """The graphs a runner holds and the memory they take: staging, the graph pools, the byte budget.
 
-``GraphStore`` keeps the graphs by key, makes room before a capture
-(evicting the graph admission names, releasing the pools when a capture may not fit), learns from
-each capture what the next will take, and holds the budget after it (docs/design.md, "Pool and
-budget"). It never decides which layout deserves a graph (``admission.py``) and never captures or
-replays (``runner.py``).
+``GraphStore`` keeps the graphs by key with their uses, makes room before a capture (evicting the
+least used graph, releasing the pools when a capture may not fit), learns from each capture what the
+next will take, and holds the budget after it (docs/design.md, "Pool and budget"). It never decides
+which layout deserves a graph (``admission.py``) and never captures (``capture.py``) or replays
+(``forward.py``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rocm_vit.graphs.admission import Admission
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.staging import Signature, Staging
@@ -70,6 +70,7 @@ class Graph:
     offsets: dict[str, torch.Tensor]
     tokens: int
     offsets_per_call: bool = False
+    uses: int = 1  # calls served or counted towards it, halved with admission's counts
 
     @property
     def offsets_bytes(self) -> int:
@@ -85,19 +86,17 @@ class GraphStore:
     def __init__(
         self,
         mechanism: GraphMechanism,
-        admission: Admission,
         options: RunnerOptions,
         *,
         agree_max: Callable[[Sequence[int]], list[int]] | None,
     ) -> None:
         self._mechanism = mechanism
-        self._admission = admission
         self._agree_max = agree_max
         self._capacity = options.capacity
         self._max_tokens = options.max_tokens
         self.budget_bytes = options.budget_bytes
-        # By key. Which graph is used least, and least recently, is admission's to know (``least_used``).
-        self.graphs: dict[tuple, Graph] = {}
+        # By key, least recently used first.
+        self.graphs: OrderedDict[tuple, Graph] = OrderedDict()
         self.staging: dict[Signature, Staging] = {}
         self.device: torch.device | None = None
         self.pool: Any = None  # where captures go
@@ -174,12 +173,30 @@ class GraphStore:
 
     def add(self, key: tuple, entry: Graph) -> None:
         self.graphs[key] = entry
-        self._admission.captured(key)
+
+    def graph_to_replay(self, key: tuple) -> Graph | None:
+        """``key``'s graph with this call counted as one more use, or ``None`` where none is held."""
+        entry = self.graphs.get(key)
+        if entry is not None:
+            entry.uses += 1
+            self.graphs.move_to_end(key)
+        return entry
+
+    def uses_to_beat(self) -> int | None:
+        """At capacity, the uses of the graph a capture would evict (``_least_used``); ``None`` while
+        there is room (or none to evict: capacity 0)."""
+        if not self.graphs or len(self.graphs) < self._capacity:
+            return None
+        return self.graphs[self._least_used()].uses
+
+    def halve_uses(self) -> None:
+        """Age the uses with admission's call counts (``Admission.called``)."""
+        for entry in self.graphs.values():
+            entry.uses //= 2
 
     def drop_new(self, key: tuple, entry: Graph) -> None:
         """A graph just added that is not kept (its first replay failed or differed)."""
         del self.graphs[key]
-        self._admission.dropped(key)
         self.let_go(entry)
 
     def let_go(self, entry: Graph) -> None:
@@ -239,12 +256,12 @@ class GraphStore:
                 pool_after / 2**20,
             )
 
-    def hold_budget(self, tokens: int, pool_before: int) -> None:
-        """After a capture: past the budget, release the pools; a capture that was alone in an empty
-        pool is over the budget by measurement, and so is every larger one."""
+    def hold_budget(self, tokens: int, pool_before: int) -> bool:
+        """After a capture: past the budget, release the pools. Returns whether the capture was alone
+        in an empty pool and over the budget: by measurement, so is every larger one."""
         held = self.bytes_held()
         if held <= self.budget_bytes:
-            return
+            return False
         alone = pool_before == 0
         logger.warning(
             "graph memory %.0f MiB after capturing %d tokens is over the %.0f MiB budget; graphs dropped and "
@@ -255,8 +272,7 @@ class GraphStore:
             f"; layouts of {tokens} tokens or more run eagerly" if alone else "",
         )
         self.release_pools()
-        if alone:
-            self._admission.over_budget_from(tokens)
+        return alone
 
     def bytes_held(self) -> int:
         return self.pool_bytes + self._staging_bytes() + self._offsets_bytes()
@@ -276,22 +292,24 @@ class GraphStore:
             "pool_growth_prediction": self._prediction_errors.summary(),
         }
 
+    def _least_used(self) -> tuple:
+        """The held graph called least often (the least recently used among equals): the one to evict."""
+        return min(self.graphs, key=lambda key: self.graphs[key].uses)
+
     def _evict_least_used(self) -> None:
-        key = self._admission.least_used()
+        key = self._least_used()
         entry = self.graphs.pop(key)
         try:
             self.let_go(entry)
         except BaseException:
             self.graphs[key] = entry  # still held: the pools are released only once it is retired
             raise
-        self._admission.dropped(key)
         self.evictions += 1
         logger.debug("evicted the graph of %d tokens (least used)", entry.tokens)
 
     def _retire_all_graphs(self) -> None:
         while self.graphs:
-            key, entry = self.graphs.popitem()
-            self._admission.dropped(key)
+            _, entry = self.graphs.popitem()
             self._mechanism.retire(entry.graph)
 
     def _fixed_bytes(self, signature: Signature) -> int:
