@@ -4,8 +4,8 @@
 the calls of layouts without a graph (and halves the counts now and then, so old popularity fades),
 knows which layouts failed, and learns the host's launch time from timed eager runs, which the cost
 model needs (docs/design.md, "Runner"). It holds no tensor and touches no device: ``capture.py``
-captures and checks, ``runner.py`` replays, and they report back what happened; the graphs held and
-their uses are the store's (``store.py``).
+captures and checks, and reports back what happened; the graphs held and their uses are the store's
+(``store.py``).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, to
     An exact layout's are copied from pinned host memory and never written again (a host-to-device
     copy right before a replay can be read stale on ROCm: docs/rocm.md, "Hazards"). A padded layout's are copied
     device-to-device here and before each replay, and the kernels read them from a copy that a
-    kernel of the graph makes (``ViTGraphRunner._capture``'s ``forward``), never from what a copy wrote. Never
+    kernel of the graph makes (``Forward.on_staging``), never from what a copy wrote. Never
     on the capture stream: the host allocator records a pinned block's free on every stream that
     copied from it, and a free during a later capture there would record a captured event, on
     which the next pinned allocation of any thread fails (docs/design.md, "Hazards").
@@ -104,7 +104,7 @@ class GraphStore:
         self._retired_pools: list[Any] = []  # pools of failed captures: no graph, memory still reserved
         # The last graph let go of in ``pool``, held until a capture has begun there (``let_go``).
         self.pool_keeper: Any = None
-        self.pool_bytes = 0  # reserved by the live and retired pools, as agreed after the last capture
+        self._pool_bytes = 0  # reserved by the live and retired pools, as agreed after the last capture
         self.scratch = ScratchBounds()
         self._prediction_errors = PredictionErrors()
         self.evictions = 0
@@ -225,7 +225,7 @@ class GraphStore:
         self._retired_pools = []
         if pools:
             self._mechanism.release_pools(pools, self.device)
-        self.pool_bytes = 0
+        self._pool_bytes = 0
         self.pool_releases += 1
 
     def live_pools(self) -> list[Any]:
@@ -235,6 +235,16 @@ class GraphStore:
             if all(pool is not known for known in pools):
                 pools.append(pool)
         return pools
+
+    @property
+    def pool_bytes(self) -> int:
+        """What the live and retired pools reserve, as the ranks agreed after the last capture."""
+        return self._pool_bytes
+
+    def record_pool_bytes(self, agreed_bytes: int) -> None:
+        """After a capture, what the pools reserve (``measured_pool_bytes``) as every rank agreed:
+        the largest, so that every rank makes room and releases alike."""
+        self._pool_bytes = agreed_bytes
 
     def measured_pool_bytes(self) -> int:
         """What the live and retired pools reserve now, read from the allocator (may raise)."""

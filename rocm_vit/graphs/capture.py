@@ -1,0 +1,216 @@
+"""The capture protocol: capture a call's layout inside that call, keep the graph only if its first
+replay equals its warm-up bit for bit on every rank, and serve the call either way.
+
+Invariants (docs/design.md, "Runner", "Ranks" and "Hazards"):
+- captures run on the caller's thread, inside its call, on the runner's stream, after an eager
+  warm-up there: no thread of the runner's own touches the device while the server's threads do;
+- a graph's first offsets are made on the caller's stream, never on the capture stream;
+- a graph last in the pool that captures go to is reset only once another capture there has begun;
+- ranks never part ways: whatever fails on one rank is agreed before any rank takes a step the
+  others would skip, and a forward that did not run on this rank runs eagerly in its place;
+- a pool is released only once no local holds the warm-up's output (``Captures.serve``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from rocm_vit.graphs.admission import Admission
+from rocm_vit.graphs.call import Call
+from rocm_vit.graphs.forward import Forward
+from rocm_vit.graphs.store import Graph, GraphStore, graph_offsets
+from rocm_vit.graphs.torch_graphs import GraphMechanism
+
+logger = logging.getLogger(__name__)
+
+# ``values`` as every rank sees them: the element-wise maximum over the group (identity alone).
+Agree = Callable[[list[int]], list[int]]
+
+
+@dataclass
+class _Attempt:
+    """A capture's outcome before the ranks agree on it."""
+
+    entry: Graph | None
+    reference: torch.Tensor | None  # the warm-up's output, which the first replay must equal; None if it did not run
+    error: Exception | None
+    pool_before: int  # the pool's bytes once room was made, before the capture
+    # Graphs were let go of or pools released before the error: this rank's graphs may differ from the others'.
+    room_failed: bool = False
+
+
+class Captures:
+    """Captures for one runner into its ``store``, reporting to its ``admission``. ``shares_decisions``:
+    other ranks run the same calls (``agree`` is their maximum). ``prepare_capture`` runs on the
+    runner's stream before each warm-up and capture. Counts ``count`` captures and the seconds they
+    and their checks took."""
+
+    def __init__(
+        self,
+        forward: Forward,
+        store: GraphStore,
+        admission: Admission,
+        mechanism: GraphMechanism,
+        *,
+        agree: Agree,
+        shares_decisions: bool,
+        prepare_capture: Callable[[], None],
+    ) -> None:
+        self._forward = forward
+        self._store = store
+        self._admission = admission
+        self._mechanism = mechanism
+        self._agree = agree
+        self._shares_decisions = shares_decisions
+        self._prepare_capture = prepare_capture
+        self.count = 0
+        self.capture_seconds = 0.0
+        self.verify_seconds = 0.0
+
+    def serve(self, call: Call) -> tuple[torch.Tensor, str | None]:
+        """Capture ``call``'s layout and serve the call: ``(output, None)`` by the new graph's first
+        replay, or ``(output, reason)`` eagerly where the graph is not kept (``capture_failed``,
+        ``capture_unverified``: that layout runs eagerly for good). Raises only what an eager run of
+        the call raises."""
+        output, failure, pool_before = self._capture_and_verify(call)
+        # Here, not inside: a pool is released only once no local holds the warm-up's output.
+        tokens = call.layout.num_patches
+        if self._store.hold_budget(tokens, pool_before):
+            self._admission.over_budget_from(tokens)
+        return output, failure
+
+    def _capture_and_verify(self, call: Call) -> tuple[torch.Tensor, str | None, int]:
+        """Capture, keep the graph only if every rank captured it and its first replay equals its
+        warm-up everywhere, and serve the call; also the pool's bytes before the capture.
+
+        Every rank runs the same forwards: warm-up, capture, [eager or replay], [eager]; whatever
+        fails on one rank (making room, the offsets, the warm-up's setup, the capture, the first
+        replay's launch, the check) is agreed first, and a warm-up or replay that failed before it
+        launched runs eagerly in its place, which makes the same all-reduces in the same order."""
+        store, layout, tensors = self._store, call.layout, call.run_tensors
+        need = store.scratch.bound(layout.num_patches)
+        started = time.perf_counter()
+        attempt = self._capture(call)
+        if attempt.reference is None and self._shares_decisions:
+            self._forward.eager(tensors, layout)  # the warm-up's forward, in its place; raises if eager fails
+        try:
+            measured = store.measured_pool_bytes()
+        except Exception as error:  # the allocator cannot be read: treat it as a failed capture
+            attempt, measured = replace(attempt, error=attempt.error or error), store.pool_bytes
+        failed, room_failed, pool_bytes = self._agree(
+            [int(attempt.error is not None), int(attempt.room_failed), measured]
+        )
+        store.record_pool_bytes(pool_bytes)
+        if failed and attempt.entry is not None:
+            store.let_go(attempt.entry)
+        if room_failed:  # graphs went on one rank only: every rank starts again from none
+            store.release_pools()
+        if failed:
+            output = self._forward.eager(tensors, layout)  # raises if eager fails too: nothing marked
+            self._remember_failure(call, "capture_failed", attempt.error or "another rank's capture failed")
+            return output, "capture_failed", attempt.pool_before
+        attempt.entry.uses = self._admission.captured(call.key)
+        store.add(call.key, attempt.entry)
+        self.count += 1
+        self.capture_seconds += time.perf_counter() - started
+        store.learn(attempt.entry, need, attempt.pool_before)
+        output, failure = self._verify(call, attempt)
+        return output, failure, attempt.pool_before
+
+    def _verify(self, call: Call, attempt: _Attempt) -> tuple[torch.Tensor, str | None]:
+        """Serve the call by the new graph's first replay, and keep the graph only if that replay ran
+        and equals the warm-up bit for bit on every rank; else drop it and serve the call eagerly."""
+        started, entry = time.perf_counter(), attempt.entry
+        output, replay_error = self._first_replay(entry, call)
+        differs = output is None or not _bitwise_equal(output, attempt.reference)
+        replay_failed, unverified = self._agree([int(replay_error is not None), int(differs)])
+        self.verify_seconds += time.perf_counter() - started
+        if not (replay_failed or unverified):
+            return output, None
+        self._store.drop_new(call.key, entry)
+        if replay_failed:
+            reason, why = "capture_failed", replay_error or "another rank's first replay failed"
+        else:
+            reason, why = "capture_unverified", "its first replay differs from an eager run of its inputs"
+        output = self._forward.eager(call.run_tensors, call.layout)
+        self._remember_failure(call, reason, why)
+        return output, reason
+
+    def _first_replay(self, entry: Graph, call: Call) -> tuple[torch.Tensor | None, Exception | None]:
+        """A new graph's first replay: its output, or the error that stopped it. A replay that raised
+        before its launch runs eagerly in its place under tensor parallelism: the other ranks'
+        replays wait in their all-reduces for this rank's."""
+        tensors, layout = call.run_tensors, call.layout
+        launched = False
+        try:
+            self._forward.launch(entry, layout, tensors, call.immutable)
+            launched = True
+            return self._forward.take_output(entry), None
+        except Exception as error:
+            if not launched and self._shares_decisions:
+                self._forward.eager(tensors, layout)
+            return None, error
+
+    def _capture(self, call: Call) -> _Attempt:
+        """Make room, then capture into the runner's pool on its stream after an eager warm-up there:
+        what ``forward_blocks`` makes lazily per thread and stream (and compiles) is made outside any
+        capture, the pool is registered (``CudaGraphs.warm_up``), and the warm-up's output is what the
+        first replay must equal. Never raises: the error is in the attempt."""
+        layout, tensors, store, order = call.layout, call.run_tensors, self._store, self._forward.order
+        device = tensors[0].device
+        reference = None
+        try:
+            store.make_room(call.signature, layout.num_patches)
+        except Exception as error:
+            return _Attempt(None, reference, error, store.pool_bytes, room_failed=True)
+        pool_before = store.pool_bytes
+        try:
+            offsets = graph_offsets(layout, device)
+            pool, stream = store.capture_target(device)
+            with self._mechanism.on_stream(stream):
+                order.follow(stream)
+                try:
+                    staging = store.staging_for(call.signature, device)
+                    views = staging.views(tensors)
+                    staging.fill(views, tensors, call.immutable)
+                    forward = self._forward.on_staging(views, layout, offsets)
+                    self._prepare_capture()
+                    reference = self._mechanism.warm_up(forward, pool, stream)
+                    output_view = staging.output_view(reference, layout.num_patches)
+
+                    def forward_into_staging() -> torch.Tensor:
+                        return output_view.copy_(forward())
+
+                    graph, output = self._mechanism.capture(forward_into_staging, pool, stream)
+                finally:
+                    # Warm-up reads staging on this stream, also when the capture then fails.
+                    order.mark(stream)
+                    store.release_pool_keeper()  # a new graph holds the pool now, or the pool is retired
+        except Exception as error:  # any capture failure degrades to eager
+            store.retire_pool()
+            return _Attempt(None, reference, error, pool_before)
+        entry = Graph(graph, output, pool, staging, views, offsets, layout.num_patches, layout.offsets_per_call)
+        return _Attempt(entry, reference, None, pool_before)
+
+    def _remember_failure(self, call: Call, reason: str, why: object) -> None:
+        layout = call.layout
+        self._admission.failed(call.key, reason)
+        logger.warning(
+            "graph capture of %d tokens in %d segments is not used (%s: %s); this layout runs eagerly",
+            layout.num_patches,
+            len(layout.segmentations["full"].seq_lens),
+            reason,
+            f"{type(why).__name__}: {why}" if isinstance(why, Exception) else why,
+        )
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (NaNs too): what graph against eager promises."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
