@@ -5,6 +5,7 @@ the byte budget (refusal only by measurement), eviction and release, bytes count
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -312,3 +313,21 @@ def test_the_least_used_graph_is_evicted_and_the_least_recently_used_among_equal
     store.graph_to_replay("third")  # all at 2: second was replayed longest ago
     store.make_room((), 4)
     assert list(store.graphs) == ["first", "third"] and store.evictions == 2
+
+
+def test_room_is_made_for_the_pool_already_reserved_not_only_for_what_the_capture_needs() -> None:
+    """The pool keeps what its largest capture reserved, and a smaller capture needs no more of it:
+    where a new signature's staging plus that pool would break the budget, the pools are released
+    before the capture, though its own need would fit (else the capture is made, and its graph
+    dropped with every other by the budget after it)."""
+    store = GraphStore(HostGraphs(), RunnerOptions(max_tokens=64, budget_bytes=6 << 10), agree_max=None)
+    store.use_device(torch.device("cpu"))
+    store.scratch.observe(64, 8 << 10)  # a capture of 64 tokens took 8 KiB of the pool ...
+    store.scratch.observe(4, 1 << 10)  # ... one of 4 tokens 1 KiB
+    store.record_pool_bytes(4 << 10)  # the pool reserves 4 KiB now, more than 4 tokens need
+    signature = ((torch.float32, (HIDDEN,), Fraction(1)),)  # staging of 64 x 8 float32: 2 KiB
+    store.make_room(signature, 4)  # 2 + max(4, 1) = 6 KiB: within the budget
+    assert (store.pool_releases, store.pool_bytes) == (0, 4 << 10)
+    store.record_pool_bytes(5 << 10)
+    store.make_room(signature, 4)  # 2 + 5 = 7 KiB: over it, though 2 + 1 would fit
+    assert (store.pool_releases, store.pool_bytes) == (1, 0)
