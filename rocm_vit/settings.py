@@ -57,7 +57,8 @@ _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_CAPACITY = 32
 DEFAULT_MIN_HITS = 2
 # A memory guard, not where graphs stop paying (the cost model decides that): staging is allocated
-# at this many patches (88 MB for Qwen3-VL-8B), and larger calls run eagerly.
+# at this many patches (its bytes: docs/benchmarks.md, "Figures behind constants"), and larger calls
+# run eagerly.
 DEFAULT_MAX_TOKENS = 8192
 
 

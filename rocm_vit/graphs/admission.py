@@ -51,19 +51,17 @@ _MIN_LAUNCH_SAMPLES = 8
 _LAUNCH_REFRESH = 16
 # An eager run teaches the launch time where its layout's predicted device time is below half its
 # host time, or below 0.9 of the median host time of the layout's recent runs (docs/design.md,
-# "Runner"). A single run's own host time is not enough: on the H200, 1 x 1.3 MP (19.7 ms
-# predicted) ran in 18.4 ms, and the runs that noise made slower than 21.9 taught a launch time of
-# 23.8 ms; 6 x 640x360 (11.6 predicted) runs in 13.6 on the host, launch-bound, and so does its median.
+# "Runner"): a single run's own host time lets noise pass the slow runs of a device-bound layout
+# (the runs that showed it: docs/benchmarks.md, "Figures behind constants").
 _LAUNCH_BOUND_SHARE = 0.9
 _CLEARLY_LAUNCH_BOUND_SHARE = 0.5
 _LAYOUT_RUNS_KEPT = 5  # recent host times per layout
 _LAYOUT_RUNS_NEEDED = 3
 _LAYOUTS_TIMED_KEPT = 256
 # A launch time learned this far from the cost model's (either way) is worth one warning: padding,
-# and the buckets captured at start, follow the model's. Simulated chat at a 1.3 MP cap realizes
-# 90 / 91 % of the possible saving untuned / tuned on a 12 ms host, 82 / 87 % on 17 ms, 86 / 94 % on
-# 22 ms (docs/benchmarks.md); H100s that learned 22.3 and 26.9 ms measured 82 and 79 % untuned, and
-# tuned to 9.4 ms (tune times calls alone) 68 %: the warning cannot promise that tuning closes the gap.
+# and the buckets captured at start, follow the model's. Tuning narrows the gap in simulation but
+# did not on H100 hosts whose eager runs drift (tune times calls alone), so the warning promises
+# nothing of it (docs/benchmarks.md, "Figures behind constants").
 _LAUNCH_MISMATCH = 1.5
 
 
