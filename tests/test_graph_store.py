@@ -303,13 +303,13 @@ def test_the_least_used_graph_is_evicted_and_the_least_recently_used_among_equal
     among equals the one replayed longest ago."""
     store = GraphStore(HostGraphs(), RunnerOptions(capacity=3, max_tokens=64), agree_max=None)
     for key in ("first", "second", "third"):
-        store.add(key, _held_graph())
+        store.add(key, _held_graph(), uses=1)
     assert store.uses_to_beat() == 1
     for key in ("second", "first"):
         store.graph_to_replay(key)  # uses: first 2, second 2, third 1
     store.make_room((), 4)
     assert list(store.graphs) == ["second", "first"] and store.uses_to_beat() is None
-    store.add("third", _held_graph())
+    store.add("third", _held_graph(), uses=1)
     store.graph_to_replay("third")  # all at 2: second was replayed longest ago
     store.make_room((), 4)
     assert list(store.graphs) == ["first", "third"] and store.evictions == 2

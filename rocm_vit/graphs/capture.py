@@ -114,8 +114,7 @@ class Captures:
             output = self._forward.eager(tensors, layout)  # raises if eager fails too: nothing marked
             self._remember_failure(call, "capture_failed", attempt.error or "another rank's capture failed")
             return output, "capture_failed", attempt.pool_before
-        attempt.entry.uses = self._admission.captured(call.key)
-        store.add(call.key, attempt.entry)
+        store.add(call.key, attempt.entry, uses=self._admission.captured(call.key))
         self.count += 1
         self.capture_seconds += time.perf_counter() - started
         store.learn(attempt.entry, need, attempt.pool_before)

@@ -171,7 +171,9 @@ class GraphStore:
         if need is not None and self.pool_bytes and fixed_bytes + max(self.pool_bytes, need) > self.budget_bytes:
             self.release_pools()
 
-    def add(self, key: tuple, entry: Graph) -> None:
+    def add(self, key: tuple, entry: Graph, uses: int) -> None:
+        """Hold ``entry`` as ``key``'s graph, with the calls that led to it counted as its ``uses``."""
+        entry.uses = uses
         self.graphs[key] = entry
 
     def graph_to_replay(self, key: tuple) -> Graph | None:
