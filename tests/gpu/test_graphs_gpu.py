@@ -486,7 +486,7 @@ def test_padded_graphs_equal_their_padded_eager_calls_bitwise_and_stay_as_close_
     pixels = [_pixels(tower, grid, index) for index, grid in enumerate(grids)]
     unpadded = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
     runner = tower.enable_graphs(min_hits=1)
-    assert runner._padding is not None
+    assert runner.padding is not None
     mismatched, errors, unpadded_errors = [], [], []
     for p, g, plain in zip(pixels * 2, grids * 2, unpadded * 2, strict=True):
         out = tower(p, g)
