@@ -23,8 +23,9 @@ import torch
 from rocm_vit.graphs.admission import Admission
 from rocm_vit.graphs.call import Call
 from rocm_vit.graphs.forward import Forward
-from rocm_vit.graphs.store import Graph, GraphStore, graph_offsets
+from rocm_vit.graphs.store import Graph, GraphStore
 from rocm_vit.graphs.torch_graphs import GraphMechanism
+from rocm_vit.layout import AttentionLayout
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class Captures:
             return _Attempt(None, reference, error, store.pool_bytes, room_failed=True)
         pool_before = store.pool_bytes
         try:
-            offsets = graph_offsets(layout, device)
+            offsets = _graph_offsets(layout, device)
             pool, stream = store.capture_target(device)
             with self._mechanism.on_stream(stream):
                 order.follow(stream)
@@ -206,6 +207,26 @@ class Captures:
             reason,
             f"{type(why).__name__}: {why}" if isinstance(why, Exception) else why,
         )
+
+
+def _graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
+    """A new graph's own offsets, made on the caller's stream before the capture stream takes over.
+
+    An exact layout's are copied from pinned host memory and never written again (a host-to-device
+    copy right before a replay can be read stale on ROCm: docs/rocm.md, "Hazards"). A padded layout's are copied
+    device-to-device here and before each replay, and the kernels read them from a copy that a
+    kernel of the graph makes (``Forward.on_staging``), never from what a copy wrote. Never
+    on the capture stream: the host allocator records a pinned block's free on every stream that
+    copied from it, and a free during a later capture there would record a captured event, on
+    which the next pinned allocation of any thread fails (docs/design.md, "Hazards").
+    """
+    if layout.offsets_per_call:
+        return {name: layout.cu_seqlens_tensor(device, name).clone() for name in layout.segmentations}
+    return {
+        name: torch.empty_like(host, device=device).copy_(host, non_blocking=True)
+        for name in layout.segmentations
+        for host in (layout.cu_seqlens_host(name),)
+    }
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

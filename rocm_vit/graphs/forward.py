@@ -46,7 +46,7 @@ class Forward:
     ) -> Callable[[], torch.Tensor]:
         """The forward a capture records: on staging ``views`` and the graph's own ``offsets``. A
         padded layout's kernels read its offsets from a copy that a kernel of the graph makes, never
-        from what a copy wrote (``graph_offsets``)."""
+        from what a copy wrote (``capture._graph_offsets``)."""
         attn_args = None if layout.offsets_per_call else self.layout_args(layout, offsets)
 
         def forward() -> torch.Tensor:

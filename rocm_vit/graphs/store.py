@@ -21,7 +21,6 @@ from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.staging import Signature, Staging
 from rocm_vit.graphs.torch_graphs import GraphMechanism
-from rocm_vit.layout import AttentionLayout
 
 logger = logging.getLogger(__name__)
 
@@ -34,26 +33,6 @@ _MAX_DEFAULT_BUDGET = 4 << 30
 def default_budget_bytes(total_memory_bytes: int) -> int:
     """The byte budget used when none is given: ``total / 64``, clamped to 256 MiB .. 4 GiB."""
     return min(_MAX_DEFAULT_BUDGET, max(_MIN_DEFAULT_BUDGET, total_memory_bytes // _BUDGET_FRACTION))
-
-
-def graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
-    """A new graph's own offsets, made on the caller's stream before the capture stream takes over.
-
-    An exact layout's are copied from pinned host memory and never written again (a host-to-device
-    copy right before a replay can be read stale on ROCm: docs/rocm.md, "Hazards"). A padded layout's are copied
-    device-to-device here and before each replay, and the kernels read them from a copy that a
-    kernel of the graph makes (``Forward.on_staging``), never from what a copy wrote. Never
-    on the capture stream: the host allocator records a pinned block's free on every stream that
-    copied from it, and a free during a later capture there would record a captured event, on
-    which the next pinned allocation of any thread fails (docs/design.md, "Hazards").
-    """
-    if layout.offsets_per_call:
-        return {name: layout.cu_seqlens_tensor(device, name).clone() for name in layout.segmentations}
-    return {
-        name: torch.empty_like(host, device=device).copy_(host, non_blocking=True)
-        for name in layout.segmentations
-        for host in (layout.cu_seqlens_host(name),)
-    }
 
 
 @dataclass
