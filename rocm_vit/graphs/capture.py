@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rocm_vit.graphs.admission import Admission
+from rocm_vit.graphs.admission import Admission, Agree
 from rocm_vit.graphs.call import Call
 from rocm_vit.graphs.forward import Forward
 from rocm_vit.graphs.store import Graph, GraphStore
@@ -28,9 +28,6 @@ from rocm_vit.graphs.torch_graphs import GraphMechanism
 from rocm_vit.layout import AttentionLayout
 
 logger = logging.getLogger(__name__)
-
-# ``values`` as every rank sees them: the element-wise maximum over the group (identity alone).
-Agree = Callable[[list[int]], list[int]]
 
 
 @dataclass
