@@ -26,7 +26,6 @@ import torch
 from rocm_vit.backend_requirements import REQUIREMENTS, backend_unavailable_reason
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, fit_cost_model
 from rocm_vit.graphs.options import RunnerOptions
-from rocm_vit.graphs.padding import Padding
 from rocm_vit.platform import Facts, platform_info
 from rocm_vit.profile import (
     PROFILE_ENV,
@@ -188,7 +187,6 @@ class Policy:
     fused_ops: Choice
     gelu_epilogue: Choice
     side_stream: Choice
-    graph_max_tokens: Choice
     graph_cost: Choice  # value: the CostModel graph admission predicts savings with
     gluon_consumers: Choice  # value: the waves from which gluon_attn runs three consumers; None: its default
     profile: Choice  # value: the TunedProfile in force, or None
@@ -204,7 +202,6 @@ class Policy:
             "fused_ops": {"block_ops": "fused" if self.fused_ops.value else "plain", "why": self.fused_ops.reason},
             "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},
             "side_stream": {"on": self.side_stream.value, "why": self.side_stream.reason},
-            "graph_max_tokens": {"tokens": self.graph_max_tokens.value, "why": self.graph_max_tokens.reason},
             "graph_cost": {**_cost_report(self.graph_cost.value), "why": self.graph_cost.reason},
             "gluon_consumers": {
                 "three_from_waves": _json_waves(self.gluon_consumers.value),
@@ -229,7 +226,6 @@ def resolve_policy(
         fused_ops=fused,
         gelu_epilogue=_gelu_epilogue(facts, fused.value),
         side_stream=_side_stream(facts),
-        graph_max_tokens=_graph_max_tokens(settings),
         graph_cost=_graph_cost(profile),
         gluon_consumers=_gluon_consumers(profile),
         profile=Choice(profile, profile_status or ("none" if profile is None else profile.path)),
@@ -246,18 +242,16 @@ def runner_options(
     by_benefit: bool = True,
 ) -> RunnerOptions:
     """The graph runner's options for a tower of ``blocks`` blocks: the one builder, for
-    ``VisionTower.enable_graphs`` and the SGLang adapter alike.
+    ``VisionTower.enable_graphs`` and the SGLang adapter alike, and the one place their precedence is
+    resolved.
 
-    Limits from ``settings`` (``SGLANG_VIT_CUDA_GRAPH_*``), max tokens (unless the settings name it)
+    Limits from ``settings`` (``SGLANG_VIT_CUDA_GRAPH_*``; ``max_tokens`` unset: ``DEFAULT_MAX_TOKENS``)
     and cost model from ``policy`` (``None``: the defaults, for a server whose policy did not
     resolve). ``by_benefit=False``: no cost model, every layout within the limits (``bench``,
     ``verify``). Padding where the attention backend takes its offsets on the device alone (a
     padded layout's change per call) and ``padded`` says (``None``: ``SGLANG_VIT_CUDA_GRAPH_PADDING``
-    where admission is by benefit)."""
-    if settings.graph_max_tokens is not None:  # these settings, also where the policy was resolved earlier
-        max_tokens = settings.graph_max_tokens
-    else:
-        max_tokens = DEFAULT_MAX_TOKENS if policy is None else policy.graph_max_tokens.value
+    where admission is by benefit). Raises ``ValueError`` (``RunnerOptions``) for values out of range."""
+    max_tokens = DEFAULT_MAX_TOKENS if settings.graph_max_tokens is None else settings.graph_max_tokens
     model = (CostModel() if policy is None else policy.graph_cost.value).for_blocks(blocks)
     pads = (settings.graph_padding and by_benefit) if padded is None else padded
     budget_mb = settings.graph_memory_budget_mb
@@ -267,7 +261,7 @@ def runner_options(
         max_tokens=max_tokens,
         budget_bytes=None if budget_mb is None else budget_mb << 20,
         cost_model=model if by_benefit else None,
-        padding=Padding(model, max_tokens) if pads and takes_device_offsets else None,
+        padding_model=model if pads and takes_device_offsets else None,
     )
 
 
@@ -312,11 +306,10 @@ def current_policy() -> Policy:
     profile, status = load_profile(platform_info())
     policy = resolve_policy(facts, load_settings(), profile, status)
     logger.info(
-        "policy: attention %s, rotary %s, fused ops %s, graphs up to %d patches; profile: %s",
+        "policy: attention %s, rotary %s, fused ops %s; profile: %s",
         policy.attention.backend,
         policy.rotary.value,
         "on" if policy.fused_ops.value else "off",
-        policy.graph_max_tokens.value,
         status,
     )
     return policy
@@ -501,12 +494,6 @@ def _side_stream(facts: Facts) -> Choice:
     if facts.platform == "cuda":
         return Choice(True, "CUDA: deepstack mergers overlap the blocks on a second stream (measured on an H200)")
     return Choice(False, f"{facts.platform}: deepstack mergers run inline (the overlap was measured only on CUDA)")
-
-
-def _graph_max_tokens(settings: Settings) -> Choice:
-    if settings.graph_max_tokens is not None:
-        return Choice(settings.graph_max_tokens, f"set by {ENV_NAMES['graph_max_tokens']}")
-    return Choice(DEFAULT_MAX_TOKENS, "default: staging's size; below it the cost model decides what is captured")
 
 
 def _graph_cost(profile: TunedProfile | None) -> Choice:

@@ -57,7 +57,8 @@ _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_CAPACITY = 32
 DEFAULT_MIN_HITS = 2
 # A memory guard, not where graphs stop paying (the cost model decides that): staging is allocated
-# at this many patches (88 MB for Qwen3-VL-8B), and larger calls run eagerly.
+# at this many patches (its bytes: docs/benchmarks.md, "Figures behind constants"), and larger calls
+# run eagerly.
 DEFAULT_MAX_TOKENS = 8192
 
 
@@ -73,7 +74,7 @@ class Settings:
     vit_cuda_graph: bool = False
     graph_cache_capacity: int = DEFAULT_CAPACITY
     graph_min_hits: int = DEFAULT_MIN_HITS
-    graph_max_tokens: int | None = None  # None: the policy's (DEFAULT_MAX_TOKENS)
+    graph_max_tokens: int | None = None  # None: DEFAULT_MAX_TOKENS (rocm_vit.policy.runner_options)
     graph_memory_budget_mb: int | None = None  # None: 1/64 of the device's memory, 256 MiB .. 4 GiB
     graph_padding: bool = True  # small layouts padded to shared buckets (docs/design.md, "Padding")
     graph_capture_buckets: bool = True  # padded buckets captured at server start (docs/sglang.md)

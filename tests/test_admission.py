@@ -12,6 +12,7 @@ import pytest
 
 from rocm_vit.graphs.admission import Admission
 from rocm_vit.graphs.cost import CostModel
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.layout import AttentionLayout, VisionLayout
 
 # One block, one millisecond per token on the device, 10 ms to launch, a capture costs 10 ms: a
@@ -31,26 +32,31 @@ def _layout(grid: tuple[tuple[int, int, int], ...]) -> AttentionLayout:
 
 
 def _admission(cost_model: CostModel | None = PER_TOKEN, **limits: int) -> Admission:
-    options = {"capacity": 2, "min_hits": 2, "max_tokens": 1024, **limits}
-    return Admission(**options, cost_model=cost_model, agree=lambda values: list(values))
+    options = RunnerOptions(**{"capacity": 2, "min_hits": 2, "max_tokens": 1024, **limits}, cost_model=cost_model)
+    return Admission(options, agree=lambda values: list(values))
 
 
-def _serve(admission: Admission, grids: list) -> list[str | None]:
+def _serve(admission: Admission, grids: list, held: dict | None = None) -> list[str | None]:
     """Each call's decision; a call told ``None`` is captured (evicting the least used at capacity),
-    a call with a graph is replayed, as the runner does."""
+    a call with a graph is replayed, as the runner and its store do. ``held``: the graphs' uses by
+    key, least recently used first, as the store keeps them."""
+    held = {} if held is None else held
     decisions = []
     for grid in grids:
         key = grid
-        admission.called()
-        if key in admission._uses:
-            admission.replayed(key)
+        if admission.called():
+            held.update((held_key, uses // 2) for held_key, uses in held.items())
+        if key in held:
+            held[key] = held.pop(key) + 1  # most recently used last
             decisions.append("replay")
             continue
-        decision = admission.decide(key, _layout(grid))
+        least_used = min(held, key=held.__getitem__, default=None)
+        at_capacity = len(held) >= admission.capacity
+        decision = admission.decide(key, _layout(grid), held[least_used] if at_capacity and held else None)
         if decision is None:
-            while len(admission._uses) >= admission.capacity:
-                admission.dropped(admission.least_used())
-            admission.captured(key)
+            while len(held) >= admission.capacity:
+                del held[min(held, key=held.__getitem__)]
+            held[key] = admission.captured(key)
             decision = "capture"
         decisions.append(decision)
     return decisions
@@ -80,10 +86,10 @@ def test_a_layout_waits_until_its_savings_repay_a_fifth_of_a_capture() -> None:
 
 def test_at_capacity_only_a_layout_called_more_often_than_the_least_used_graph_is_captured() -> None:
     """Capacity 1: SMALL's graph was used twice; OTHER is captured only once its calls outnumber that."""
-    admission = _admission(capacity=1, min_hits=1)
-    decisions = _serve(admission, [SMALL, SMALL, OTHER, OTHER, OTHER])
+    held: dict = {}
+    decisions = _serve(_admission(capacity=1, min_hits=1), [SMALL, SMALL, OTHER, OTHER, OTHER], held)
     assert decisions == ["capture", "replay", "over_capacity", "over_capacity", "capture"]
-    assert list(admission._uses) == [OTHER]
+    assert list(held) == [OTHER]
 
 
 def test_without_a_cost_model_every_layout_in_the_limits_is_captured_and_capacity_evicts() -> None:
@@ -103,15 +109,6 @@ def test_a_capture_over_the_budget_alone_sends_that_size_and_larger_to_eager() -
     admission.over_budget_from(8)
     assert _serve(admission, [OTHER, SMALL]) == ["over_budget", "capture"]  # 8 tokens, 4 tokens
     assert admission.stats()["over_budget_from_tokens"] == 8
-
-
-def test_the_least_used_graph_is_evicted_and_the_least_recently_used_among_equals() -> None:
-    admission = _admission(None, capacity=3, min_hits=1)
-    first, second, third = SMALL, OTHER, ((1, 2, 4),)
-    _serve(admission, [first, second, third, second, first])  # uses: first 2, second 2, third 1
-    assert admission.least_used() == third
-    _serve(admission, [third])  # all at 2: second was replayed longest ago
-    assert admission.least_used() == second
 
 
 def test_the_launch_time_is_learned_from_launch_bound_runs_only_and_moves_the_decision() -> None:

@@ -51,12 +51,12 @@ def test_doctor_json_reports_every_section(capsys: pytest.CaptureFixture[str]) -
     assert policy["attention"]["backend"] in policy["attention"]["known"]
     assert policy["rotary"]["implementation"] in {"triton", "compiled", "native"}
     assert policy["fused_ops"]["block_ops"] in {"fused", "plain"}
-    for choice in ("gelu_epilogue", "side_stream", "graph_max_tokens"):
+    for choice in ("gelu_epilogue", "side_stream"):
         assert policy[choice]["why"]
     assert policy["profile"]["in_force"]
     assert report["settings"]["graph_cache_capacity"] == 32
-    padding = policy["graph_padding"]  # the ladder up to the policy's max tokens, and the rule on examples
-    assert padding["buckets"] == ", ".join(map(str, bucket_ladder(policy["graph_max_tokens"]["tokens"])))
+    padding = policy["graph_padding"]  # the ladder up to the runner's max tokens, and the rule on examples
+    assert padding["buckets"] == ", ".join(map(str, bucket_ladder(policy["graph_runner"]["max_tokens"])))
     assert padding["per_layout"]["1x196 (a 224x224 image)"] == "padded to 256"
     assert padding["per_layout"]["1x4920 (a 1.3 MP photo)"] == "as it is"  # device-bound: nothing to save
     # 252 of 256 first, one image and two
@@ -117,7 +117,7 @@ def test_plain_doctor_prints_sections(capsys: pytest.CaptureFixture[str]) -> Non
     assert out.startswith(f"rocm-vit {__version__}  commit {build_commit()}\n")
     for heading in ("platform:", "versions:", "policy:", "settings:", "environment:"):
         assert f"\n{heading}\n" in out
-    for choice in ("attention:", "rotary:", "fused_ops:", "side_stream:", "graph_max_tokens:", "profile:"):
+    for choice in ("attention:", "rotary:", "fused_ops:", "side_stream:", "graph_runner:", "profile:"):
         assert f"\n  {choice}\n" in out
     assert "torch" in out and "graph_cache_capacity" in out
 
@@ -616,3 +616,23 @@ def test_bench_memory_table_covers_only_the_scenarios_run() -> None:
     table = format_table(report)
     assert "mixed" not in table.split("\n", 2)[2]
     assert exit_status(report) == 0
+
+
+@pytest.mark.parametrize(
+    ("environment", "buckets", "padding"),
+    [
+        ({"SGLANG_VIT_CUDA_GRAPH_PADDING": "0"}, "none: exact layouts only", "exact layouts only"),
+        ({"SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS": "0"}, "", "buckets ()"),
+    ],
+)
+def test_doctor_shows_the_padding_the_runner_will_use(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, environment: dict, buckets: str, padding: str
+) -> None:
+    """The padding section is the runner's own (``RunnerOptions.padding``): padding off shows none, and
+    max tokens 0 (no call captured) is a setting doctor prints, not a problem."""
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    rc, report = _doctor_json(capsys)
+    assert (rc, report["problems"]) == (0, [])
+    assert report["policy"]["graph_padding"]["buckets"].startswith(buckets)
+    assert report["policy"]["graph_runner"]["padding"] == padding

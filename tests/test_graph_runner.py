@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import itertools
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,10 +21,11 @@ import torch
 
 from rocm_vit.attention import AttnArgs, SegmentLengths, VarlenArgs, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
-from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel
 from rocm_vit.graphs.memory import ScratchBounds
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.runner import LayoutArgs
+from rocm_vit.graphs.torch_graphs import HostGraphs
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
 
@@ -197,9 +198,12 @@ def _launches_taking(milliseconds: float) -> Any:
 
 
 def _runner(**kwargs: Any) -> tuple[ViTGraphRunner, StandInGraphs]:
+    """A runner of the toy blocks; ``kwargs``: ``RunnerOptions`` fields (``min_hits`` 1 unless given)
+    and the runner's own keywords."""
     mechanism = kwargs.pop("mechanism", None) or StandInGraphs()
-    kwargs.setdefault("min_hits", 1)
-    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa").layout_args, mechanism=mechanism, **kwargs)
+    own = {name: kwargs.pop(name) for name in ("clock", "agree_max", "prepare_capture") if name in kwargs}
+    options = RunnerOptions(**{"min_hits": 1, **kwargs})
+    runner = ViTGraphRunner(_toy_forward_blocks, get_backend("sdpa").layout_args, options, mechanism=mechanism, **own)
     return runner, mechanism
 
 
@@ -326,7 +330,7 @@ def test_replays_read_their_own_offsets_which_nothing_writes_after_capture(gener
     copy lands in them between the capture and any replay (on MI355X a host-to-device copy right
     before a replay was read stale: docs/rocm.md, "Hazards")."""
     layout_args = _RecordingOffsets()
-    runner = ViTGraphRunner(_offsets_forward, layout_args, min_hits=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(_offsets_forward, layout_args, RunnerOptions(min_hits=1), mechanism=StandInGraphs())
     layouts = [_layout((1, 4, 4), (1, 2, 2)), _layout((1, 2, 2), (1, 4, 4)), _layout((1, 2, 10))]
     for layout in layouts * 3 + layouts[:1] * 2:
         x, cos, sin = _inputs(layout, generator)
@@ -503,8 +507,43 @@ def _failing_forward(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: t
     return _toy_forward_blocks(x, attn_args, cos, sin)
 
 
+def _adding_into_its_input(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """As SGLang's blocks do: the block's output added into its input, in place."""
+    return x.add_(_toy_forward_blocks(x, attn_args, cos, sin))
+
+
+def test_the_callers_input_is_never_written_eagerly_in_a_capture_after_a_failure_or_replayed(
+    generator: torch.Generator,
+) -> None:
+    """``forward_blocks`` that write their input in place never write the caller's ``x``, on any path:
+    a caller's fallback after a failure (the SGLang adapter's eager blocks) starts from its input."""
+    mechanism = StandInGraphs(fail_captures=1)
+    runner = ViTGraphRunner(_adding_into_its_input, get_backend("sdpa").layout_args, mechanism=mechanism)
+    failing, captured = _layout((1, 2, 6)), _layout((1, 4, 4))
+    for layout in (failing, failing, captured, captured, captured):  # eager, failed capture; eager, capture, replay
+        x, cos, sin = _inputs(layout, generator)
+        given = x.clone()
+        out = runner.run(x, layout, cos, sin)
+        assert torch.equal(x, given)
+        assert torch.equal(
+            out,
+            _adding_into_its_input(
+                given.clone(), {"full": SegmentLengths(layout.segmentations["full"].seq_lens)}, cos, sin
+            ),
+        )
+    counters = runner.counters()
+    assert (counters["capture_failed"], counters["below_min_hits"], counters["captures"], counters["replays"]) == (
+        1,
+        2,
+        1,
+        2,
+    )
+
+
 def test_input_that_fails_eagerly_too_raises_and_marks_nothing(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_failing_forward, get_backend("sdpa").layout_args, min_hits=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(
+        _failing_forward, get_backend("sdpa").layout_args, RunnerOptions(min_hits=1), mechanism=StandInGraphs()
+    )
     layout = _layout((1, 2, 4))
     x, cos, sin = _inputs(layout, generator)
     with pytest.raises(RuntimeError, match="rejects this input"):
@@ -544,7 +583,7 @@ def test_bad_input_raises_before_anything_runs(generator: torch.Generator, chang
     [
         ({"capacity": -1}, "capacity = -1"),
         ({"min_hits": 0}, "min_hits = 0"),
-        ({"max_tokens": 0}, "max_tokens = 0"),
+        ({"max_tokens": -1}, "max_tokens = -1"),
         ({"max_tokens": None}, "max_tokens = None"),
         ({"budget_bytes": -1}, "budget_bytes = -1"),
     ],
@@ -693,7 +732,9 @@ def _windowed(*grid: tuple[int, int, int]) -> AttentionLayout:
 
 def _windowed_runner(layout_args: LayoutArgs | None = None) -> ViTGraphRunner:
     layout_args = layout_args or get_backend("sdpa").layout_args
-    return ViTGraphRunner(_windowed_toy_forward_blocks, layout_args, min_hits=1, mechanism=StandInGraphs())
+    return ViTGraphRunner(
+        _windowed_toy_forward_blocks, layout_args, RunnerOptions(min_hits=1), mechanism=StandInGraphs()
+    )
 
 
 def test_windowed_graph_owns_offsets_per_segmentation(generator: torch.Generator) -> None:
@@ -850,25 +891,35 @@ def test_a_new_graphs_offsets_reach_the_device_on_the_callers_stream(
     assert on_the_capture_stream(mechanism.events) == []
 
 
+@pytest.mark.parametrize("defer_captures", [None, "1"])
 @pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])
-def test_a_tower_captures_in_its_callers_thread_and_grad_mode(mode: str, generator: torch.Generator) -> None:
+def test_a_tower_captures_in_its_callers_thread_and_grad_mode(
+    mode: str, defer_captures: str | None, generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Captures run inside the call that triggers them, on its thread, in its grad mode (a capture in
     another mode failed on a tower called under inference_mode: in-place writes to views of inference
-    tensors); every graph verified. A padded tower: tests/test_padding.py."""
+    tensors); every graph verified. ``SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES=1``, which once moved
+    captures to a thread of the runner's own, changes none of it. A padded tower: tests/test_padding.py."""
+    if defer_captures is not None:
+        monkeypatch.setenv("SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES", defer_captures)
     config = preset("tiny")
     tower = tower_class(config)(config, attention_backend="sdpa").eval()
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     grid = [(1, 4, 6), (1, 2, 4)]
     pixels = torch.randn(32, width, generator=generator)
     mechanism = StandInGraphs()
-    threads: list[str] = []
-    capture = mechanism.capture
+    seen: list[tuple[str, str, bool, bool]] = []  # (step, thread, inference mode, grad) at each warm-up and capture
 
-    def capture_recording_its_thread(*args: Any) -> Any:
-        threads.append(threading.current_thread().name)
-        return capture(*args)
+    def recording(step: str, run: Callable) -> Callable:
+        def recorded(*args: Any) -> Any:
+            mode_now = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+            seen.append((step, threading.current_thread().name, *mode_now))
+            return run(*args)
 
-    mechanism.capture = capture_recording_its_thread
+        return recorded
+
+    for step in ("warm_up", "capture"):
+        setattr(mechanism, step, recording(step, getattr(mechanism, step)))
     runner = tower.enable_graphs(mechanism=mechanism)  # the serving defaults
     with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
         expected = tower(pixels, grid, use_graphs=False)
@@ -877,7 +928,11 @@ def test_a_tower_captures_in_its_callers_thread_and_grad_mode(mode: str, generat
     stats = runner.stats()
     assert stats["captures"] == 1 and stats["replays"] >= 1
     assert stats["eager_runs"]["capture_failed"] == stats["eager_runs"]["capture_unverified"] == 0
-    assert threads == [threading.current_thread().name]
+    caller = threading.current_thread().name
+    assert seen == [
+        ("warm_up", caller, mode == "inference_mode", False),
+        ("capture", caller, mode == "inference_mode", False),
+    ]
 
 
 def test_the_launch_time_is_agreed_across_ranks_now_and_then_not_on_every_call(generator: torch.Generator) -> None:
@@ -978,7 +1033,7 @@ def test_no_cyclic_collection_runs_inside_a_capture(monkeypatch: pytest.MonkeyPa
 def test_the_collector_stays_off_until_the_last_of_overlapping_captures_ends() -> None:
     """Two threads may capture at once, each through its own runner: the first to end must not turn
     the collector back on under the other."""
-    from rocm_vit.graphs.capture import _no_cyclic_collection
+    from rocm_vit.graphs.torch_graphs import _no_cyclic_collection
 
     first_in, second_done = threading.Event(), threading.Event()
     seen = []

@@ -34,6 +34,7 @@ def _rank(rank: int, store_path: str, report_dir: str, agree: bool) -> None:
 
     from rocm_vit.attention import get_backend
     from rocm_vit.graphs import ViTGraphRunner
+    from rocm_vit.graphs.options import RunnerOptions
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD_SIZE)
     try:
@@ -44,11 +45,8 @@ def _rank(rank: int, store_path: str, report_dir: str, agree: bool) -> None:
         runner = ViTGraphRunner(
             support._toy_forward_blocks,
             get_backend("sdpa").layout_args,
+            RunnerOptions(min_hits=1, capacity=8, max_tokens=2048, budget_bytes=320 << 10),
             mechanism=mechanism,
-            min_hits=1,
-            capacity=8,
-            max_tokens=2048,
-            budget_bytes=320 << 10,
             agree_max=group_max() if agree else None,
         )
         decisions = []

@@ -5,6 +5,7 @@ the byte budget (refusal only by measurement), eviction and release, bytes count
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -23,6 +24,9 @@ from test_graph_runner import (
 
 from rocm_vit.attention import SegmentLengths, get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner, default_budget_bytes
+from rocm_vit.graphs.options import RunnerOptions
+from rocm_vit.graphs.store import Graph, GraphStore
+from rocm_vit.graphs.torch_graphs import HostGraphs
 from rocm_vit.layout import AttentionLayout
 
 snapshot_calls: list[dict[str, Any]] = []  # what each stand-in snapshot was asked for
@@ -226,7 +230,9 @@ def _toy_with_offsets(x, attn_args: dict, cos, sin, offsets: torch.Tensor) -> to
 
 
 def test_further_inputs_get_staging_buffers_copied_before_every_replay(generator: torch.Generator) -> None:
-    runner = ViTGraphRunner(_toy_with_offsets, get_backend("sdpa").layout_args, min_hits=1, mechanism=StandInGraphs())
+    runner = ViTGraphRunner(
+        _toy_with_offsets, get_backend("sdpa").layout_args, RunnerOptions(min_hits=1), mechanism=StandInGraphs()
+    )
     layout = _layout((1, 2, 4), (1, 2, 2))
     for _ in range(3):
         x, cos, sin = _inputs(layout, generator)
@@ -275,13 +281,53 @@ def test_a_pools_bytes_are_read_from_its_own_snapshot_where_torch_can_take_one(
     """After each capture the runner reads its pools' bytes inside the serving call: a whole-process
     snapshot walks every segment of a server, so the pool's alone (without traces) where this torch
     allows, and on any torch only the pool's segments on the runner's device count."""
-    from rocm_vit.graphs import capture
+    from rocm_vit.graphs import torch_graphs
 
     monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
     snapshot_calls.clear()
-    capture._snapshot_options.cache_clear()
+    torch_graphs._snapshot_options.cache_clear()
     try:
         assert CudaGraphs.pool_bytes(CudaGraphs.__new__(CudaGraphs), [0, 7], torch.device("cuda", 0)) == 6 << 20
     finally:
-        capture._snapshot_options.cache_clear()
+        torch_graphs._snapshot_options.cache_clear()
     assert snapshot_calls == [expected_call]
+
+
+def _held_graph() -> Graph:
+    """A graph entry for the store's bookkeeping alone: no tensors behind it."""
+    return Graph(graph=object(), output=torch.empty(0), pool=object(), staging=None, inputs=(), offsets={}, tokens=4)
+
+
+def test_the_least_used_graph_is_evicted_and_the_least_recently_used_among_equals() -> None:
+    """Uses live with the graphs: each replay counts one; at capacity the least used goes first, and
+    among equals the one replayed longest ago."""
+    store = GraphStore(HostGraphs(), RunnerOptions(capacity=3, max_tokens=64), agree_max=None)
+    for key in ("first", "second", "third"):
+        store.add(key, _held_graph(), uses=1)
+    assert store.uses_to_beat() == 1
+    for key in ("second", "first"):
+        store.graph_to_replay(key)  # uses: first 2, second 2, third 1
+    store.make_room((), 4)
+    assert list(store.graphs) == ["second", "first"] and store.uses_to_beat() is None
+    store.add("third", _held_graph(), uses=1)
+    store.graph_to_replay("third")  # all at 2: second was replayed longest ago
+    store.make_room((), 4)
+    assert list(store.graphs) == ["first", "third"] and store.evictions == 2
+
+
+def test_room_is_made_for_the_pool_already_reserved_not_only_for_what_the_capture_needs() -> None:
+    """The pool keeps what its largest capture reserved, and a smaller capture needs no more of it:
+    where a new signature's staging plus that pool would break the budget, the pools are released
+    before the capture, though its own need would fit (else the capture is made, and its graph
+    dropped with every other by the budget after it)."""
+    store = GraphStore(HostGraphs(), RunnerOptions(max_tokens=64, budget_bytes=6 << 10), agree_max=None)
+    store.use_device(torch.device("cpu"))
+    store.scratch.observe(64, 8 << 10)  # a capture of 64 tokens took 8 KiB of the pool ...
+    store.scratch.observe(4, 1 << 10)  # ... one of 4 tokens 1 KiB
+    store.record_pool_bytes(4 << 10)  # the pool reserves 4 KiB now, more than 4 tokens need
+    signature = ((torch.float32, (HIDDEN,), Fraction(1)),)  # staging of 64 x 8 float32: 2 KiB
+    store.make_room(signature, 4)  # 2 + max(4, 1) = 6 KiB: within the budget
+    assert (store.pool_releases, store.pool_bytes) == (0, 4 << 10)
+    store.record_pool_bytes(5 << 10)
+    store.make_room(signature, 4)  # 2 + 5 = 7 KiB: over it, though 2 + 1 would fit
+    assert (store.pool_releases, store.pool_bytes) == (1, 0)

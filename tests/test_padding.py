@@ -20,6 +20,8 @@ from test_graph_runner import HIDDEN, StandInGraphs, on_the_capture_stream, reco
 from rocm_vit.attention import SdpaAttention, VarlenArgs
 from rocm_vit.graphs import ViTGraphRunner
 from rocm_vit.graphs.cost import CostModel
+from rocm_vit.graphs.forward import Forward
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.padding import GRANULE, LADDER_RATIO, Padding, bucket_ladder
 from rocm_vit.layout import AttentionLayout, PaddedLayout, VisionLayout
 from rocm_vit.models import preset, tower_class
@@ -124,9 +126,8 @@ def _padded_runner(
     mechanism: StandInGraphs | None = None, **kwargs
 ) -> tuple[ViTGraphRunner, _RecordingVarlen, StandInGraphs]:
     layout_args, mechanism = _RecordingVarlen(), mechanism or StandInGraphs()
-    runner = ViTGraphRunner(
-        _varlen_forward, layout_args, min_hits=1, mechanism=mechanism, padding=Padding(MODEL, 8192), **kwargs
-    )
+    options = RunnerOptions(min_hits=1, padding_model=MODEL, **kwargs)
+    runner = ViTGraphRunner(_varlen_forward, layout_args, options, mechanism=mechanism)
     return runner, layout_args, mechanism
 
 
@@ -178,7 +179,7 @@ def test_without_the_copy_before_replay_a_padded_graph_replays_stale_offsets(gen
     runner, _, _ = _padded_runner()
     first, second = _layout((1, 16, 20), (1, 4, 4)), _layout((1, 4, 4), (1, 16, 20))
     runner.run(*_with(first, generator))
-    monkeypatch.setattr(ViTGraphRunner, "_write_offsets", staticmethod(lambda entry, layout: None))
+    monkeypatch.setattr(Forward, "_write_offsets", staticmethod(lambda entry, layout: None))
     x, cos, sin = _inputs(second.num_patches, generator)
     assert not torch.equal(runner.run(x, second, cos, sin), runner.run_eager(x, second, cos, sin))
 
@@ -189,11 +190,11 @@ def test_a_padded_replay_pads_in_staging_with_zeros_even_where_a_larger_call_wro
     """A replay copies the real rows into staging and zeroes its padding rows there, with no padded
     copies of the inputs (each is an allocation and two launches on the request's path); the whole
     padded output, padding rows too, is what the eager run of the padded inputs computes."""
-    from rocm_vit.graphs import staging as runner_module  # where padded copies are made
+    from rocm_vit.graphs import call as runner_module  # where padded copies are made
 
     runner, _, _ = _padded_runner()
     bucket_layout, larger = _layout((1, 16, 20), (1, 4, 4)), _layout((1, 64, 72))  # 336 -> 384; 4608 exact
-    assert runner._padding.padded(larger) is None
+    assert runner.padding.padded(larger) is None
     runner.run(*_with(bucket_layout, generator))
     runner.run(*_with(larger, generator))  # its graph's staging rows are those the padding reads
     padded_copies = []
@@ -204,9 +205,11 @@ def test_a_padded_replay_pads_in_staging_with_zeros_even_where_a_larger_call_wro
     replays = runner.stats()["replays"]
     out = runner.run(x, layout, cos, sin)
     assert runner.stats()["replays"] == replays + 1 and padded_copies == []
-    padded = runner._padding.padded(layout)
+    padded = runner.padding.padded(layout)
     entry = runner._store.graphs[next(key for key in runner._store.graphs if key[0] == padded.graph_key)]
-    eager = runner._eager(tuple(pad_rows(t, layout.num_patches, padded.num_patches) for t in (x, cos, sin)), padded)
+    eager = runner._forward.eager(
+        tuple(pad_rows(t, layout.num_patches, padded.num_patches) for t in (x, cos, sin)), padded
+    )
     assert torch.equal(entry.output, eager) and torch.equal(out, eager[: layout.num_patches])
 
 
@@ -269,17 +272,17 @@ def test_padding_follows_by_benefit_unless_asked_for() -> None:
     tower = tower_class(config)(config, attention_backend="sdpa").eval()
     tower.attention = _DeviceOffsetsSdpa()
     options = {"mechanism": StandInGraphs()}
-    assert tower.enable_graphs(**options)._padding is not None
-    assert tower.enable_graphs(by_benefit=False, **options)._padding is None  # bench, tune: exact layouts
-    assert tower.enable_graphs(by_benefit=False, padded=True, **options)._padding is not None  # verify --padded
-    assert tower.enable_graphs(padded=False, **options)._padding is None
+    assert tower.enable_graphs(**options).padding is not None
+    assert tower.enable_graphs(by_benefit=False, **options).padding is None  # bench, tune: exact layouts
+    assert tower.enable_graphs(by_benefit=False, padded=True, **options).padding is not None  # verify --padded
+    assert tower.enable_graphs(padded=False, **options).padding is None
 
 
 def test_a_backend_that_needs_host_lengths_is_never_padded() -> None:
     config = preset("tiny")
     tower = tower_class(config)(config, attention_backend="sdpa").eval()
     runner = tower.enable_graphs(mechanism=StandInGraphs())
-    assert runner._padding is None
+    assert runner.padding is None
     with pytest.raises(ValueError, match="needs host segment lengths"):
         SdpaAttention().per_call_args(torch.zeros(2, dtype=torch.int32), 4)
 

@@ -42,18 +42,18 @@ AITER_ON = Settings(use_aiter=True)
 @pytest.mark.parametrize(
     ("facts", "settings", "expected"),
     [
-        (CPU, Settings(), ("sdpa", "native", False, False, False, 8192)),
-        (CUDA, Settings(), ("auto", "triton", True, True, True, 8192)),
-        (dataclasses.replace(CUDA, modules=frozenset()), Settings(), ("auto", "native", False, False, True, 8192)),
-        (ROCM, AITER_ON, ("aiter_attn", "compiled", True, False, False, 8192)),
-        (ROCM, Settings(), ("triton_attn", "compiled", True, False, False, 8192)),
-        (dataclasses.replace(ROCM, modules=frozenset()), AITER_ON, ("sdpa", "compiled", False, False, False, 8192)),
-        (EMULATED, AITER_ON, ("aiter_attn", "compiled", True, False, False, 8192)),
-        (CUDA, Settings(rotary="native", fused_ops=False), ("auto", "native", False, False, True, 8192)),
+        (CPU, Settings(), ("sdpa", "native", False, False, False)),
+        (CUDA, Settings(), ("auto", "triton", True, True, True)),
+        (dataclasses.replace(CUDA, modules=frozenset()), Settings(), ("auto", "native", False, False, True)),
+        (ROCM, AITER_ON, ("aiter_attn", "compiled", True, False, False)),
+        (ROCM, Settings(), ("triton_attn", "compiled", True, False, False)),
+        (dataclasses.replace(ROCM, modules=frozenset()), AITER_ON, ("sdpa", "compiled", False, False, False)),
+        (EMULATED, AITER_ON, ("aiter_attn", "compiled", True, False, False)),
+        (CUDA, Settings(rotary="native", fused_ops=False), ("auto", "native", False, False, True)),
         (
             ROCM,
-            Settings(attention_backend="sdpa", graph_max_tokens=1024),
-            ("sdpa", "compiled", True, False, False, 1024),
+            Settings(attention_backend="sdpa"),
+            ("sdpa", "compiled", True, False, False),
         ),
     ],
     ids=[
@@ -76,7 +76,6 @@ def test_defaults_per_platform_and_settings(facts, settings, expected):
         resolved.fused_ops.value,
         resolved.gelu_epilogue.value,
         resolved.side_stream.value,
-        resolved.graph_max_tokens.value,
     ) == expected
     for choice in (resolved.rotary, resolved.fused_ops, resolved.gelu_epilogue, resolved.side_stream):
         assert choice.reason  # every choice says why
@@ -216,7 +215,6 @@ def test_reasons_name_what_decided():
     # The CUDA rule's reason says when cuDNN is kept: whole tiles only matter against triton_attn.
     assert "whole 128-token tiles, else triton_attn" in resolve_policy(CUDA, Settings()).attention.reason
     assert "tiles" not in bare.attention.reason
-    assert resolve_policy(CUDA, Settings(graph_max_tokens=0)).graph_max_tokens.reason.startswith("set by SGLANG_VIT")
 
 
 def test_unknown_rotary_setting_names_the_variable():
@@ -309,7 +307,7 @@ def test_tuned_aiter_needs_sglang_use_aiter():
 
 def test_tuned_rotary_fused_ops_and_cost_model_and_settings_still_win():
     tuned = resolve_policy(CUDA, Settings(), _profile())
-    assert (tuned.rotary.value, tuned.fused_ops.value, tuned.graph_max_tokens.value) == ("compiled", False, 8192)
+    assert (tuned.rotary.value, tuned.fused_ops.value) == ("compiled", False)
     assert tuned.graph_cost.reason.startswith("tuned")
     # The smallest call's 10.0 ms eager, less the soft maximum's share of its 1.4 ms on the device.
     assert tuned.graph_cost.value.launch_ms == pytest.approx((10.0**3 - 1.4**3) ** (1 / 3))
@@ -319,8 +317,8 @@ def test_tuned_rotary_fused_ops_and_cost_model_and_settings_still_win():
     assert [round(model.replay_ms([patches])) for patches in (196, 2048, 4096)] == [2, 8, 15]
     assert not tuned.gelu_epilogue.value  # follows the fused ops
     assert "tuned" in tuned.rotary.reason and "plain 9 ms" in tuned.fused_ops.reason
-    pinned = resolve_policy(CUDA, Settings(rotary="triton", attention_backend="sdpa", graph_max_tokens=512), _profile())
-    assert (pinned.attention.backend, pinned.rotary.value, pinned.graph_max_tokens.value) == ("sdpa", "triton", 512)
+    pinned = resolve_policy(CUDA, Settings(rotary="triton", attention_backend="sdpa"), _profile())
+    assert (pinned.attention.backend, pinned.rotary.value) == ("sdpa", "triton")
 
 
 def test_auto_attention_follows_the_tuned_policy(fake_platform):
@@ -494,9 +492,9 @@ def test_a_named_auto_is_the_platforms_own_per_layout_rule(fake_platform):
     assert (on_rocm.backend, on_rocm.rule.candidates) == ("auto", ("aiter_attn",))
 
 
-def test_runner_options_take_limits_from_settings_and_model_and_max_tokens_from_the_policy() -> None:
-    """One builder for towers and the SGLang adapter: the settings' limits, the policy's max tokens
-    and cost model (scaled to the tower's blocks), padding where the backend takes device offsets."""
+def test_runner_options_take_limits_from_settings_and_the_cost_model_from_the_policy() -> None:
+    """One builder for towers and the SGLang adapter: the settings' limits, the policy's cost model
+    (scaled to the tower's blocks), padding where the backend takes device offsets."""
     settings = Settings(graph_cache_capacity=7, graph_min_hits=3, graph_memory_budget_mb=100, graph_max_tokens=4096)
     resolved = resolve_policy(CUDA, settings)
     options = policy.runner_options(resolved, settings, 12, takes_device_offsets=True)
@@ -539,3 +537,12 @@ def test_runner_options_without_a_policy_are_the_defaults() -> None:
 
     options = policy.runner_options(None, Settings(), 27, takes_device_offsets=True)
     assert options.max_tokens == 8192 and options.cost_model == CostModel().for_blocks(27)
+
+
+def test_max_tokens_zero_captures_nothing_and_pads_nothing() -> None:
+    """``SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS=0`` is a value the settings take: no call is captured (every
+    one is over the guard), no bucket is padded to, and the options still build (doctor prints them)."""
+    settings = Settings(graph_max_tokens=0)
+    options = policy.runner_options(resolve_policy(CUDA, settings), settings, 27, takes_device_offsets=True)
+    assert options.max_tokens == 0 and options.padding is not None and options.padding.buckets == ()
+    assert options.report()["max_tokens"] == 0

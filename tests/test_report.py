@@ -296,7 +296,7 @@ def _canned_gpu_results() -> dict[str, PartResult]:
             "ok",
             data={
                 "policy": {
-                    "graph_max_tokens": {"tokens": 8192, "why": "default"},
+                    "graph_runner": {"max_tokens": 8192},
                     "graph_cost": {**dataclasses.asdict(CostModel()), "why": "default"},
                 }
             },

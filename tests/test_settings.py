@@ -107,6 +107,7 @@ def test_fused_ops_can_be_turned_off() -> None:
 def test_graph_cache_settings_parse_integers() -> None:
     assert load_settings({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": " 8 "}).graph_cache_capacity == 8
     assert load_settings({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": "0"}).graph_cache_capacity == 0
+    assert load_settings({"SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS": "0"}).graph_max_tokens == 0  # no call captured
     settings = load_settings(
         {
             "SGLANG_VIT_CUDA_GRAPH_MIN_HITS": "3",
@@ -127,6 +128,7 @@ def test_graph_cache_settings_parse_integers() -> None:
         ("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "lots", "is not an integer"),
         ("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "1.5", "is not an integer"),
         ("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "-1", "must be >= 0"),
+        ("SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS", "-1", "must be >= 0"),
     ],
 )
 def test_bad_environment_values_raise_naming_the_variable(name: str, value: str, complaint: str) -> None:

@@ -1,6 +1,6 @@
 """``rocm-vit bench-rope``: the vision RoPE against a device copy and the upstream implementations.
 
-Bandwidth as in issue 5 (q, k read and written, cos/sin read), against a device copy in the same run.
+Bandwidth: q and k read and written, cos/sin read, against a device copy in the same run.
 Device times: median graph replay over input sets totalling twice the L2, divided by the sets.
 """
 

@@ -3,7 +3,7 @@
 Each stream runs through the real ``ViTGraphRunner`` (a stand-in mechanism replays instantly) under each
 of ``policies()``; every call is charged what the ``CostModel`` predicts for how the runner served it
 (``_charge``), against all-eager, a free-graph oracle and a bound on admission (``admission_bound``),
-with #44's targets (``target_rows``). Times are the model's, not measured. The runner captures inside
+with the serving targets (``target_rows``). Times are the model's, not measured. The runner captures inside
 the call that triggers the capture, so that call alone pays it: an eager warm-up, the capture and its
 checked first replay, which serves it. ``--mode tower`` times the preset's real tower instead
 (``traffic_tower``). Results: docs/benchmarks.md, "`rocm-vit bench-traffic` · simulated".
@@ -24,10 +24,9 @@ import torch
 
 from rocm_vit.cli.traffic_tower import TOWER_STREAMS, format_tower_table, measure_tower
 from rocm_vit.graphs import ViTGraphRunner, admission
-from rocm_vit.graphs.capture import HostGraphs
 from rocm_vit.graphs.cost import MIN_SAVING_SHARE, CostModel
 from rocm_vit.graphs.options import RunnerOptions
-from rocm_vit.graphs.padding import Padding
+from rocm_vit.graphs.torch_graphs import HostGraphs
 from rocm_vit.layout import AttentionLayout, VisionLayout
 from rocm_vit.policy import runner_options
 from rocm_vit.settings import Settings
@@ -45,7 +44,7 @@ from rocm_vit.workloads.workload import progress, segment_lengths, table_lines
 
 BLOCKS = 27  # Qwen3-VL-8B
 MERGE = 2  # its spatial merge: the layouts' default
-# #44's targets.
+# The serving targets: share of the possible saving, no slower than all-eager on the mean and at p90.
 SHARE_TARGET = 0.85  # of the oracle's saving on the mean, chat with a 1.3 MP cap (its p90 within the limit too)
 REPEATED_SHARE_TARGET = 0.80  # 6 x 640x360 in one call
 _LIMITS = f"{MEAN_SLOWER_LIMIT - 1:.0%}, {P90_SLOWER_LIMIT - 1:.0%}"
@@ -117,14 +116,14 @@ def policies(tuned_launch_ms: float | None = None) -> dict[str, RunnerOptions]:
     """Today's defaults (``runner_options`` of the default settings, without a resolved policy): small
     layouts padded to shared buckets by the policy's model, whose launch time is the untuned default
     or ``tuned_launch_ms`` (a profile's); the same, exact layouts only; and admission by call count
-    (the baseline before #30)."""
+    (the baseline before the cost model)."""
     defaults = runner_options(None, Settings(), BLOCKS, takes_device_offsets=True)
     if tuned_launch_ms is not None:
         model = defaults.cost_model.with_launch_ms(tuned_launch_ms)
-        defaults = replace(defaults, cost_model=model, padding=Padding(model, defaults.max_tokens))
+        defaults = replace(defaults, cost_model=model, padding_model=model)
     return {
-        "count": replace(defaults, max_tokens=4096, cost_model=None, padding=None),
-        "benefit, exact": replace(defaults, padding=None),
+        "count": replace(defaults, max_tokens=4096, cost_model=None, padding_model=None),
+        "benefit, exact": replace(defaults, padding_model=None),
         "benefit": defaults,
     }
 
@@ -153,9 +152,7 @@ def simulate(
     with _admission_unheard():
         for name, options in chosen.items():
             clock = _HostClock(host)
-            runner = ViTGraphRunner(
-                _toy_blocks, _no_attention, mechanism=HostGraphs(), clock=clock, **options.runner_kwargs()
-            )
+            runner = ViTGraphRunner(_toy_blocks, _no_attention, options, mechanism=HostGraphs(), clock=clock)
             padding = options.padding
             if buckets_first and padding is not None:
                 for grids in padding.bucket_call_grids(MERGE):
@@ -275,7 +272,7 @@ class _HostClock:
 
 
 def target_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """#44's targets, each with what today's defaults gave."""
+    """The serving targets, each with what today's defaults gave."""
     rows = []
     for stream in report["streams"]:
         name, now, eager = stream["stream"], stream["benefit"], stream["eager"]

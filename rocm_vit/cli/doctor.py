@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from rocm_vit.version import KEYED_DISTRIBUTIONS, installed_distribution
 
-if TYPE_CHECKING:  # the cost model imports torch: doctor imports it only where a section needs it
-    from rocm_vit.graphs.cost import CostModel
+if TYPE_CHECKING:  # these import torch: doctor imports them only where a section needs them
+    from rocm_vit.graphs.options import RunnerOptions
+    from rocm_vit.graphs.padding import Padding
     from rocm_vit.policy import Policy
 
 NOT_INSTALLED = "not installed"
@@ -167,8 +168,9 @@ def _policy() -> dict[str, Any]:
         for backend, needs in REQUIREMENTS.items()
     }
     values["attention"]["known"] = sorted(BACKENDS)
-    values["graph_padding"] = _padding_report(policy.graph_cost.value, policy.graph_max_tokens.value)
-    values["graph_runner"] = _runner_report(policy)
+    options = _runner_options(policy)
+    values["graph_padding"] = _padding_report(options.padding)
+    values["graph_runner"] = {"for": f"{_RUNNER_PRESET} under SGLang", **options.report()}
     if name not in BACKENDS:
         values["error"] = f"attention backend {name!r} is unknown"
     elif missing := REQUIREMENTS[name].unavailable_reason(policy.facts):
@@ -176,25 +178,24 @@ def _policy() -> dict[str, Any]:
     return values
 
 
-def _runner_report(policy: Policy) -> dict[str, Any]:
+def _runner_options(policy: Policy) -> RunnerOptions:
     """The graph runner's options (``rocm_vit.policy.runner_options``) for Qwen3-VL-8B under SGLang:
-    what a tower or the adapter is built with from these settings and this policy."""
+    what a tower or the adapter is built with from these settings and this policy, padding included."""
     from rocm_vit.policy import runner_options
     from rocm_vit.settings import load_settings
     from rocm_vit.tower_config import preset
 
-    options = runner_options(policy, load_settings(), preset(_RUNNER_PRESET).depth, takes_device_offsets=True)
-    return {"for": f"{_RUNNER_PRESET} under SGLang", **options.report()}
+    return runner_options(policy, load_settings(), preset(_RUNNER_PRESET).depth, takes_device_offsets=True)
 
 
-def _padding_report(cost_model: CostModel, max_tokens: int) -> dict[str, Any]:
+def _padding_report(padding: Padding | None) -> dict[str, Any]:
     """The buckets padded layouts run at, the calls (one image or two) that capture them before
-    serving (Qwen-VL's merge of 2; ``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``), and what the static rule decides for a
-    few layouts (with ``graph_cost``; a tower or the SGLang adapter scales it to its own blocks)."""
-    from rocm_vit.graphs.padding import Padding
+    serving (Qwen-VL's merge of 2; ``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``), and what the runner's
+    padding decides for a few layouts; ``padding`` off (``SGLANG_VIT_CUDA_GRAPH_PADDING=0``): says so."""
     from rocm_vit.layout import AttentionLayout, Segmentation
 
-    padding = Padding(cost_model, max_tokens)
+    if padding is None:
+        return {"buckets": "none: exact layouts only (SGLANG_VIT_CUDA_GRAPH_PADDING=0)"}
     per_layout = {}
     for label, seq_lens in _PADDING_EXAMPLES.items():
         padded = padding.padded(AttentionLayout({"full": Segmentation.from_lengths(seq_lens)}))

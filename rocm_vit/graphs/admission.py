@@ -1,10 +1,11 @@
 """Which calls of the graph runner get a graph: the deciding half of the runner, apart from the doing.
 
 ``Admission.decide`` says why a call runs eagerly, or that its layout may be captured now. It counts
-each layout's calls (and halves the counts now and then, so old popularity fades), knows which
-layouts failed, chooses the graph to evict, and learns the host's launch time from timed eager runs,
-which the cost model needs (docs/design.md, "Runner"). It holds no tensor and touches no device:
-``runner.py`` captures, checks and replays, and reports back what happened.
+the calls of layouts without a graph (and halves the counts now and then, so old popularity fades),
+knows which layouts failed, and learns the host's launch time from timed eager runs, which the cost
+model needs (docs/design.md, "Runner"). It holds no tensor and touches no device: ``capture.py``
+captures and checks, and reports back what happened; the graphs held and their uses are the store's
+(``store.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, launch_from_eager
+from rocm_vit.graphs.cost import PAYBACK_SHARE, launch_from_eager
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.recent import remember
 
@@ -49,19 +51,17 @@ _MIN_LAUNCH_SAMPLES = 8
 _LAUNCH_REFRESH = 16
 # An eager run teaches the launch time where its layout's predicted device time is below half its
 # host time, or below 0.9 of the median host time of the layout's recent runs (docs/design.md,
-# "Runner"). A single run's own host time is not enough: on the H200, 1 x 1.3 MP (19.7 ms
-# predicted) ran in 18.4 ms, and the runs that noise made slower than 21.9 taught a launch time of
-# 23.8 ms; 6 x 640x360 (11.6 predicted) runs in 13.6 on the host, launch-bound, and so does its median.
+# "Runner"): a single run's own host time lets noise pass the slow runs of a device-bound layout
+# (the runs that showed it: docs/benchmarks.md, "Figures behind constants").
 _LAUNCH_BOUND_SHARE = 0.9
 _CLEARLY_LAUNCH_BOUND_SHARE = 0.5
 _LAYOUT_RUNS_KEPT = 5  # recent host times per layout
 _LAYOUT_RUNS_NEEDED = 3
 _LAYOUTS_TIMED_KEPT = 256
 # A launch time learned this far from the cost model's (either way) is worth one warning: padding,
-# and the buckets captured at start, follow the model's. Simulated chat at a 1.3 MP cap realizes
-# 90 / 91 % of the possible saving untuned / tuned on a 12 ms host, 82 / 87 % on 17 ms, 86 / 94 % on
-# 22 ms (docs/benchmarks.md); H100s that learned 22.3 and 26.9 ms measured 82 and 79 % untuned, and
-# tuned to 9.4 ms (tune times calls alone) 68 %: the warning cannot promise that tuning closes the gap.
+# and the buckets captured at start, follow the model's. Tuning narrows the gap in simulation but
+# did not on H100 hosts whose eager runs drift (tune times calls alone), so the warning promises
+# nothing of it (docs/benchmarks.md, "Figures behind constants").
 _LAUNCH_MISMATCH = 1.5
 
 
@@ -77,21 +77,17 @@ class LaunchSample:
 
 
 class Admission:
-    """Decisions of one runner. ``cost_model=None``: every layout within the limits is worth a graph
-    at its ``min_hits``-th call. ``agree``: makes ranks that must decide alike agree on the launch time
-    (identity for one process)."""
+    """Decisions of one runner under ``options`` (``RunnerOptions``). Without a cost model every layout
+    within the limits is worth a graph at its ``min_hits``-th call. ``agree``: makes ranks that must
+    decide alike agree on the launch time (identity for one process)."""
 
-    def __init__(
-        self, *, capacity: int, min_hits: int, max_tokens: int, cost_model: CostModel | None, agree: Agree
-    ) -> None:
-        self.capacity = capacity
-        self.min_hits = min_hits
-        self.max_tokens = max_tokens
-        self.cost_model = cost_model
+    def __init__(self, options: RunnerOptions, *, agree: Agree) -> None:
+        self.capacity = options.capacity
+        self.min_hits = options.min_hits
+        self.max_tokens = options.max_tokens
+        self.cost_model = options.cost_model
         self._agree = agree
         self._hits: OrderedDict[Hashable, int] = OrderedDict()  # calls of layouts without a graph
-        # Calls of layouts with a graph, from before their capture; least recently used first.
-        self._uses: OrderedDict[Hashable, int] = OrderedDict()
         self._failed: OrderedDict[Hashable, str] = OrderedDict()  # key -> capture_failed / capture_unverified
         self._calls = 0
         # Token count from which a capture was measured, alone in an empty pool, over the budget.
@@ -104,9 +100,10 @@ class Admission:
         self._launch_agreed: tuple[float, int] | None = None
         self._warned_launch = False
 
-    def decide(self, key: Hashable, layout: AttentionLayout) -> str | None:
+    def decide(self, key: Hashable, layout: AttentionLayout, uses_to_beat: int | None = None) -> str | None:
         """Why a call of ``layout`` (graph key ``key``) without a graph runs eagerly now (one of
-        ``EAGER_REASONS``), or ``None`` when it may be captured. Counts the call."""
+        ``EAGER_REASONS``), or ``None`` when it may be captured. Counts the call. ``uses_to_beat``:
+        at capacity, the uses of the graph a capture would evict (``GraphStore.uses_to_beat``)."""
         tokens = layout.num_patches
         if key in self._failed:
             return self._failed[key]
@@ -126,31 +123,24 @@ class Admission:
         exact = saving_ms is not None and not layout.offsets_per_call
         if exact and hits * saving_ms < PAYBACK_SHARE * self.cost_model.capture_ms:
             return "below_payback"
-        if self.cost_model is not None and len(self._uses) >= self.capacity and hits <= self._uses[self.least_used()]:
+        if self.cost_model is not None and uses_to_beat is not None and hits <= uses_to_beat:
             return "over_capacity"  # every graph held is called at least as often
         return None
 
-    def called(self) -> None:
+    def called(self) -> bool:
         """One more call of any kind: halve every call count once per period, so what was popular
-        long ago makes way."""
+        long ago makes way. Returns whether this call halved them: the store halves its graphs'
+        uses then too (``GraphStore.halve_uses``)."""
         self._calls += 1
         if self._calls % (_AGING_CALLS_PER_GRAPH * max(1, self.capacity)):
-            return
-        for counts in (self._uses, self._hits):
-            for key in counts:
-                counts[key] //= 2
+            return False
+        for key in self._hits:
+            self._hits[key] //= 2
+        return True
 
-    def captured(self, key: Hashable) -> None:
-        """``key`` has a graph now: its calls so far count as its uses."""
-        self._uses[key] = self._hits.pop(key, 1)
-
-    def replayed(self, key: Hashable) -> None:
-        self._uses[key] += 1
-        self._uses.move_to_end(key)
-
-    def dropped(self, key: Hashable) -> None:
-        """``key``'s graph is gone (evicted, released, or not kept)."""
-        del self._uses[key]
+    def captured(self, key: Hashable) -> int:
+        """``key`` has a graph now: its calls so far, which count as its graph's first uses."""
+        return self._hits.pop(key, 1)
 
     def failed(self, key: Hashable, reason: str) -> None:
         """``key``'s capture failed or was not verified: it runs eagerly for good, for ``reason``."""
@@ -160,10 +150,6 @@ class Admission:
     def over_budget_from(self, tokens: int) -> None:
         """A capture of ``tokens`` alone in an empty pool was over the budget: none that large again."""
         self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
-
-    def least_used(self) -> Hashable:
-        """The held graph called least often (the least recently used among equals): the one to evict."""
-        return min(self._uses, key=self._uses.__getitem__)
 
     def timed(self, layout: AttentionLayout, host_ms: float) -> None:
         """An eager run of ``layout`` took ``host_ms`` on the host: a launch-time sample if it was

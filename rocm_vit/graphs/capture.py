@@ -1,324 +1,233 @@
-"""The graph mechanism the runner drives: real CUDA/HIP graphs behind a small seam (a stand-in on CPU).
+"""The capture protocol: capture a call's layout inside that call, keep the graph only if its first
+replay equals its warm-up bit for bit on every rank, and serve the call either way.
 
-Invariants: captures use ``capture_begin``/``capture_end`` on the runner's stream, never ``torch.cuda.graph``;
-a warm-up allocates in its capture's pool; pools are released by emptying the cache, never by freeing a
-``MemPool``. Evidence: docs/design.md, "Hazards".
+Invariants (docs/design.md, "Runner", "Ranks" and "Hazards"):
+- captures run on the caller's thread, inside its call, on the runner's stream, after an eager
+  warm-up there: no thread of the runner's own touches the device while the server's threads do;
+- a graph's first offsets are made on the caller's stream, never on the capture stream;
+- a graph last in the pool that captures go to is reset only once another capture there has begun;
+- ranks never part ways: whatever fails on one rank is agreed before any rank takes a step the
+  others would skip, and a forward that did not run on this rank runs eagerly in its place;
+- a pool is released only once no local holds the warm-up's output (``Captures.serve``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import gc
-import inspect
 import logging
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
+from rocm_vit.graphs.admission import Admission, Agree
+from rocm_vit.graphs.call import Call
+from rocm_vit.graphs.forward import Forward
+from rocm_vit.graphs.store import Graph, GraphStore
+from rocm_vit.graphs.torch_graphs import GraphMechanism
+from rocm_vit.layout import AttentionLayout
+
 logger = logging.getLogger(__name__)
-
-# Retired graphs destroyed together: on ROCm each destruction syncs the device (docs/rocm.md, "Hazards").
-_RETIRED_GRAPHS_KEPT = 256
-
-
-class GraphMechanism(Protocol):
-    """What the runner needs from a graph API."""
-
-    def available(self, device: torch.device) -> bool:
-        """Whether graphs can be captured for tensors on ``device``."""
-
-    def total_memory(self, device: torch.device) -> int:
-        """The device's memory in bytes (the default budget is a fraction of it)."""
-
-    def new_pool(self, device: torch.device) -> Any:
-        """A memory pool that every graph of one runner captures into."""
-
-    def new_stream(self, device: torch.device) -> Any:
-        """The runner's capture stream: warm-up and capture run on it (replays run on the caller's)."""
-
-    def on_stream(self, stream: Any) -> contextlib.AbstractContextManager:
-        """Run the block on ``stream`` after the caller's pending work; the caller's later work waits for it."""
-
-    def current_stream(self, device: torch.device) -> Any:
-        """The caller's current stream on ``device``: where a replay and its staging copies run."""
-
-    def mark(self, stream: Any, marker: Any) -> Any:
-        """A marker recorded on ``stream`` after the work enqueued so far (``marker`` reused when not None)."""
-
-    def follow(self, stream: Any, marker: Any) -> None:
-        """Make work enqueued later on ``stream`` wait until ``marker`` is reached on the device."""
-
-    def warm_up(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> torch.Tensor:
-        """Run ``fn`` eagerly on ``stream`` allocating in ``pool`` (kernels compile); the first replay must equal it."""
-
-    def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
-        """Capture ``fn`` into a new graph on ``stream`` in ``pool``; return graph and static output."""
-
-    def replay(self, graph: Any) -> None:
-        """Replay ``graph`` on the current stream."""
-
-    def retire(self, graph: Any) -> None:
-        """``graph`` will never replay again: let go of it and of its hold on its pool."""
-
-    def pool_bytes(self, pool: Any, device: torch.device) -> int:
-        """Bytes the allocator reserves for ``pool`` now."""
-
-    def release_pools(self, pools: list[Any], device: torch.device) -> None:
-        """Give the memory of ``pools`` back to the device; every graph of them is retired."""
-
-
-class Marker:
-    """One marker behind a runner's last device work, on the stream it ran on: work on another
-    stream waits for it before touching staging or pool memory (docs/design.md, "Streams and threads")."""
-
-    def __init__(self, mechanism: GraphMechanism) -> None:
-        self._mechanism = mechanism
-        self._marker: Any = None
-        self._stream: Any = None
-
-    def follow(self, stream: Any) -> None:
-        """Order ``stream`` after the last marked work, when that ran on another stream."""
-        if self._marker is not None and stream != self._stream:
-            self._mechanism.follow(stream, self._marker)
-
-    def mark(self, stream: Any) -> None:
-        """Mark the work enqueued on ``stream`` so far as the runner's last."""
-        self._marker = self._mechanism.mark(stream, self._marker)
-        self._stream = stream
-
-
-class CudaGraphs:
-    """``torch.cuda`` graphs (CUDA and HIP): thread-local capture into one shared pool, without a device sync.
-
-    ``capture_error_mode``: "thread_local" (serving: other threads keep working) or "global" (tests).
-    """
-
-    def __init__(self, capture_error_mode: str = "thread_local") -> None:
-        self.capture_error_mode = capture_error_mode
-        self._retired: list[Any] = []
-        # Pools a warm-up registered: each keeps one use until released (the allocator asserts on reuse).
-        self._held_pools: set[tuple[int, int]] = set()
-
-    def available(self, device: torch.device) -> bool:
-        return device.type == "cuda" and torch.cuda.is_available()
-
-    def total_memory(self, device: torch.device) -> int:
-        return torch.cuda.get_device_properties(device).total_memory
-
-    def new_pool(self, device: torch.device) -> Any:
-        with torch.cuda.device(device):
-            return torch.cuda.graph_pool_handle()
-
-    def new_stream(self, device: torch.device) -> Any:
-        stream = torch.cuda.Stream(device)
-        with torch.cuda.stream(stream):
-            prime_blas(device)
-        return stream
-
-    @contextlib.contextmanager
-    def on_stream(self, stream: Any) -> Iterator[None]:
-        caller = torch.cuda.current_stream(stream.device)
-        stream.wait_stream(caller)  # the caller's inputs are written
-        with torch.cuda.stream(stream):
-            yield
-        caller.wait_stream(stream)  # the caller reads what the runner wrote only once it is there
-
-    def current_stream(self, device: torch.device) -> Any:
-        return torch.cuda.current_stream(device)
-
-    def mark(self, stream: Any, marker: Any) -> Any:
-        # One event re-recorded on every replay: a wait takes the record that precedes it.
-        marker = marker or torch.cuda.Event()
-        marker.record(stream)
-        return marker
-
-    def follow(self, stream: Any, marker: Any) -> None:
-        stream.wait_event(marker)
-
-    def warm_up(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> torch.Tensor:
-        pool_id, device_index = tuple(pool), stream.device.index
-        # Only this thread's allocations: other threads keep the ordinary cache meanwhile.
-        torch._C._cuda_beginAllocateCurrentThreadToPool(device_index, pool_id)
-        try:
-            with torch.cuda.stream(stream):
-                return fn()
-        finally:
-            torch._C._cuda_endAllocateToPool(device_index, pool_id)
-            if pool_id in self._held_pools:
-                torch._C._cuda_releasePool(device_index, pool_id)
-            else:  # the first routing created the pool in the allocator: that use is the runner's
-                self._held_pools.add(pool_id)
-
-    def capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
-        # torch.cuda.graph's body minus its synchronize() and empty_cache(): on_stream already orders it.
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), _no_cyclic_collection():
-            graph.capture_begin(pool=pool, capture_error_mode=self.capture_error_mode)
-            try:
-                output = fn()
-            finally:  # the capture ends whatever happened inside it
-                try:
-                    graph.capture_end()
-                except BaseException:
-                    _end_pool_recording(pool, stream.device)
-                    raise
-        return graph, output
-
-    def replay(self, graph: Any) -> None:
-        graph.replay()
-
-    def retire(self, graph: Any) -> None:
-        graph.reset()  # frees its executable graph and its hold on the pool, without a device sync
-        self._retired.append(graph)
-        if len(self._retired) > _RETIRED_GRAPHS_KEPT:
-            self._retired.clear()
-
-    def pool_bytes(self, pool: Any, device: torch.device) -> int:
-        pool_id = tuple(pool)
-        return sum(
-            segment["total_size"]
-            for segment in _pool_snapshot(pool_id)
-            if tuple(segment.get("segment_pool_id", ())) == pool_id and segment["device"] == device.index
-        )
-
-    def release_pools(self, pools: list[Any], device: torch.device) -> None:
-        # A pool no graph and no hold uses is freed when the allocator's cache is emptied, all at once.
-        self._retired.clear()
-        for pool_id in map(tuple, pools):
-            if pool_id in self._held_pools:
-                self._held_pools.discard(pool_id)
-                torch._C._cuda_releasePool(device.index, pool_id)
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-
-
-class _CollectionPause:
-    """Python's cyclic garbage collection off while any thread captures, on again after the last.
-
-    A collection runs on whichever thread allocates, the capturing one too; one there that destroys a
-    graph (garbage in a cycle: a dropped tower and its runner refer to each other) invalidates the
-    capture ("operation failed due to a previous error during capture"; docs/design.md, "Hazards").
-    Reference counting frees everything else as usual; the collector's garbage waits for the next
-    collection after the capture."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._captures = 0
-        self._was_enabled = False
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._captures == 0:
-                self._was_enabled = gc.isenabled()
-                gc.disable()
-            self._captures += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._captures -= 1
-                if self._captures == 0 and self._was_enabled:
-                    gc.enable()
-
-
-_no_cyclic_collection = _CollectionPause()
-
-
-def _pool_snapshot(pool_id: tuple[int, int]) -> list[dict[str, Any]]:
-    """The allocator's segments of ``pool_id`` (and maybe others), read after every capture, inside
-    the serving call that made it. A whole-process snapshot lists every segment and block of a server
-    (its weights, its KV cache, with their traces where memory history is recorded) under the GIL, so
-    the pool's alone where this torch takes ``mempool_id``, without traces where it can."""
-    options = _snapshot_options()
-    if "mempool_id" not in options:
-        return torch.cuda.memory_snapshot()
-    if "include_traces" in options:
-        return torch.cuda.memory_snapshot(mempool_id=pool_id, include_traces=False)
-    return torch.cuda.memory_snapshot(mempool_id=pool_id)
-
-
-@functools.cache
-def _snapshot_options() -> frozenset[str]:
-    return frozenset(inspect.signature(torch.cuda.memory_snapshot).parameters)
-
-
-def prime_blas(device: torch.device) -> None:
-    """Create the current stream's BLAS workspaces in the ordinary cache, not in a graph pool: BLAS
-    keeps one per thread and stream for the process, so one made in a warm-up would hold a block of
-    the pool for good."""
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.ones(8, 8, dtype=dtype, device=device)
-        torch.nn.functional.linear(a, a, a[0])
-        torch.mm(a, a)
-
-
-def _end_pool_recording(pool_id: tuple[int, int], device: torch.device) -> None:
-    """Stop routing allocations to the pool after an invalidated capture (``capture_end`` raised first).
-
-    Else every later capture into it fails "already recording to mempool_id" (torch 2.11).
-    """
-    try:
-        torch._C._cuda_endAllocateToPool(device.index, pool_id)
-    except RuntimeError as error:  # the capture had already ended cleanly
-        logger.debug("no pool recording to end after the failed capture: %s", error)
 
 
 @dataclass
-class HostGraph:
-    """A host graph: its function, run again at every replay."""
+class _Attempt:
+    """A capture's outcome before the ranks agree on it."""
 
-    fn: Callable[[], torch.Tensor]
+    entry: Graph | None
+    reference: torch.Tensor | None  # the warm-up's output, which the first replay must equal; None if it did not run
+    error: Exception | None
+    pool_before: int  # the pool's bytes once room was made, before the capture
+    # Graphs were let go of or pools released before the error: this rank's graphs may differ from the others'.
+    room_failed: bool = False
 
 
-class HostGraphs:
-    """A ``GraphMechanism`` on the CPU whose graphs re-run their function at replay; no memory,
-    streams or failures are modeled. ``bench-traffic`` simulates the runner's admission with it; the
-    tests' recording stand-in (``tests/test_graph_runner.py``) builds on it."""
+class Captures:
+    """Captures for one runner into its ``store``, reporting to its ``admission``. ``shares_decisions``:
+    other ranks run the same calls (``agree`` is their maximum). ``prepare_capture`` runs on the
+    runner's stream before each warm-up and capture. Counts ``count`` captures and the seconds they
+    and their checks took."""
 
-    def available(self, device: torch.device) -> bool:
-        return True
+    def __init__(
+        self,
+        forward: Forward,
+        store: GraphStore,
+        admission: Admission,
+        mechanism: GraphMechanism,
+        *,
+        agree: Agree,
+        shares_decisions: bool,
+        prepare_capture: Callable[[], None],
+    ) -> None:
+        self._forward = forward
+        self._store = store
+        self._admission = admission
+        self._mechanism = mechanism
+        self._agree = agree
+        self._shares_decisions = shares_decisions
+        self._prepare_capture = prepare_capture
+        self.count = 0
+        self.capture_seconds = 0.0
+        self.verify_seconds = 0.0
 
-    def total_memory(self, device: torch.device) -> int:
-        return 141 << 30
+    def serve(self, call: Call) -> tuple[torch.Tensor, str | None]:
+        """Capture ``call``'s layout and serve the call: ``(output, None)`` by the new graph's first
+        replay, or ``(output, reason)`` eagerly where the graph is not kept (``capture_failed``,
+        ``capture_unverified``: that layout runs eagerly for good). Raises only what an eager run of
+        the call raises."""
+        output, failure, pool_before = self._capture_and_verify(call)
+        # Here, not inside: a pool is released only once no local holds the warm-up's output.
+        tokens = call.layout.num_patches
+        if self._store.hold_budget(tokens, pool_before):
+            self._admission.over_budget_from(tokens)
+        return output, failure
 
-    def new_pool(self, device: torch.device) -> object:
-        return object()
+    def _capture_and_verify(self, call: Call) -> tuple[torch.Tensor, str | None, int]:
+        """Capture, keep the graph only if every rank captured it and its first replay equals its
+        warm-up everywhere, and serve the call; also the pool's bytes before the capture.
 
-    def new_stream(self, device: torch.device) -> str:
-        return "runner"
+        Every rank runs the same forwards: warm-up, capture, [eager or replay], [eager]; whatever
+        fails on one rank (making room, the offsets, the warm-up's setup, the capture, the first
+        replay's launch, the check) is agreed first, and a warm-up or replay that failed before it
+        launched runs eagerly in its place, which makes the same all-reduces in the same order."""
+        store, layout, tensors = self._store, call.layout, call.run_tensors
+        need = store.scratch.bound(layout.num_patches)
+        started = time.perf_counter()
+        attempt = self._capture(call)
+        if attempt.reference is None and self._shares_decisions:
+            self._forward.eager(tensors, layout)  # the warm-up's forward, in its place; raises if eager fails
+        try:
+            measured = store.measured_pool_bytes()
+        except Exception as error:  # the allocator cannot be read: treat it as a failed capture
+            attempt, measured = replace(attempt, error=attempt.error or error), store.pool_bytes
+        failed, room_failed, pool_bytes = self._agree(
+            [int(attempt.error is not None), int(attempt.room_failed), measured]
+        )
+        store.record_pool_bytes(pool_bytes)
+        if failed and attempt.entry is not None:
+            store.let_go(attempt.entry)
+        if room_failed:  # graphs went on one rank only: every rank starts again from none
+            store.release_pools()
+        if failed:
+            output = self._forward.eager(tensors, layout)  # raises if eager fails too: nothing marked
+            self._remember_failure(call, "capture_failed", attempt.error or "another rank's capture failed")
+            return output, "capture_failed", attempt.pool_before
+        store.add(call.key, attempt.entry, uses=self._admission.captured(call.key))
+        self.count += 1
+        self.capture_seconds += time.perf_counter() - started
+        store.learn(attempt.entry, need, attempt.pool_before)
+        output, failure = self._verify(call, attempt)
+        return output, failure, attempt.pool_before
 
-    @contextlib.contextmanager
-    def on_stream(self, stream: object) -> Iterator[None]:
-        yield
+    def _verify(self, call: Call, attempt: _Attempt) -> tuple[torch.Tensor, str | None]:
+        """Serve the call by the new graph's first replay, and keep the graph only if that replay ran
+        and equals the warm-up bit for bit on every rank; else drop it and serve the call eagerly."""
+        started, entry = time.perf_counter(), attempt.entry
+        output, replay_error = self._first_replay(entry, call)
+        differs = output is None or not _bitwise_equal(output, attempt.reference)
+        replay_failed, unverified = self._agree([int(replay_error is not None), int(differs)])
+        self.verify_seconds += time.perf_counter() - started
+        if not (replay_failed or unverified):
+            return output, None
+        self._store.drop_new(call.key, entry)
+        if replay_failed:
+            reason, why = "capture_failed", replay_error or "another rank's first replay failed"
+        else:
+            reason, why = "capture_unverified", "its first replay differs from an eager run of its inputs"
+        output = self._forward.eager(call.run_tensors, call.layout)
+        self._remember_failure(call, reason, why)
+        return output, reason
 
-    def current_stream(self, device: torch.device) -> str:
-        return "caller"
+    def _first_replay(self, entry: Graph, call: Call) -> tuple[torch.Tensor | None, Exception | None]:
+        """A new graph's first replay: its output, or the error that stopped it. A replay that raised
+        before its launch runs eagerly in its place under tensor parallelism: the other ranks'
+        replays wait in their all-reduces for this rank's."""
+        tensors, layout = call.run_tensors, call.layout
+        launched = False
+        try:
+            self._forward.launch(entry, layout, tensors, call.immutable)
+            launched = True
+            return self._forward.take_output(entry), None
+        except Exception as error:
+            if not launched and self._shares_decisions:
+                self._forward.eager(tensors, layout)
+            return None, error
 
-    def mark(self, stream: object, marker: object) -> object:
-        return marker
+    def _capture(self, call: Call) -> _Attempt:
+        """Make room, then capture into the runner's pool on its stream after an eager warm-up there:
+        what ``forward_blocks`` makes lazily per thread and stream (and compiles) is made outside any
+        capture, the pool is registered (``CudaGraphs.warm_up``), and the warm-up's output is what the
+        first replay must equal. Never raises: the error is in the attempt."""
+        layout, tensors, store, order = call.layout, call.run_tensors, self._store, self._forward.order
+        device = tensors[0].device
+        reference = None
+        try:
+            store.make_room(call.signature, layout.num_patches)
+        except Exception as error:
+            return _Attempt(None, reference, error, store.pool_bytes, room_failed=True)
+        pool_before = store.pool_bytes
+        try:
+            offsets = _graph_offsets(layout, device)
+            pool, stream = store.capture_target(device)
+            with self._mechanism.on_stream(stream):
+                order.follow(stream)
+                try:
+                    staging = store.staging_for(call.signature, device)
+                    views = staging.views(tensors)
+                    staging.fill(views, tensors, call.immutable)
+                    forward = self._forward.on_staging(views, layout, offsets)
+                    self._prepare_capture()
+                    reference = self._mechanism.warm_up(forward, pool, stream)
+                    output_view = staging.output_view(reference, layout.num_patches)
 
-    def follow(self, stream: object, marker: object) -> None:
-        pass
+                    def forward_into_staging() -> torch.Tensor:
+                        return output_view.copy_(forward())
 
-    def warm_up(self, fn: Callable[[], torch.Tensor], pool: object, stream: object) -> torch.Tensor:
-        return fn()
+                    graph, output = self._mechanism.capture(forward_into_staging, pool, stream)
+                finally:
+                    # Warm-up reads staging on this stream, also when the capture then fails.
+                    order.mark(stream)
+                    store.release_pool_keeper()  # a new graph holds the pool now, or the pool is retired
+        except Exception as error:  # any capture failure degrades to eager
+            store.retire_pool()
+            return _Attempt(None, reference, error, pool_before)
+        entry = Graph(graph, output, pool, staging, views, offsets, layout.num_patches, layout.offsets_per_call)
+        return _Attempt(entry, reference, None, pool_before)
 
-    def capture(self, fn: Callable[[], torch.Tensor], pool: object, stream: object) -> tuple[HostGraph, torch.Tensor]:
-        return HostGraph(fn), fn()
+    def _remember_failure(self, call: Call, reason: str, why: object) -> None:
+        layout = call.layout
+        self._admission.failed(call.key, reason)
+        logger.warning(
+            "graph capture of %d tokens in %d segments is not used (%s: %s); this layout runs eagerly",
+            layout.num_patches,
+            len(layout.segmentations["full"].seq_lens),
+            reason,
+            f"{type(why).__name__}: {why}" if isinstance(why, Exception) else why,
+        )
 
-    def replay(self, graph: HostGraph) -> None:
-        graph.fn()
 
-    def retire(self, graph: object) -> None:
-        pass
+def _graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
+    """A new graph's own offsets, made on the caller's stream before the capture stream takes over.
 
-    def pool_bytes(self, pool: object, device: torch.device) -> int:
-        return 0
+    An exact layout's are copied from pinned host memory and never written again (a host-to-device
+    copy right before a replay can be read stale on ROCm: docs/rocm.md, "Hazards"). A padded layout's are copied
+    device-to-device here and before each replay, and the kernels read them from a copy that a
+    kernel of the graph makes (``Forward.on_staging``), never from what a copy wrote. Never
+    on the capture stream: the host allocator records a pinned block's free on every stream that
+    copied from it, and a free during a later capture there would record a captured event, on
+    which the next pinned allocation of any thread fails (docs/design.md, "Hazards").
+    """
+    if layout.offsets_per_call:
+        return {name: layout.cu_seqlens_tensor(device, name).clone() for name in layout.segmentations}
+    return {
+        name: torch.empty_like(host, device=device).copy_(host, non_blocking=True)
+        for name in layout.segmentations
+        for host in (layout.cu_seqlens_host(name),)
+    }
 
-    def release_pools(self, pools: list[object], device: torch.device) -> None:
-        pass
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (NaNs too): what graph against eager promises."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))

@@ -2,13 +2,12 @@
 
 A replay costs the device time D plus a little host work. Eager costs at least max(L, D), L the host's
 launch time. Where the call is launch-bound (D up to 0.8 L) the host and the device wait on each
-other, and the H200's eager calls sat up to 50 % above max(L, D): there eager is the soft maximum
-(L^3 + D^3)^(1/3), within 5 % of them on average (docs/benchmarks.md, "The cost model's eager
-time"). Where D reaches L the measurements disagree from host to host (one 1.3 MP image: 4 % saved
-on one H200 host, nothing or a loss on two others; 8 x 640x360: 13 % on one, nothing on another), so
-the model is conservative: past D = 0.8 L eager stays at the soft maximum reached there,
-(1 + 0.8^3)^(1/3) L = 1.15 L, until D itself is larger. A call with D over about 1.1 L is
-predicted to save under the 5 % margin, one past 1.15 L nothing. D is linear in tokens and in the sum
+other, and eager calls sat well above max(L, D): there eager is the soft maximum (L^3 + D^3)^(1/3)
+(docs/benchmarks.md, "The cost model's eager time"). Where D reaches L the measurements disagree
+from host to host (docs/benchmarks.md, "Figures behind constants"), so the model is conservative:
+past D = 0.8 L eager stays at the soft maximum reached there, (1 + 0.8^3)^(1/3) L = 1.15 L, until D
+itself is larger. A call with D over about 1.1 L is predicted to save under the 5 % margin, one past
+1.15 L nothing. D is linear in tokens and in the sum
 of squared segment lengths. Defaults: a fit of Qwen3-VL-8B replays on an H200 (docs/benchmarks.md,
 "Eager against replay by patch count"); L is measured by the runner.
 """
@@ -28,7 +27,7 @@ MIN_SAVING_SHARE = 0.05
 # a capture's cost (``CostModel.capture_ms``): a layout seen n times is taken to come back at least
 # 1 / PAYBACK_SHARE times as often again, so one that saves little waits for the calls that repay its
 # capture, and a one-off is not captured for a sliver. Fitted in `bench-traffic` over 0.1-1 at launch
-# times of 10-22 ms (docs/benchmarks.md, "Admission by payback"). The runner applies it to exact
+# times of 10-22 ms (docs/benchmarks.md, History, round 21). The runner applies it to exact
 # layouts; a padded graph is captured at its bucket's first call, as it serves a whole bucket.
 PAYBACK_SHARE = 0.2
 # Qwen3-VL-8B on an H200, 27 blocks (docs/benchmarks.md, "Eager against replay by patch count").

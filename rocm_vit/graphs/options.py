@@ -1,13 +1,14 @@
-"""What a ``ViTGraphRunner`` is built with, besides the tower's callables: one value, one builder.
+"""What a ``ViTGraphRunner`` is built with, besides the tower's callables: one value, checked once.
 
 ``rocm_vit.policy.runner_options`` builds it from the settings, the policy and the tower, for
-``VisionTower.enable_graphs`` and the SGLang adapter alike; ``rocm-vit doctor`` prints it.
+``VisionTower.enable_graphs`` and the SGLang adapter alike; the runner, its admission and its store
+read it; ``rocm-vit doctor`` prints it, padding buckets included, as the runner will use them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rocm_vit.graphs.cost import CostModel
@@ -17,36 +18,38 @@ from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """``capacity`` graphs at most, captured at a layout's ``min_hits``-th call, calls of at most
-    ``max_tokens`` patches (also the staging's rows), memory within ``budget_bytes`` (``None``: 1/64
-    of the device), admission by ``cost_model`` (``None``: every layout within the limits), padded
-    buckets by ``padding`` (``None``: exact layouts only). Meanings: docs/design.md, "Runner"."""
+    """``capacity`` graphs at most (0: none), captured at a layout's ``min_hits``-th call, calls of at
+    most ``max_tokens`` patches (also the staging's rows; 0: none), memory within ``budget_bytes``
+    (``None``: 1/64 of the device), admission by ``cost_model`` (``None``: every layout within the
+    limits), small layouts padded to shared buckets by ``padding_model`` (``padding``, built here from
+    it and ``max_tokens``; ``None``: exact layouts only). Meanings: docs/design.md, "Runner" and
+    "Padding". Raises ``ValueError`` naming the option and its value."""
 
     capacity: int = DEFAULT_CAPACITY
     min_hits: int = DEFAULT_MIN_HITS
     max_tokens: int = DEFAULT_MAX_TOKENS
     budget_bytes: int | None = None
     cost_model: CostModel | None = None
-    padding: Padding | None = None
+    padding_model: CostModel | None = None
+    padding: Padding | None = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name, value, least in (("capacity", self.capacity, 0), ("min_hits", self.min_hits, 1)):
-            if not isinstance(value, int) or value < least:
+        for name, value, least in (
+            ("capacity", self.capacity, 0),
+            ("min_hits", self.min_hits, 1),
+            ("max_tokens", self.max_tokens, 0),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} = {value!r} must be an int >= {least}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens = {self.max_tokens!r} must be an int >= 1")
         budget = self.budget_bytes
         if budget is not None and (not isinstance(budget, int) or budget < 0):
             raise ValueError(f"budget_bytes = {budget!r} must be an int >= 0 or None (device default)")
+        padding = None if self.padding_model is None else Padding(self.padding_model, self.max_tokens)
+        object.__setattr__(self, "padding", padding)
 
     def with_max_tokens(self, max_tokens: int) -> RunnerOptions:
         """These options for calls of at most ``max_tokens`` patches: the padding's buckets follow."""
-        padding = None if self.padding is None else Padding(self.padding.cost_model, max_tokens)
-        return dataclasses.replace(self, max_tokens=max_tokens, padding=padding)
-
-    def runner_kwargs(self) -> dict[str, Any]:
-        """The runner's keyword arguments."""
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return dataclasses.replace(self, max_tokens=max_tokens)
 
     def report(self) -> dict[str, Any]:
         """For ``rocm-vit doctor``: plain values, the cost model by its launch time and blocks."""

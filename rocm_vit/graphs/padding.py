@@ -18,10 +18,9 @@ from rocm_vit.graphs.cost import CostModel, capturable
 from rocm_vit.layout import AttentionLayout, GridTHW, PaddedLayout, VisionLayout
 
 # Bucket sizes: from FIRST_BUCKET, each at most LADDER_RATIO times the last (or one GRANULE more), in
-# whole GRANULEs. 1.3 and 0.7 below: within 2 points of the best share of chat's possible saving in
-# `bench-traffic` at launch times of 10, 12 and 17 ms (seeds 0-3), each capture's contention charged,
-# over x1.1-1.5 and 50-90 %, and no other stream's share lower (docs/benchmarks.md,
-# "`rocm-vit bench-traffic`").
+# whole GRANULEs. 1.3 and 0.7 below: the best of the ladders and margins tried in `bench-traffic` for
+# chat's share of the possible saving, no other stream's lower (docs/benchmarks.md, "Figures behind
+# constants").
 FIRST_BUCKET = 256
 LADDER_RATIO = 1.3
 GRANULE = 64
@@ -30,9 +29,8 @@ GRANULE = 64
 # is worth capturing by the rule admission applies (``capturable``).
 MIN_KEPT_SAVING = 0.7
 # Calls of at most this many segments (images, or frames of a video) run padded: the start captures
-# their buckets (one image and two); a bucket of three or more would be captured inside a request.
-# Chat at a 1.3 MP cap in `bench-traffic`: 86 -> 91 %, 86 -> 90 % and 81 -> 82 % of the possible
-# saving at 10, 12 and 17 ms launch, p90 1.001-1.005x -> 1.000-1.005x (docs/benchmarks.md).
+# their buckets (one image and two); a bucket of three or more would be captured inside a request
+# (what two took over one: docs/benchmarks.md, "Figures behind constants").
 MAX_PADDED_SEGMENTS = 2
 # Decisions remembered, by exact layout: a repeated layout gets the same PaddedLayout, whose offsets
 # reach the device once, not at every call. Bounded so endless new sizes stay flat.

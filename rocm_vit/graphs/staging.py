@@ -12,9 +12,6 @@ from fractions import Fraction
 
 import torch
 
-from rocm_vit.graphs.padding import pad_rows
-from rocm_vit.layout import AttentionLayout
-
 # Per per-call tensor, in call order: dtype, shape past the first dim, and rows per token (1 for x,
 # cos, sin; 1/4 for a window index with one entry per 2x2 merge block).
 Signature = tuple[tuple[torch.dtype, tuple[int, ...], Fraction], ...]
@@ -90,25 +87,3 @@ def _buffer_shapes(signature: Signature, max_tokens: int) -> list[tuple[torch.dt
 def signature_of(tensors: tuple[torch.Tensor, ...], tokens: int) -> Signature:
     """What staging is shared by: dtypes, trailing shapes and rows per token, not the token count."""
     return tuple((t.dtype, tuple(t.shape[1:]), Fraction(t.shape[0], tokens)) for t in tensors)
-
-
-def check_call(tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> None:
-    """``x``, ``cos``, ``sin`` have one row per token of ``layout``; every tensor sits on ``x``'s device."""
-    names = ("x", "cos", "sin", *(f"inputs[{index}]" for index in range(len(tensors) - 3)))
-    device = tensors[0].device
-    for index, (name, tensor) in enumerate(zip(names, tensors, strict=True)):
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() < 1:
-            raise ValueError(f"{name} must be a tensor with a first dim; got {type(tensor).__name__}")
-        if index < 3 and tensor.shape[0] != layout.num_patches:
-            raise ValueError(f"{name} has {tensor.shape[0]} rows but the layout describes {layout.num_patches} patches")
-        if tensor.device != device:
-            raise ValueError(f"{name} is on {tensor.device}, x on {device}: pass every tensor on one device")
-
-
-def padded_call(
-    tensors: tuple[torch.Tensor, ...], real_tokens: int | None, layout: AttentionLayout
-) -> tuple[torch.Tensor, ...]:
-    """``tensors`` as ``layout`` takes them: padded copies where they have rows for ``real_tokens``."""
-    if real_tokens is None:
-        return tensors
-    return tuple(pad_rows(tensor, real_tokens, layout.num_patches) for tensor in tensors)

@@ -1,26 +1,26 @@
 """The graphs a runner holds and the memory they take: staging, the graph pools, the byte budget.
 
-``GraphStore`` keeps the graphs by key, makes room before a capture
-(evicting the graph admission names, releasing the pools when a capture may not fit), learns from
-each capture what the next will take, and holds the budget after it (docs/design.md, "Pool and
-budget"). It never decides which layout deserves a graph (``admission.py``) and never captures or
-replays (``runner.py``).
+``GraphStore`` keeps the graphs by key with their uses, makes room before a capture (evicting the
+least used graph, releasing the pools when a capture may not fit), learns from each capture what the
+next will take, and holds the budget after it (docs/design.md, "Pool and budget"). It never decides
+which layout deserves a graph (``admission.py``) and never captures (``capture.py``) or replays
+(``forward.py``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rocm_vit.graphs.admission import Admission
-from rocm_vit.graphs.capture import GraphMechanism
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.staging import Signature, Staging
-from rocm_vit.layout import AttentionLayout
+from rocm_vit.graphs.torch_graphs import GraphMechanism
 
 logger = logging.getLogger(__name__)
 
@@ -33,26 +33,6 @@ _MAX_DEFAULT_BUDGET = 4 << 30
 def default_budget_bytes(total_memory_bytes: int) -> int:
     """The byte budget used when none is given: ``total / 64``, clamped to 256 MiB .. 4 GiB."""
     return min(_MAX_DEFAULT_BUDGET, max(_MIN_DEFAULT_BUDGET, total_memory_bytes // _BUDGET_FRACTION))
-
-
-def graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
-    """A new graph's own offsets, made on the caller's stream before the capture stream takes over.
-
-    An exact layout's are copied from pinned host memory and never written again (a host-to-device
-    copy right before a replay can be read stale on ROCm: docs/rocm.md, "Hazards"). A padded layout's are copied
-    device-to-device here and before each replay, and the kernels read them from a copy that a
-    kernel of the graph makes (``ViTGraphRunner._capture``'s ``forward``), never from what a copy wrote. Never
-    on the capture stream: the host allocator records a pinned block's free on every stream that
-    copied from it, and a free during a later capture there would record a captured event, on
-    which the next pinned allocation of any thread fails (docs/design.md, "Hazards").
-    """
-    if layout.offsets_per_call:
-        return {name: layout.cu_seqlens_tensor(device, name).clone() for name in layout.segmentations}
-    return {
-        name: torch.empty_like(host, device=device).copy_(host, non_blocking=True)
-        for name in layout.segmentations
-        for host in (layout.cu_seqlens_host(name),)
-    }
 
 
 @dataclass
@@ -69,6 +49,7 @@ class Graph:
     offsets: dict[str, torch.Tensor]
     tokens: int
     offsets_per_call: bool = False
+    uses: int = 1  # calls served or counted towards it, halved with admission's counts
 
     @property
     def offsets_bytes(self) -> int:
@@ -76,25 +57,25 @@ class Graph:
 
 
 class GraphStore:
-    """At most ``admission.capacity`` graphs by key and their memory, within ``budget_bytes``
+    """At most ``options.capacity`` graphs by key and their memory, within ``options.budget_bytes``
     (``None``: ``default_budget_bytes`` of the device, fixed at the first capture), staging at
-    ``admission.max_tokens`` rows. ``agree_max``: the element-wise maximum over the ranks that must
+    ``options.max_tokens`` rows. ``agree_max``: the element-wise maximum over the ranks that must
     decide alike, for the smallest device's budget."""
 
     def __init__(
         self,
         mechanism: GraphMechanism,
-        admission: Admission,
+        options: RunnerOptions,
         *,
-        budget_bytes: int | None,
         agree_max: Callable[[Sequence[int]], list[int]] | None,
     ) -> None:
         self._mechanism = mechanism
-        self._admission = admission
         self._agree_max = agree_max
-        self.budget_bytes = budget_bytes
-        # By key. Which graph is used least, and least recently, is admission's to know (``least_used``).
-        self.graphs: dict[tuple, Graph] = {}
+        self._capacity = options.capacity
+        self._max_tokens = options.max_tokens
+        self.budget_bytes = options.budget_bytes
+        # By key, least recently used first.
+        self.graphs: OrderedDict[tuple, Graph] = OrderedDict()
         self.staging: dict[Signature, Staging] = {}
         self.device: torch.device | None = None
         self.pool: Any = None  # where captures go
@@ -102,7 +83,7 @@ class GraphStore:
         self._retired_pools: list[Any] = []  # pools of failed captures: no graph, memory still reserved
         # The last graph let go of in ``pool``, held until a capture has begun there (``let_go``).
         self.pool_keeper: Any = None
-        self.pool_bytes = 0  # reserved by the live and retired pools, as agreed after the last capture
+        self._pool_bytes = 0  # reserved by the live and retired pools, as agreed after the last capture
         self.scratch = ScratchBounds()
         self._prediction_errors = PredictionErrors()
         self.evictions = 0
@@ -131,7 +112,7 @@ class GraphStore:
             self._staging_warned = True
             logger.warning(
                 "graph staging for %d tokens needs %.0f MiB, over the %.0f MiB budget; calls run eagerly",
-                self._admission.max_tokens,
+                self._max_tokens,
                 fixed_bytes / 2**20,
                 self.budget_bytes / 2**20,
             )
@@ -140,7 +121,7 @@ class GraphStore:
     def staging_for(self, signature: Signature, device: torch.device) -> Staging:
         staging = self.staging.get(signature)
         if staging is None:
-            staging = self.staging[signature] = Staging(signature, self._admission.max_tokens, device)
+            staging = self.staging[signature] = Staging(signature, self._max_tokens, device)
         return staging
 
     def capture_target(self, device: torch.device) -> tuple[Any, Any]:
@@ -163,20 +144,40 @@ class GraphStore:
         so evicting them would free nothing there). A capture whose bound says it may not fit even
         alone is tried alone: only a measurement refuses it (``Admission.over_budget_from``)."""
         fixed_bytes = self._fixed_bytes(signature)
-        while len(self.graphs) >= self._admission.capacity:
+        while len(self.graphs) >= self._capacity:
             self._evict_least_used()
         need = self.scratch.bound(tokens)
         if need is not None and self.pool_bytes and fixed_bytes + max(self.pool_bytes, need) > self.budget_bytes:
             self.release_pools()
 
-    def add(self, key: tuple, entry: Graph) -> None:
+    def add(self, key: tuple, entry: Graph, uses: int) -> None:
+        """Hold ``entry`` as ``key``'s graph, with the calls that led to it counted as its ``uses``."""
+        entry.uses = uses
         self.graphs[key] = entry
-        self._admission.captured(key)
+
+    def graph_to_replay(self, key: tuple) -> Graph | None:
+        """``key``'s graph with this call counted as one more use, or ``None`` where none is held."""
+        entry = self.graphs.get(key)
+        if entry is not None:
+            entry.uses += 1
+            self.graphs.move_to_end(key)
+        return entry
+
+    def uses_to_beat(self) -> int | None:
+        """At capacity, the uses of the graph a capture would evict (``_least_used``); ``None`` while
+        there is room (or none to evict: capacity 0)."""
+        if not self.graphs or len(self.graphs) < self._capacity:
+            return None
+        return self.graphs[self._least_used()].uses
+
+    def halve_uses(self) -> None:
+        """Age the uses with admission's call counts (``Admission.called``)."""
+        for entry in self.graphs.values():
+            entry.uses //= 2
 
     def drop_new(self, key: tuple, entry: Graph) -> None:
         """A graph just added that is not kept (its first replay failed or differed)."""
         del self.graphs[key]
-        self._admission.dropped(key)
         self.let_go(entry)
 
     def let_go(self, entry: Graph) -> None:
@@ -205,7 +206,7 @@ class GraphStore:
         self._retired_pools = []
         if pools:
             self._mechanism.release_pools(pools, self.device)
-        self.pool_bytes = 0
+        self._pool_bytes = 0
         self.pool_releases += 1
 
     def live_pools(self) -> list[Any]:
@@ -215,6 +216,16 @@ class GraphStore:
             if all(pool is not known for known in pools):
                 pools.append(pool)
         return pools
+
+    @property
+    def pool_bytes(self) -> int:
+        """What the live and retired pools reserve, as the ranks agreed after the last capture."""
+        return self._pool_bytes
+
+    def record_pool_bytes(self, agreed_bytes: int) -> None:
+        """After a capture, what the pools reserve (``measured_pool_bytes``) as every rank agreed:
+        the largest, so that every rank makes room and releases alike."""
+        self._pool_bytes = agreed_bytes
 
     def measured_pool_bytes(self) -> int:
         """What the live and retired pools reserve now, read from the allocator (may raise)."""
@@ -236,12 +247,12 @@ class GraphStore:
                 pool_after / 2**20,
             )
 
-    def hold_budget(self, tokens: int, pool_before: int) -> None:
-        """After a capture: past the budget, release the pools; a capture that was alone in an empty
-        pool is over the budget by measurement, and so is every larger one."""
+    def hold_budget(self, tokens: int, pool_before: int) -> bool:
+        """After a capture: past the budget, release the pools. Returns whether the capture was alone
+        in an empty pool and over the budget: by measurement, so is every larger one."""
         held = self.bytes_held()
         if held <= self.budget_bytes:
-            return
+            return False
         alone = pool_before == 0
         logger.warning(
             "graph memory %.0f MiB after capturing %d tokens is over the %.0f MiB budget; graphs dropped and "
@@ -252,8 +263,7 @@ class GraphStore:
             f"; layouts of {tokens} tokens or more run eagerly" if alone else "",
         )
         self.release_pools()
-        if alone:
-            self._admission.over_budget_from(tokens)
+        return alone
 
     def bytes_held(self) -> int:
         return self.pool_bytes + self._staging_bytes() + self._offsets_bytes()
@@ -273,29 +283,31 @@ class GraphStore:
             "pool_growth_prediction": self._prediction_errors.summary(),
         }
 
+    def _least_used(self) -> tuple:
+        """The held graph called least often (the least recently used among equals): the one to evict."""
+        return min(self.graphs, key=lambda key: self.graphs[key].uses)
+
     def _evict_least_used(self) -> None:
-        key = self._admission.least_used()
+        key = self._least_used()
         entry = self.graphs.pop(key)
         try:
             self.let_go(entry)
         except BaseException:
             self.graphs[key] = entry  # still held: the pools are released only once it is retired
             raise
-        self._admission.dropped(key)
         self.evictions += 1
         logger.debug("evicted the graph of %d tokens (least used)", entry.tokens)
 
     def _retire_all_graphs(self) -> None:
         while self.graphs:
-            key, entry = self.graphs.popitem()
-            self._admission.dropped(key)
+            _, entry = self.graphs.popitem()
             self._mechanism.retire(entry.graph)
 
     def _fixed_bytes(self, signature: Signature) -> int:
         """Staging and offsets once ``signature``'s staging exists."""
         fixed_bytes = self._staging_bytes() + self._offsets_bytes()
         if signature not in self.staging:
-            fixed_bytes += Staging.planned_bytes(signature, self._admission.max_tokens)
+            fixed_bytes += Staging.planned_bytes(signature, self._max_tokens)
         return fixed_bytes
 
     def _staging_bytes(self) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from rocm_vit.graphs.capture import prime_blas
+from rocm_vit.graphs.torch_graphs import prime_blas
 from rocm_vit.policy import active_policy
 
 

@@ -212,8 +212,8 @@ class VisionTower(nn.Module, ABC):
         self._graph_runner = ViTGraphRunner(
             self.encode,
             self.attention.layout_args,
+            options,
             prepare_capture=self.prepare_capture,  # on the runner's stream, before the pool takes memory
-            **options.runner_kwargs(),
             **runner_extras,
         )
         return self._graph_runner

@@ -342,7 +342,7 @@ def _graph_pick(document: dict[str, Any], bench: dict[str, Any]) -> tuple[Callab
 
     doctor = document["sections"]["doctor"].get("data") or {}
     try:
-        max_tokens = int(doctor["policy"]["graph_max_tokens"]["tokens"])
+        max_tokens = int(doctor["policy"]["graph_runner"]["max_tokens"])
         terms = {name: doctor["policy"]["graph_cost"][name] for name in CostModel.__dataclass_fields__}
         config = preset(bench["preset"])
     except (TypeError, KeyError, ValueError):

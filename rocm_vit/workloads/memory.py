@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rocm_vit.graphs import CudaGraphs
-from rocm_vit.graphs.capture import GraphMechanism
+from rocm_vit.graphs.torch_graphs import GraphMechanism
 from rocm_vit.models import VisionTower
 from rocm_vit.workloads.workload import (
     Workload,

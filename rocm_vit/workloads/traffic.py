@@ -1,7 +1,7 @@
 """Serving traffic for ``rocm-vit bench-traffic``: request streams built from public facts.
 
-Images go through Qwen3-VL's ``smart_resize``; one ViT call per request, as SGLang's ROCm path. The mix
-and its weights: docs/benchmarks.md, "`rocm-vit bench-traffic` · simulated · 2026-12-01".
+Images go through Qwen3-VL's ``smart_resize``; one ViT call per request, as SGLang's ROCm path. What the
+runner makes of these streams: docs/benchmarks.md, "`rocm-vit bench-traffic` · simulated".
 """
 
 from __future__ import annotations

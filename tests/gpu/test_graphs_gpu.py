@@ -12,6 +12,7 @@ import torch
 
 from rocm_vit.attention import get_backend
 from rocm_vit.graphs import CudaGraphs, ViTGraphRunner
+from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.layout import VisionLayout
 from rocm_vit.models import VisionTower, preset, tower_class
 from rocm_vit.models.side_stream import SideStream
@@ -207,7 +208,9 @@ def test_a_layout_freed_on_another_thread_during_a_capture_breaks_neither_the_ca
         finally:
             freed.set()
 
-    runner = ViTGraphRunner(forward_blocks, get_backend("sdpa").layout_args, min_hits=1, budget_bytes=1 << 30)
+    runner = ViTGraphRunner(
+        forward_blocks, get_backend("sdpa").layout_args, RunnerOptions(min_hits=1, budget_bytes=1 << 30)
+    )
 
     def call(layout) -> None:
         x, cos, sin = (torch.randn(layout.num_patches, 8, device=DEVICE) for _ in range(3))
@@ -483,7 +486,7 @@ def test_padded_graphs_equal_their_padded_eager_calls_bitwise_and_stay_as_close_
     pixels = [_pixels(tower, grid, index) for index, grid in enumerate(grids)]
     unpadded = [tower(p, g) for p, g in zip(pixels, grids, strict=True)]
     runner = tower.enable_graphs(min_hits=1)
-    assert runner._padding is not None
+    assert runner.padding is not None
     mismatched, errors, unpadded_errors = [], [], []
     for p, g, plain in zip(pixels * 2, grids * 2, unpadded * 2, strict=True):
         out = tower(p, g)

@@ -187,9 +187,9 @@ class ViTGraphRunnerAdapter:
         runner = ViTGraphRunner(
             functools.partial(self._forward_blocks, spec),
             _segment_args,
+            options,
             mechanism=mechanism,
             agree_max=self._agree,
-            **options.runner_kwargs(),
         )
         return runner, None
 
