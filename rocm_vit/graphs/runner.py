@@ -19,6 +19,7 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -75,7 +76,9 @@ class ViTGraphRunner:
     ranks that must decide alike), ``padding`` (runs the layouts it pads padded, eagerly too;
     ``layout_args`` must then take a ``PaddedLayout``), ``prepare_capture`` (called on the runner's
     stream before each warm-up and capture: what ``forward_blocks`` makes lazily per stream is made
-    there, outside the pool).
+    there, outside the pool), ``capture_scope`` (a context every capture runs inside and every rank
+    leaves together: a custom all-reduce that registers the captured inputs at its exit; the
+    warm-up stays outside it).
     ``forward_blocks`` is never given the caller's tensors to write: an eager run takes a copy of ``x``.
     """
 
@@ -91,6 +94,7 @@ class ViTGraphRunner:
         prepare_capture: Callable[[], None] | None = None,
         mechanism: GraphMechanism | None = None,
         agree_max: AgreeMax | None = None,
+        capture_scope: Callable[[], contextlib.AbstractContextManager] | None = None,
         cost_model: CostModel | None = None,
         clock: Callable[[], float] = time.perf_counter,
         padding: Padding | None = None,
@@ -104,6 +108,8 @@ class ViTGraphRunner:
         self._prepare_capture = prepare_capture or _nothing
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
+        self._capture_scope = capture_scope
+        self._ready_agreed = False  # this attempt's ranks agreed they reached the capture (capture_scope)
         self._store = GraphStore(self._mechanism, self._admission, budget_bytes=budget_bytes, agree_max=agree_max)
         self._padding = padding
         self._clock = clock
@@ -315,9 +321,12 @@ class ViTGraphRunner:
         store = self._store
         need = store.scratch.bound(layout.num_patches)
         started = time.perf_counter()
+        self._ready_agreed = False
         attempt = self._capture(signature, layout, tensors, immutable)
         if attempt.reference is None and self._agree_max is not None:
             self._eager(tensors, layout)  # the warm-up's forward, in its place; raises if eager fails
+        if self._capture_scope is not None and not self._ready_agreed:
+            self._agree([1])  # the others' agreement before their capture (_scoped_capture): none captures
         try:
             measured = store.measured_pool_bytes()
         except Exception as error:  # the allocator cannot be read: treat it as a failed capture
@@ -368,13 +377,10 @@ class ViTGraphRunner:
         """A new graph's first replay: its output, or the error that stopped it. A replay that raised
         before its launch runs eagerly in its place under tensor parallelism: the other ranks'
         replays wait in their all-reduces for this rank's."""
-        launched = False
         try:
-            self._launch(entry, layout, tensors, immutable)
-            launched = True
-            return self._take_output(entry), None
-        except Exception as error:
-            if not launched and self._agree_max is not None:
+            return self._launch(entry, layout, tensors, immutable), None
+        except Exception as error:  # raised before the replay launched: nothing can fail after it
+            if self._agree_max is not None:
                 self._eager(tensors, layout)
             return None, error
 
@@ -421,7 +427,7 @@ class ViTGraphRunner:
                     def forward_into_staging() -> torch.Tensor:
                         return output_view.copy_(forward())
 
-                    graph, output = self._mechanism.capture(forward_into_staging, pool, stream)
+                    graph, output = self._scoped_capture(forward_into_staging, pool, stream)
                 finally:
                     # Warm-up reads staging on this stream, also when the capture then fails.
                     self._order.mark(stream)
@@ -432,6 +438,30 @@ class ViTGraphRunner:
         entry = Graph(graph, output, pool, staging, views, offsets, layout.num_patches, layout.offsets_per_call)
         return _Attempt(entry, reference, None, pool_before)
 
+    def _scoped_capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
+        """The mechanism's capture, inside ``capture_scope`` where one is given. Every rank leaves the
+        scope together (its exit is a blocking exchange): the ranks first agree that each reached its
+        capture, else none enters; inside, that each captured, before any leaves."""
+        if self._capture_scope is None:
+            return self._mechanism.capture(fn, pool, stream)
+        (not_ready,) = self._agree([0])
+        self._ready_agreed = True
+        if not_ready:
+            raise RuntimeError("another rank failed before its capture")
+        graph, error = None, None
+        with self._capture_scope():
+            try:
+                graph, output = self._mechanism.capture(fn, pool, stream)
+            except Exception as raised:
+                error = raised
+            (failed,) = self._agree([int(error is not None)])
+        if error is not None:
+            raise error
+        if failed:
+            self._mechanism.retire(graph)
+            raise RuntimeError("another rank's capture failed")
+        return graph, output
+
     def _agree(self, values: list[int]) -> list[int]:
         """``values`` as every rank sees them: the element-wise maximum over the group."""
         return values if self._agree_max is None else self._agree_max(values)
@@ -439,34 +469,31 @@ class ViTGraphRunner:
     def _replay(
         self, entry: Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
     ) -> torch.Tensor:
-        self._launch(entry, layout, tensors, immutable)
-        output = self._take_output(entry)
+        output = self._launch(entry, layout, tensors, immutable)
         self._replays += 1
         return output
 
     def _launch(
         self, entry: Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
-    ) -> None:
+    ) -> torch.Tensor:
         """Fill staging and replay ``entry`` on the caller's stream: ordered after the caller's pending
         work (its inputs) by the stream itself, after the runner's last work on other streams by the
-        marker."""
+        marker. Returns the replay's output, copied into a tensor the caller owns, allocated on its
+        stream before the replay: nothing that can fail sits between a launched replay, whose
+        all-reduces the other ranks' wait for, and the return (docs/design.md, "Ranks")."""
         stream = self._mechanism.current_stream(tensors[0].device)
         self._order.follow(stream)
         try:
             entry.staging.fill(entry.inputs, tensors, immutable)
             if entry.offsets_per_call:
                 self._write_offsets(entry, layout)
+            output = torch.empty_like(entry.output)
             self._mechanism.replay(entry.graph)
         except BaseException:
             self._order.mark(stream)  # what was enqueued before the error reads staging on this stream
             raise
-
-    def _take_output(self, entry: Graph) -> torch.Tensor:
-        """The replay's output, cloned for the caller on its stream, allocated there; the marker
-        goes after the clone, which reads staging."""
-        stream = self._mechanism.current_stream(entry.output.device)
-        output = entry.output.clone()
-        self._order.mark(stream)
+        output.copy_(entry.output)
+        self._order.mark(stream)  # after the copy, which reads staging
         return output
 
     @staticmethod
