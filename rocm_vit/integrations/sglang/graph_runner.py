@@ -7,10 +7,10 @@ the segment offsets come from SGLang's host-side layout key (Qwen2.5-VL's window
 ``SGLANG_VIT_CUDA_GRAPH_*`` settings, cos/sin stay in the dtype the model passed. What the runner
 cannot serve (a backend that reads its offsets back, a call in another form, every call after a
 failure) runs SGLang's eager block loop, never SGLang's own runner. Under tensor parallelism the ranks that
-run the same ViT calls (``agreement_group``) agree on every capture, and graphs are captured outside
-the custom all-reduce's capture context, so a captured all-reduce is the very call eager makes
-(docs/sglang.md, "Parallel serving"). What SGLang's runner gets wrong, and so what this replaces:
-docs/sglang.md, "What the plugin changes".
+run the same ViT calls (``agreement_group``) agree on every capture, graphs are captured as the
+group's all-reduce needs (``all_reduce.plan_all_reduce``), and a forward that may have launched
+collectives is never re-run on one rank (docs/sglang.md, "Parallel serving"). What SGLang's runner
+gets wrong, and so what this replaces: docs/sglang.md, "What the plugin changes".
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
 from rocm_vit.graphs.padding import bucket_calls
 from rocm_vit.graphs.ranks import group_max
 from rocm_vit.graphs.runner import AgreeMax
+from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, plan_all_reduce
+from rocm_vit.integrations.sglang.failures import RunnerFailures
 from rocm_vit.integrations.sglang.imports import original
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.policy import Policy, active_policy, runner_options
@@ -53,6 +55,13 @@ _FAILURE_AGREEMENT_CALLS = 64
 # Every adapter of this process, for the captures at server start (startup.py): SGLang builds them
 # inside its towers' constructors and keeps no list of its own.
 _ADAPTERS: weakref.WeakSet[ViTGraphRunnerAdapter] = weakref.WeakSet()
+
+
+class _ForwardFailedUnderTP(BaseException):
+    """SGLang's forward raised on this rank under tensor parallelism, outside a capture: some of its
+    all-reduces may have run, the others' are waited for by the other ranks. A ``BaseException``, so
+    that no handler of the runner re-runs the forward on this rank alone (its all-reduces would pair
+    with the other ranks' next calls); the adapter turns it into the request's error."""
 
 
 @dataclass(frozen=True)
@@ -112,9 +121,9 @@ class ViTGraphRunnerAdapter:
         # SGLang's runner: only for a tower whose blocks do not fit the eager loop either.
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
         self._layouts: OrderedDict[tuple, AttentionLayout] = OrderedDict()
-        self._failures = 0
-        self._calls = 0
         self._agree: AgreeMax | None = None  # over the ranks that run the same ViT calls, if several
+        self._failures = RunnerFailures(None, _FAILURE_AGREEMENT_CALLS)
+        self.all_reduce: AllReducePlan | None = None  # under tensor parallelism: how graphs capture its all-reduces
         self._stopped_stats: dict[str, Any] = {}  # the runner's last counters, once it stopped serving
         self._runner: ViTGraphRunner | None = None
         settings = _settings()
@@ -178,17 +187,21 @@ class ViTGraphRunnerAdapter:
         except ValueError as error:  # RunnerOptions refuses the values
             return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
         group = agreement_group(vit)
+        capture_scope = None
         if group is not None:
-            max_tokens, problem = _custom_all_reduce_tokens(vit, group, options.max_tokens)
-            if problem is not None:
-                return None, problem
-            options = options.with_max_tokens(max_tokens)
+            self.all_reduce = plan_all_reduce(vit, group, options.max_tokens)
+            if self.all_reduce.problem is not None:
+                return None, self.all_reduce.problem
+            options = options.with_max_tokens(self.all_reduce.max_tokens)
+            capture_scope = self.all_reduce.capture_scope
             self._agree = group_max(group.cpu_group)
+            self._failures = RunnerFailures(self._agree, _FAILURE_AGREEMENT_CALLS)
         runner = ViTGraphRunner(
             functools.partial(self._forward_blocks, spec),
             _segment_args,
             mechanism=mechanism,
             agree_max=self._agree,
+            capture_scope=capture_scope,
             **options.runner_kwargs(),
         )
         return runner, None
@@ -238,8 +251,16 @@ class ViTGraphRunnerAdapter:
         try:
             layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
+        except _ForwardFailedUnderTP as failure:  # never re-run on this rank alone: the request fails
+            self._failures.failed()
+            self._stop_serving()
+            raise RuntimeError(
+                f"rocm-vit graph runner: SGLang's forward of {type(self.vit).__name__} raised on this rank after "
+                "its collectives may have run; re-running it here alone would pair its all-reduces with the "
+                "other ranks' next calls, so this call fails"
+            ) from failure.__cause__
         except Exception:  # serving must go on: SGLang's eager blocks serve this call
-            self._failures += 1
+            self._failures.failed()
             if self._agree is None:
                 self._stop_serving()
                 then = "from now on"
@@ -247,28 +268,27 @@ class ViTGraphRunnerAdapter:
                 then = f"this call, and every rank's from their next agreement (<= {_FAILURE_AGREEMENT_CALLS} calls)"
             logger.exception("rocm-vit graph runner failed for %s; SGLang's eager blocks serve %s",
                              type(self.vit).__name__, then)  # fmt: skip
-            # From the caller's untouched input: the runner never writes the tensors it is given.
+            # From the caller's untouched input: the runner never writes the tensors it is given, and
+            # what failed launched no collective (a forward that raised is _ForwardFailedUnderTP).
             return self._eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
 
     def _agree_on_failures(self) -> None:
         """Under tensor parallelism, every ``_FAILURE_AGREEMENT_CALLS``-th call: whether any rank's
-        runner failed; if one did, every rank stops serving through its runner at this same call. A
-        rank that dropped its runner alone would leave the others waiting in the next capture's
-        agreement for it. Every rank of the group makes the same calls, so they agree at the same one."""
-        if self._runner is None or self._agree is None:
+        runner failed; if one did, every rank stops serving through its runner at this same call
+        (``RunnerFailures``)."""
+        if self._runner is None:
             return
-        self._calls += 1
-        if self._calls % _FAILURE_AGREEMENT_CALLS:
-            return
-        (failed,) = self._agree([int(self._failures > 0)])
-        if failed:
+        self._failures.before_call()
+        if not self._failures.serving:
             logger.warning("rocm-vit graph runner of %s: a rank failed; every rank's calls run SGLang's eager blocks",
                            type(self.vit).__name__)  # fmt: skip
             self._stop_serving()
 
     def _stop_serving(self) -> None:
-        self._stopped_stats = self._runner.stats()
+        self._failures.stop()
+        if self._runner is not None:
+            self._stopped_stats = self._runner.stats()
         self._runner = None
 
     def capture_padded_buckets(self) -> int:
@@ -324,7 +344,7 @@ class ViTGraphRunnerAdapter:
         held), plus ``failures`` (calls rocm-vit failed and handed to SGLang) and ``stopped`` (after
         a failure, every call goes to SGLang)."""
         stats = self._runner.stats() if self._runner is not None else dict(self._stopped_stats)
-        return {**stats, "failures": self._failures, "stopped": self._runner is None}
+        return {**stats, "failures": self._failures.count, "stopped": self._runner is None}
 
     def _eager(
         self,
@@ -416,7 +436,12 @@ class ViTGraphRunnerAdapter:
             shape = (x.shape[0], attn.num_attention_heads_per_partition, attn.head_size)
             output_ws = torch.empty(shape, dtype=x.dtype, device=x.device)
         block_args = {name: {"cu_seqlens": spec.build(one), "output_ws": output_ws} for name, one in attn_args.items()}
-        return self._run_blocks(x, block_args, self._rotary_kwargs((cos, sin), cos, sin))
+        try:
+            return self._run_blocks(x, block_args, self._rotary_kwargs((cos, sin), cos, sin))
+        except Exception as error:
+            if self._agree is None or _stream_capturing():  # a capture launches nothing: the runner handles it
+                raise
+            raise _ForwardFailedUnderTP from error
 
     def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> AttentionLayout:
         # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
@@ -509,44 +534,6 @@ def agreement_group(vit: nn.Module) -> Any | None:
     return group if getattr(group, "world_size", 1) > 1 else None
 
 
-def _custom_all_reduce_tokens(vit: nn.Module, group: Any, max_tokens: int) -> tuple[int, str | None]:
-    """The largest token count up to ``max_tokens`` whose every all-reduce ``group``'s custom
-    all-reduce takes (``should_custom_ar``), or a reason why graphs cannot be kept under this group.
-
-    Graphs are captured outside the custom all-reduce's capture context, where it runs as in eager
-    mode, copying its input into the buffer it registered at start (docs/sglang.md, "Parallel
-    serving"). An all-reduce it declines goes to NCCL/RCCL through ``torch.distributed``, which
-    rocm-vit does not capture; such layouts run eagerly (``over_max_tokens``)."""
-    ca_comm = getattr(group, "ca_comm", None)
-    if ca_comm is None or getattr(ca_comm, "disabled", True):
-        return 0, (
-            f"the {group.world_size}-rank group's custom all-reduce is off (--disable-custom-all-reduce, "
-            "another node, or an unsupported size): a captured all-reduce would go through NCCL/RCCL"
-        )
-    merge = vit.spatial_merge_size
-    widths = [  # (rows per token's denominator, all-reduce width) of each row-parallel layer
-        (merge**2 if "merger" in name else 1, module.output_size)
-        for name, module in vit.named_modules()
-        if getattr(module, "reduce_results", False) and isinstance(getattr(module, "output_size", None), int)
-    ]
-
-    def taken(tokens: int) -> bool:
-        return all(
-            ca_comm.should_custom_ar(torch.empty((-(-tokens // per), width), dtype=vit.dtype, device="meta"))
-            for per, width in widths
-        )
-
-    if not taken(1):
-        return 0, f"the {group.world_size}-rank group's custom all-reduce takes none of the tower's all-reduces"
-    low, high = 1, max_tokens  # taken(low); find the largest
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if taken(middle) else (low, middle - 1)
-    if low < max_tokens:
-        logger.info("rocm-vit graph runner: graphs up to %d patches, the custom all-reduce's limit", low)
-    return low, None
-
-
 def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
     """The adapters serving the towers of ``model`` (each the one its tower holds), in the model's
     module order. Their start calls make the tower's collectives, so every rank of a group must make
@@ -604,6 +591,10 @@ def _host_offsets(
     if cu_window_seqlens is None:
         window = None
     return tuple(operator.index(v) for v in full), None if window is None else tuple(operator.index(v) for v in window)
+
+
+def _stream_capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 @functools.cache
