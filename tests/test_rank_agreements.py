@@ -150,3 +150,45 @@ def test_no_allocation_sits_between_a_launched_replay_and_the_return(generator: 
     launched.clear()
     assert torch.equal(output, support._eager(layout, x, cos, sin))
     assert runner.stats()["replays"] == 2
+
+
+def test_a_forward_that_raises_under_tensor_parallelism_is_never_run_again_on_that_rank() -> None:
+    """SGLang's forward raises on this rank (out of memory between two all-reduces): its peers wait
+    for the rest of its all-reduces, so neither the runner (a warm-up's forward re-run in its place)
+    nor the adapter (SGLang's eager blocks) may run it again here: the call fails, saying why."""
+    import functools
+    from collections import OrderedDict
+
+    from rocm_vit.integrations.sglang import graph_runner
+
+    forwards: list[str] = []
+    adapter = object.__new__(graph_runner.ViTGraphRunnerAdapter)
+    adapter.vit = torch.nn.Module()
+    adapter._agree = lambda values: list(values)  # a group whose other ranks agree with this one
+    adapter._failures = RunnerFailures(adapter._agree, every=64)
+    adapter._serves_eagerly, adapter._windowed, adapter._takes_position_embeddings = True, False, False
+    adapter._layouts, adapter._stopped_stats = OrderedDict(), {}
+
+    def run_blocks(x: torch.Tensor, block_args: object, rotary: object) -> torch.Tensor:
+        forwards.append("forward")
+        raise torch.OutOfMemoryError("stand-in: out of memory between two all-reduces")
+
+    adapter._run_blocks = run_blocks
+    adapter._eager = lambda *args: forwards.append("SGLang's eager blocks")
+    adapter._runner = ViTGraphRunner(
+        functools.partial(adapter._forward_blocks, graph_runner.SGLANG_GRAPH_ARGS["fa3"]),
+        graph_runner._segment_args,
+        mechanism=support.StandInGraphs(),
+        min_hits=1,  # this call captures: the warm-up's forward raises
+        agree_max=adapter._agree,
+    )
+    x, cos, sin = torch.randn(16, 8), torch.randn(16, 4), torch.randn(16, 4)
+    cu_seqlens = torch.tensor([0, 16], dtype=torch.int32)
+    try:
+        adapter.run(x, cu_seqlens, None, None, cos, sin, None, ((0, 16), None))
+    except RuntimeError as error:
+        assert "collectives may have run" in str(error) and isinstance(error.__cause__, torch.OutOfMemoryError)
+    else:
+        raise AssertionError("the call did not fail")
+    assert forwards == ["forward"]
+    assert adapter.stats()["stopped"]
