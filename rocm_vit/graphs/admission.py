@@ -13,18 +13,16 @@ import logging
 import statistics
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rocm_vit.graphs.cost import PAYBACK_SHARE, CostModel, launch_from_eager
+from rocm_vit.graphs.ranks import AgreeMax
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.recent import remember
 
 logger = logging.getLogger(__name__)
-
-# The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
-Agree = Callable[[list[int]], list[int]]
 
 # Why a call runs eagerly: what ``Admission.decide`` answers, and the runner's own (no GPU, a failed capture).
 EAGER_REASONS = (
@@ -82,7 +80,7 @@ class Admission:
     (identity for one process)."""
 
     def __init__(
-        self, *, capacity: int, min_hits: int, max_tokens: int, cost_model: CostModel | None, agree: Agree
+        self, *, capacity: int, min_hits: int, max_tokens: int, cost_model: CostModel | None, agree: AgreeMax
     ) -> None:
         self.capacity = capacity
         self.min_hits = min_hits

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +35,7 @@ from rocm_vit.graphs.capture import CudaGraphs, GraphMechanism, Marker
 from rocm_vit.graphs.cost import CostModel
 from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.padding import Padding, padded_shape, real_rows
+from rocm_vit.graphs.ranks import AgreeMax
 from rocm_vit.graphs.staging import Signature, check_call, padded_call, signature_of
 from rocm_vit.graphs.store import Graph, GraphStore, graph_offsets
 from rocm_vit.layout import AttentionLayout, PaddedLayout
@@ -47,8 +48,6 @@ ForwardBlocks = Callable[..., torch.Tensor]
 # layout_args(layout, cu_seqlens) -> attn_args: per segmentation, built on the given offsets tensors
 # (a tower's: rocm_vit.attention.AttnArgs). The runner passes them on unread.
 LayoutArgs = Callable[[AttentionLayout, Mapping[str, torch.Tensor]], Mapping[str, Any]]
-# The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
-AgreeMax = Callable[[Sequence[int]], list[int]]
 
 
 @dataclass

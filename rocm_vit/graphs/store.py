@@ -10,7 +10,6 @@ replays (``runner.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from rocm_vit.graphs.admission import Admission
 from rocm_vit.graphs.capture import GraphMechanism
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
+from rocm_vit.graphs.ranks import AgreeMax
 from rocm_vit.graphs.staging import Signature, Staging
 from rocm_vit.layout import AttentionLayout
 
@@ -87,7 +87,7 @@ class GraphStore:
         admission: Admission,
         *,
         budget_bytes: int | None,
-        agree_max: Callable[[Sequence[int]], list[int]] | None,
+        agree_max: AgreeMax | None,
     ) -> None:
         self._mechanism = mechanism
         self._admission = admission

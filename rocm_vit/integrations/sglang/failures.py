@@ -9,7 +9,7 @@ them failed, and if one did, all stop at that same call (docs/design.md, "Ranks"
 
 from __future__ import annotations
 
-from rocm_vit.graphs.runner import AgreeMax
+from rocm_vit.graphs.ranks import AgreeMax
 
 
 class RunnerFailures:

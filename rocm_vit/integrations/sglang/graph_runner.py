@@ -32,8 +32,7 @@ from torch import nn
 from rocm_vit.attention import VarlenArgs
 from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
 from rocm_vit.graphs.padding import bucket_calls
-from rocm_vit.graphs.ranks import group_max
-from rocm_vit.graphs.runner import AgreeMax
+from rocm_vit.graphs.ranks import AgreeMax, group_max
 from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, plan_all_reduce
 from rocm_vit.integrations.sglang.failures import RunnerFailures
 from rocm_vit.integrations.sglang.imports import original
