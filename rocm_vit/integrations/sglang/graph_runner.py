@@ -16,7 +16,6 @@ gets wrong, and so what this replaces: docs/sglang.md, "What the plugin changes"
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import logging
 import operator
@@ -34,6 +33,7 @@ from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
 from rocm_vit.graphs.padding import bucket_calls
 from rocm_vit.graphs.ranks import AgreeMax, group_max
 from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, plan_all_reduce
+from rocm_vit.integrations.sglang.contract import eager_unsupported_reason, parameters, unsupported_reason
 from rocm_vit.integrations.sglang.failures import RunnerFailures
 from rocm_vit.integrations.sglang.imports import original
 from rocm_vit.layout import AttentionLayout
@@ -136,7 +136,7 @@ class ViTGraphRunnerAdapter:
             self._deepstack_slots = {
                 block: slot for slot, block in enumerate(getattr(vit, "deepstack_visual_indexes", None) or ())
             }
-            self._takes_position_embeddings = "position_embeddings" in _parameters(vit.blocks[0].forward)
+            self._takes_position_embeddings = "position_embeddings" in parameters(vit.blocks[0].forward)
         problem = eager_problem or unsupported_reason(vit, self._upstream)
         if problem is None:
             self._runner, problem = self._build_runner(settings, mechanism)
@@ -471,46 +471,6 @@ def _segment_args(layout: AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor
     }
 
 
-def eager_unsupported_reason(vit: nn.Module) -> str | None:
-    """What in ``vit`` (SGLang's vision tower) does not fit the eager block loop, or ``None``."""
-    blocks = getattr(vit, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
-        return f"{type(vit).__name__}.blocks is not a non-empty ModuleList"
-    parameters = _parameters(blocks[0].forward)
-    takes_pair = "position_embeddings" in parameters
-    rotary = ["position_embeddings"] if takes_pair else ["rotary_pos_emb_cos", "rotary_pos_emb_sin"]
-    missing = sorted({"cu_seqlens", "forward_metadata", *rotary} - set(parameters))
-    if missing:
-        return f"{type(blocks[0]).__name__}.forward takes ({', '.join(parameters)}), without {', '.join(missing)}"
-    if not callable(getattr(vit, "merger", None)):
-        return f"{type(vit).__name__} lacks a merger"
-    deepstack = getattr(vit, "deepstack_visual_indexes", None) or ()
-    if len(deepstack) != len(getattr(vit, "deepstack_merger_list", ()) or ()):
-        return f"{type(vit).__name__} has {len(deepstack)} deepstack indexes but not as many deepstack mergers"
-    return None
-
-
-def unsupported_reason(vit: nn.Module, upstream: Any) -> str | None:
-    """What else rocm-vit's runner needs from ``vit`` and SGLang's runner, or ``None``.
-
-    Checked at construction, after ``eager_unsupported_reason``, so that a changed SGLang release is
-    refused with the reason instead of failing inside a request.
-    """
-    blocks = vit.blocks
-    attn = getattr(blocks[0], "attn", None)
-    if not isinstance(getattr(attn, "qkv_backend_name", None), str):
-        return f"{type(blocks[0]).__name__}.attn has no qkv_backend_name"
-    if attn.qkv_backend_name == "triton_attn" and not all(
-        isinstance(getattr(attn, name, None), int) for name in ("num_attention_heads_per_partition", "head_size")
-    ):
-        return "VisionAttention lacks num_attention_heads_per_partition/head_size (the triton_attn workspace)"
-    if "output_ws" not in _parameters(blocks[0].forward):
-        return f"{type(blocks[0]).__name__}.forward takes no output_ws"
-    if not isinstance(getattr(vit, "spatial_merge_size", None), int):
-        return f"{type(vit).__name__} lacks an int spatial_merge_size"
-    return None
-
-
 def agreement_group(vit: nn.Module) -> Any | None:
     """SGLang's group of ranks that run the same calls of ``vit``, or ``None`` where a rank runs its own.
 
@@ -559,13 +519,6 @@ def _longest(offsets: tuple[int, ...] | None) -> int | None:
     if not isinstance(offsets, tuple) or len(offsets) < 2:
         return None
     return max(end - start for start, end in itertools.pairwise(offsets))
-
-
-def _parameters(fn: Callable) -> list[str]:
-    try:
-        return list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return []
 
 
 def _host_offsets(
