@@ -21,7 +21,7 @@ import test_graph_runner as support
 
 from rocm_vit.attention import get_backend
 from rocm_vit.graphs import ViTGraphRunner
-from rocm_vit.integrations.sglang.failures import RunnerFailures
+from rocm_vit.integrations.sglang.ranks import RunnerFailures
 
 DEADLINE_S = 5
 

@@ -316,7 +316,7 @@ def _tower(state_path: Path, config: str) -> tuple[torch.nn.Module, dict]:
             group.ca_comm = AiterCustomAllreduce(group, stand_in_capturing)
     model = _build_tower(config)
     model.load_weights(torch.load(state_path.parent / f"{config}.pt").items())
-    from rocm_vit.integrations.sglang.graph_runner import agreement_group
+    from rocm_vit.integrations.sglang.ranks import agreement_group
 
     agreeing = agreement_group(model)
     groups["agreement"] = None if agreeing is None else agreeing.ranks

@@ -34,8 +34,8 @@ from rocm_vit.graphs.padding import bucket_calls
 from rocm_vit.graphs.ranks import AgreeMax, group_max
 from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, plan_all_reduce
 from rocm_vit.integrations.sglang.contract import eager_unsupported_reason, parameters, unsupported_reason
-from rocm_vit.integrations.sglang.failures import RunnerFailures
 from rocm_vit.integrations.sglang.imports import original
+from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, RunnerFailures, agreement_group, stream_capturing
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.policy import Policy, active_policy, runner_options
 from rocm_vit.recent import remember
@@ -54,13 +54,6 @@ _FAILURE_AGREEMENT_CALLS = 64
 # Every adapter of this process, for the captures at server start (startup.py): SGLang builds them
 # inside its towers' constructors and keeps no list of its own.
 _ADAPTERS: weakref.WeakSet[ViTGraphRunnerAdapter] = weakref.WeakSet()
-
-
-class _ForwardFailedUnderTP(BaseException):
-    """SGLang's forward raised on this rank under tensor parallelism, outside a capture: some of its
-    all-reduces may have run, the others' are waited for by the other ranks. A ``BaseException``, so
-    that no handler of the runner re-runs the forward on this rank alone (its all-reduces would pair
-    with the other ranks' next calls); the adapter turns it into the request's error."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +243,7 @@ class ViTGraphRunnerAdapter:
         try:
             layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
-        except _ForwardFailedUnderTP as failure:  # never re-run on this rank alone: the request fails
+        except ForwardFailedUnderTP as failure:  # never re-run on this rank alone: the request fails
             self._failures.failed()
             self._stop_serving()
             raise RuntimeError(
@@ -268,7 +261,7 @@ class ViTGraphRunnerAdapter:
             logger.exception("rocm-vit graph runner failed for %s; SGLang's eager blocks serve %s",
                              type(self.vit).__name__, then)  # fmt: skip
             # From the caller's untouched input: the runner never writes the tensors it is given, and
-            # what failed launched no collective (a forward that raised is _ForwardFailedUnderTP).
+            # what failed launched no collective (a forward that raised is ForwardFailedUnderTP).
             return self._eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
 
@@ -438,9 +431,9 @@ class ViTGraphRunnerAdapter:
         try:
             return self._run_blocks(x, block_args, self._rotary_kwargs((cos, sin), cos, sin))
         except Exception as error:
-            if self._agree is None or _stream_capturing():  # a capture launches nothing: the runner handles it
+            if self._agree is None or stream_capturing():  # a capture launches nothing: the runner handles it
                 raise
-            raise _ForwardFailedUnderTP from error
+            raise ForwardFailedUnderTP from error
 
     def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> AttentionLayout:
         # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
@@ -469,28 +462,6 @@ def _segment_args(layout: AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor
         name: VarlenArgs(cu_seqlens[name], segmentation.max_seqlen, segmentation.seq_lens)
         for name, segmentation in layout.segmentations.items()
     }
-
-
-def agreement_group(vit: nn.Module) -> Any | None:
-    """SGLang's group of ranks that run the same calls of ``vit``, or ``None`` where a rank runs its own.
-
-    The group the tower's row-parallel layers all-reduce over: with ``--enable-dp-attention`` the
-    attention-TP group (each attention-DP rank encodes its own requests' images), else the TP group
-    (an encode server's, in disaggregated serving: its own world). ``None`` for a data-parallel
-    encoder (``--mm-enable-dp-encoder``: every rank its own images, nothing all-reduced), for a group of
-    one, and outside a server. Read from SGLang's parallel state, as its layers read it."""
-    if getattr(vit, "use_data_parallel", False):
-        return None
-    try:
-        from sglang.srt.layers.dp_attention import is_dp_attention_enabled
-        from sglang.srt.runtime_context import get_parallel
-
-        parallel = get_parallel()
-        group = parallel.attn_tp_group if is_dp_attention_enabled() else parallel.tp_group
-    except Exception as error:  # no parallel state (a tower built outside a server): one rank
-        logger.debug("rocm-vit graph runner: no SGLang parallel group (%s); deciding alone", error)
-        return None
-    return group if getattr(group, "world_size", 1) > 1 else None
 
 
 def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
@@ -543,10 +514,6 @@ def _host_offsets(
     if cu_window_seqlens is None:
         window = None
     return tuple(operator.index(v) for v in full), None if window is None else tuple(operator.index(v) for v in window)
-
-
-def _stream_capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 @functools.cache
