@@ -160,24 +160,26 @@ def test_a_forward_that_raises_under_tensor_parallelism_is_never_run_again_on_th
     from collections import OrderedDict
 
     from rocm_vit.integrations.sglang import graph_runner
+    from rocm_vit.integrations.sglang.blocks import SGLANG_GRAPH_ARGS, SGLangBlocks, segment_args
 
     forwards: list[str] = []
-    adapter = object.__new__(graph_runner.ViTGraphRunnerAdapter)
-    adapter.vit = torch.nn.Module()
-    adapter._agree = lambda values: list(values)  # a group whose other ranks agree with this one
-    adapter._failures = RunnerFailures(adapter._agree, every=64)
-    adapter._serves_eagerly, adapter._windowed, adapter._takes_position_embeddings = True, False, False
-    adapter._layouts, adapter._stopped_stats = OrderedDict(), {}
+    blocks = object.__new__(SGLangBlocks)
+    blocks.vit, blocks._takes_position_embeddings = torch.nn.Module(), False
 
     def run_blocks(x: torch.Tensor, block_args: object, rotary: object) -> torch.Tensor:
         forwards.append("forward")
         raise torch.OutOfMemoryError("stand-in: out of memory between two all-reduces")
 
-    adapter._run_blocks = run_blocks
-    adapter._eager = lambda *args: forwards.append("SGLang's eager blocks")
+    blocks.run_blocks = run_blocks
+    blocks.eager = lambda *args: forwards.append("SGLang's eager blocks")
+    adapter = object.__new__(graph_runner.ViTGraphRunnerAdapter)
+    adapter.vit, adapter._blocks, adapter._windowed = blocks.vit, blocks, False
+    adapter._agree = lambda values: list(values)  # a group whose other ranks agree with this one
+    adapter._failures = RunnerFailures(adapter._agree, every=64)
+    adapter._layouts, adapter._stopped_stats = OrderedDict(), {}
     adapter._runner = ViTGraphRunner(
-        functools.partial(adapter._forward_blocks, graph_runner.SGLANG_GRAPH_ARGS["fa3"]),
-        graph_runner._segment_args,
+        functools.partial(blocks.forward_blocks, SGLANG_GRAPH_ARGS["fa3"], shares_collectives=True),
+        segment_args,
         mechanism=support.StandInGraphs(),
         min_hits=1,  # this call captures: the warm-up's forward raises
         agree_max=adapter._agree,

@@ -389,20 +389,20 @@ def test_hook_on_an_imported_module_runs_at_once_and_rebinds_sglang_references(
 
 
 def test_windowed_offsets_come_from_sglangs_layout_key_without_reading_the_tensors() -> None:
-    from rocm_vit.integrations.sglang.graph_runner import _host_offsets
+    from rocm_vit.integrations.sglang.blocks import host_offsets
 
     unreadable = torch.empty(3, dtype=torch.int32, device="meta")  # .tolist() would raise
     key = ((0, 0, 32), (0, 16, 32))
-    assert _host_offsets(unreadable, unreadable, key) == key
-    assert _host_offsets(unreadable, None, ((0, 0, 32), None)) == ((0, 0, 32), None)
+    assert host_offsets(unreadable, unreadable, key) == key
+    assert host_offsets(unreadable, None, ((0, 0, 32), None)) == ((0, 0, 32), None)
 
 
 def test_windowed_offsets_without_a_key_are_read_from_the_tensors_in_one_go() -> None:
-    from rocm_vit.integrations.sglang.graph_runner import _host_offsets
+    from rocm_vit.integrations.sglang.blocks import host_offsets
 
     full, window = torch.tensor([0, 0, 16, 48], dtype=torch.int32), torch.tensor([0, 16, 32, 48], dtype=torch.int32)
-    assert _host_offsets(full, window, None) == ((0, 0, 16, 48), (0, 16, 32, 48))
-    assert _host_offsets(full, window, ((0, 0, 16, 48), None)) == ((0, 0, 16, 48), (0, 16, 32, 48))
+    assert host_offsets(full, window, None) == ((0, 0, 16, 48), (0, 16, 32, 48))
+    assert host_offsets(full, window, ((0, 0, 16, 48), None)) == ((0, 0, 16, 48), (0, 16, 32, 48))
 
 
 @needs_sglang

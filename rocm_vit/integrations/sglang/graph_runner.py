@@ -16,26 +16,23 @@ gets wrong, and so what this replaces: docs/sglang.md, "What the plugin changes"
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
-import operator
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Hashable
 from typing import Any
 
 import torch
 from torch import nn
 
-from rocm_vit.attention import VarlenArgs
 from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
 from rocm_vit.graphs.padding import bucket_calls
 from rocm_vit.graphs.ranks import AgreeMax, group_max
 from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, plan_all_reduce
-from rocm_vit.integrations.sglang.contract import eager_unsupported_reason, parameters, unsupported_reason
+from rocm_vit.integrations.sglang.blocks import SGLANG_GRAPH_ARGS, SGLangBlocks, host_offsets, segment_args
+from rocm_vit.integrations.sglang.contract import eager_unsupported_reason, unsupported_reason
 from rocm_vit.integrations.sglang.imports import original
-from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, RunnerFailures, agreement_group, stream_capturing
+from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, RunnerFailures, agreement_group
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.policy import Policy, active_policy, runner_options
 from rocm_vit.recent import remember
@@ -54,45 +51,6 @@ _FAILURE_AGREEMENT_CALLS = 64
 # Every adapter of this process, for the captures at server start (startup.py): SGLang builds them
 # inside its towers' constructors and keeps no list of its own.
 _ADAPTERS: weakref.WeakSet[ViTGraphRunnerAdapter] = weakref.WeakSet()
-
-
-@dataclass(frozen=True)
-class _GraphArgs:
-    """How one SGLang vision attention backend reads ``cu_seqlens`` when graphs are on.
-
-    ``build(args)`` turns a segmentation's ``VarlenArgs`` (int32 device offsets, host maximum, host
-    segment lengths: ``_segment_args``) into the list the backend's forward takes: the one place
-    SGLang's list shapes are made. It runs inside the captured function, so whatever it derives on
-    the device belongs to the graph. ``output_workspace``: the backend writes into ``output_ws``.
-    """
-
-    build: Callable[[VarlenArgs], list]
-    output_workspace: bool = False
-
-
-def _offsets_and_max(args: VarlenArgs) -> list:
-    return [args.cu_seqlens, args.max_seqlen]
-
-
-def _offsets_max_and_host_lengths(args: VarlenArgs) -> list:
-    # rocm-vit's AiterVisionAttention: under a tuned profile it picks a kernel per layout by these.
-    return [args.cu_seqlens, args.max_seqlen, args.seq_lens]
-
-
-def _offsets_lengths_and_max(args: VarlenArgs) -> list:
-    cu_seqlens = args.cu_seqlens
-    return [cu_seqlens, cu_seqlens[1:] - cu_seqlens[:-1], args.max_seqlen]
-
-
-# SGLang 0.5.23, layers/attention/vision.py: what each backend's forward reads in graph mode.
-# "aiter_attn" is rocm-vit's AiterVisionAttention. SGLang's "sdpa" is not here: it reads cu_seqlens
-# back to the host, which a capture forbids.
-SGLANG_GRAPH_ARGS: dict[str, _GraphArgs] = {
-    "triton_attn": _GraphArgs(_offsets_lengths_and_max, output_workspace=True),
-    "fa3": _GraphArgs(_offsets_and_max),
-    "fa4": _GraphArgs(_offsets_and_max),
-    "aiter_attn": _GraphArgs(_offsets_max_and_host_lengths),
-}
 
 
 class ViTGraphRunnerAdapter:
@@ -123,20 +81,14 @@ class ViTGraphRunnerAdapter:
         self.captures_buckets_at_start = settings.vit_cuda_graph and settings.graph_capture_buckets
         _ADAPTERS.add(self)
         eager_problem = eager_unsupported_reason(vit)
-        self._serves_eagerly = eager_problem is None
-        if self._serves_eagerly:
-            self._full_attention_blocks = frozenset(int(i) for i in getattr(vit, "fullatt_block_indexes", None) or ())
-            self._deepstack_slots = {
-                block: slot for slot, block in enumerate(getattr(vit, "deepstack_visual_indexes", None) or ())
-            }
-            self._takes_position_embeddings = "position_embeddings" in parameters(vit.blocks[0].forward)
+        self._blocks = SGLangBlocks(vit) if eager_problem is None else None  # SGLang's eager block loop
         problem = eager_problem or unsupported_reason(vit, self._upstream)
         if problem is None:
             self._runner, problem = self._build_runner(settings, mechanism)
         if not settings.vit_cuda_graph:
             return
         if problem is not None:
-            served_by = "SGLang's eager blocks" if self._serves_eagerly else "SGLang's own runner"
+            served_by = "SGLang's eager blocks" if self._blocks is not None else "SGLang's own runner"
             logger.warning("rocm-vit graph runner: %s; %s serve %s", problem, served_by, type(vit).__name__)
         else:
             logger.info(
@@ -189,8 +141,8 @@ class ViTGraphRunnerAdapter:
             self._agree = group_max(group.cpu_group)
             self._failures = RunnerFailures(self._agree, _FAILURE_AGREEMENT_CALLS)
         runner = ViTGraphRunner(
-            functools.partial(self._forward_blocks, spec),
-            _segment_args,
+            functools.partial(self._blocks.forward_blocks, spec, shares_collectives=group is not None),
+            segment_args,
             mechanism=mechanism,
             agree_max=self._agree,
             capture_scope=capture_scope,
@@ -228,10 +180,10 @@ class ViTGraphRunnerAdapter:
             output_indices,
             attention_layout_key,
         )
-        if not self._serves_eagerly:
+        if self._blocks is None:
             return self._upstream.run(*upstream_args)
         self._agree_on_failures()
-        rotary = self._rotary(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
+        rotary = self._blocks.rotary(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
         fits = (
             self._runner is not None
             and rotary is not None
@@ -239,9 +191,9 @@ class ViTGraphRunnerAdapter:
             and (output_indices is None or self._windowed)
         )
         if not fits:
-            return self._eager(*upstream_args)
+            return self._blocks.eager(*upstream_args)
         try:
-            layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
+            layout = self._layout(*host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
         except ForwardFailedUnderTP as failure:  # never re-run on this rank alone: the request fails
             self._failures.failed()
@@ -262,7 +214,7 @@ class ViTGraphRunnerAdapter:
                              type(self.vit).__name__, then)  # fmt: skip
             # From the caller's untouched input: the runner never writes the tensors it is given, and
             # what failed launched no collective (a forward that raised is ForwardFailedUnderTP).
-            return self._eager(*upstream_args)
+            return self._blocks.eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
 
     def _agree_on_failures(self) -> None:
@@ -338,103 +290,6 @@ class ViTGraphRunnerAdapter:
         stats = self._runner.stats() if self._runner is not None else dict(self._stopped_stats)
         return {**stats, "failures": self._failures.count, "stopped": self._runner is None}
 
-    def _eager(
-        self,
-        x: torch.Tensor,
-        cu_seqlens: torch.Tensor,
-        cu_window_seqlens: torch.Tensor | None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        rotary_pos_emb_cos: torch.Tensor | None = None,
-        rotary_pos_emb_sin: torch.Tensor | None = None,
-        output_indices: torch.Tensor | None = None,
-        attention_layout_key: Hashable | None = None,
-    ) -> torch.Tensor:
-        """The tower's blocks as SGLang's eager ``forward`` runs them (graphs off), from ``run``'s arguments.
-
-        Each block gets the offsets tensor and SGLang's precomputed metadata of the segmentation it
-        attends within; the longest segment comes from the host layout key where SGLang passed one.
-        """
-        key = attention_layout_key if isinstance(attention_layout_key, tuple) else ()
-        segmentations = {"full": (cu_seqlens, key[0] if len(key) > 0 else None)}
-        if cu_window_seqlens is not None:
-            segmentations["window"] = (cu_window_seqlens, key[1] if len(key) > 1 else None)
-        from sglang.srt.layers.attention.vision import prepare_vision_attention_metadata
-
-        block_args = {}
-        for name, (offsets, host) in segmentations.items():
-            metadata = prepare_vision_attention_metadata(offsets, offsets.device, max_seqlen=_longest(host))
-            block_args[name] = {"cu_seqlens": offsets, "forward_metadata": metadata}
-        rotary = self._rotary_kwargs(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
-        merged = self._run_blocks(x, block_args, rotary)
-        return merged if output_indices is None else merged.index_select(0, output_indices)
-
-    def _run_blocks(
-        self, x: torch.Tensor, block_args: Mapping[str, Mapping[str, Any]], rotary: Mapping[str, Any]
-    ) -> torch.Tensor:
-        """SGLang's block loop, its deepstack taps, the merger and the concatenation: what the eager
-        path (``_eager``) and the graph path (``_forward_blocks``) share. ``block_args``: per
-        segmentation (``"full"``, Qwen2.5-VL's ``"window"``), the keyword arguments a block attending
-        within it takes; ``rotary``: the rotary keyword arguments every block takes."""
-        vit = self.vit
-        hidden = x.unsqueeze(1)  # SGLang's blocks take [S, B=1, hidden]
-        deepstack = []
-        for index, block in enumerate(vit.blocks):
-            windowed = "window" in block_args and index not in self._full_attention_blocks
-            hidden = block(hidden, **block_args["window" if windowed else "full"], **rotary)
-            slot = self._deepstack_slots.get(index)
-            if slot is not None:
-                deepstack.append(vit.deepstack_merger_list[slot](hidden))
-        merged = vit.merger(hidden)
-        return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
-
-    def _rotary_kwargs(
-        self,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
-    ) -> dict[str, Any]:
-        """The rotary as this tower's blocks take it: Qwen2.5-VL's ``position_embeddings=(cos, sin)``,
-        Qwen3-VL's ``rotary_pos_emb_cos`` and ``rotary_pos_emb_sin``."""
-        if self._takes_position_embeddings:
-            return {"position_embeddings": position_embeddings}
-        return {"rotary_pos_emb_cos": cos, "rotary_pos_emb_sin": sin}
-
-    def _rotary(
-        self,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The call's ``(cos, sin)`` when it comes in the form this tower's blocks take, else ``None``."""
-        if self._takes_position_embeddings:
-            return position_embeddings if position_embeddings is not None and cos is None else None
-        return (cos, sin) if cos is not None and sin is not None and position_embeddings is None else None
-
-    def _forward_blocks(
-        self,
-        spec: _GraphArgs,
-        x: torch.Tensor,
-        attn_args: Mapping[str, VarlenArgs],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """What eager runs and graphs capture: SGLang's blocks, merger and deepstack mergers.
-
-        ``attn_args`` is ``_segment_args``'s; each block gets its segmentation's in SGLang's list shape.
-        """
-        output_ws = None
-        if spec.output_workspace:
-            attn = self.vit.blocks[0].attn
-            shape = (x.shape[0], attn.num_attention_heads_per_partition, attn.head_size)
-            output_ws = torch.empty(shape, dtype=x.dtype, device=x.device)
-        block_args = {name: {"cu_seqlens": spec.build(one), "output_ws": output_ws} for name, one in attn_args.items()}
-        try:
-            return self._run_blocks(x, block_args, self._rotary_kwargs((cos, sin), cos, sin))
-        except Exception as error:
-            if self._agree is None or stream_capturing():  # a capture launches nothing: the runner handles it
-                raise
-            raise ForwardFailedUnderTP from error
-
     def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> AttentionLayout:
         # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
         # (Qwen2.5-VL's leading empty segment included, so the kernels see what eager passes them).
@@ -446,22 +301,6 @@ class ViTGraphRunnerAdapter:
             layout = AttentionLayout.from_offsets(offsets, window_offsets)
             remember(self._layouts, (offsets, window_offsets), layout, _LAYOUT_CACHE_SIZE)
         return layout
-
-
-def _segment_args(layout: AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> dict[str, VarlenArgs]:
-    """The runner's ``layout_args`` for an SGLang tower: per segmentation, its offsets tensor, longest
-    segment and host lengths. The kernel is SGLang's (each block's ``VisionAttention``), so nothing
-    here attends; ``_GraphArgs.build`` turns these into the list that backend reads. A padded layout's
-    graph serves layouts of other lengths: no host lengths, and its token count as the longest."""
-    if layout.offsets_per_call:
-        return {
-            name: VarlenArgs(cu_seqlens[name], segmentation.max_seqlen)
-            for name, segmentation in layout.segmentations.items()
-        }
-    return {
-        name: VarlenArgs(cu_seqlens[name], segmentation.max_seqlen, segmentation.seq_lens)
-        for name, segmentation in layout.segmentations.items()
-    }
 
 
 def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
@@ -483,45 +322,6 @@ def _pixel_width(vit: nn.Module) -> int | None:
         return None
     in_channels, temporal_patch_size, patch_size = sizes
     return in_channels * temporal_patch_size * patch_size**2
-
-
-def _longest(offsets: tuple[int, ...] | None) -> int | None:
-    """The longest segment of host offsets, or ``None`` (SGLang then reads it from the device)."""
-    if not isinstance(offsets, tuple) or len(offsets) < 2:
-        return None
-    return max(end - start for start, end in itertools.pairwise(offsets))
-
-
-def _host_offsets(
-    cu_seqlens: torch.Tensor, cu_window_seqlens: torch.Tensor | None, attention_layout_key: Hashable | None
-) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    """Full and window segment offsets as host ints, from SGLang's layout key when it carries them.
-
-    What the key lacks is read from the tensors: at most one read back from the device per call.
-    """
-    key = attention_layout_key if isinstance(attention_layout_key, tuple) else ()
-    full = key[0] if len(key) > 0 and isinstance(key[0], tuple) else None
-    window = key[1] if len(key) > 1 and isinstance(key[1], tuple) else None
-    missing = [t for t, known in ((cu_seqlens, full), (cu_window_seqlens, window)) if t is not None and known is None]
-    if missing:
-        if any(t.device.type != "cpu" for t in missing):
-            _warn_device_read()
-        values = torch.cat([t.reshape(-1).to(torch.int64) for t in missing]).tolist()  # one sync
-        if full is None:
-            full, values = tuple(values[: cu_seqlens.numel()]), values[cu_seqlens.numel() :]
-        if cu_window_seqlens is not None and window is None:
-            window = tuple(values)
-    if cu_window_seqlens is None:
-        window = None
-    return tuple(operator.index(v) for v in full), None if window is None else tuple(operator.index(v) for v in window)
-
-
-@functools.cache
-def _warn_device_read() -> None:
-    logger.warning(
-        "rocm-vit graph runner: no attention_layout_key from the model; reading cu_seqlens back from "
-        "the device on every call (a host sync)"
-    )
 
 
 def _policy() -> Policy | None:
