@@ -164,7 +164,7 @@ def test_a_forward_that_raises_under_tensor_parallelism_is_never_run_again_on_th
 
     forwards: list[str] = []
     blocks = object.__new__(SGLangBlocks)
-    blocks.vit, blocks._takes_position_embeddings = torch.nn.Module(), False
+    blocks.vit, blocks._takes_position_embeddings, blocks._layouts = torch.nn.Module(), False, OrderedDict()
 
     def run_blocks(x: torch.Tensor, block_args: object, rotary: object) -> torch.Tensor:
         forwards.append("forward")
@@ -176,7 +176,7 @@ def test_a_forward_that_raises_under_tensor_parallelism_is_never_run_again_on_th
     adapter.vit, adapter._blocks, adapter._windowed = blocks.vit, blocks, False
     adapter._agree = lambda values: list(values)  # a group whose other ranks agree with this one
     adapter._failures = RunnerFailures(adapter._agree, every=64)
-    adapter._layouts, adapter._stopped_stats = OrderedDict(), {}
+    adapter._stopped_stats = {}
     adapter._runner = ViTGraphRunner(
         functools.partial(blocks.forward_blocks, SGLANG_GRAPH_ARGS["fa3"], shares_collectives=True),
         segment_args,

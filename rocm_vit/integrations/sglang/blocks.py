@@ -12,6 +12,7 @@ import functools
 import itertools
 import logging
 import operator
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +24,12 @@ from rocm_vit.attention import VarlenArgs
 from rocm_vit.integrations.sglang.contract import parameters
 from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, stream_capturing
 from rocm_vit.layout import AttentionLayout
+from rocm_vit.recent import remember
 
 logger = logging.getLogger(__name__)
+
+# Host layouts kept per tower: building one is cheap, but a server repeats a few sizes endlessly.
+_LAYOUT_CACHE_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,21 @@ class SGLangBlocks:
             block: slot for slot, block in enumerate(getattr(vit, "deepstack_visual_indexes", None) or ())
         }
         self._takes_position_embeddings = "position_embeddings" in parameters(vit.blocks[0].forward)
+        self._layouts: OrderedDict[tuple, AttentionLayout] = OrderedDict()
+
+    def layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> AttentionLayout:
+        """The layout of SGLang's host segment offsets (Qwen2.5-VL's window offsets too), built once
+        for the last ``_LAYOUT_CACHE_SIZE`` seen."""
+        # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
+        # (Qwen2.5-VL's leading empty segment included, so the kernels see what eager passes them).
+        # The window permutation stays SGLang's (output_indices), outside the graph key.
+        layout = self._layouts.get((offsets, window_offsets))
+        if layout is None:
+            if window_offsets is not None and window_offsets[-1] != offsets[-1]:
+                raise ValueError(f"cu_window_seqlens ends at {window_offsets[-1]} but cu_seqlens at {offsets[-1]}")
+            layout = AttentionLayout.from_offsets(offsets, window_offsets)
+            remember(self._layouts, (offsets, window_offsets), layout, _LAYOUT_CACHE_SIZE)
+        return layout
 
     def eager(
         self,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
@@ -26,24 +25,20 @@ import torch
 from torch import nn
 
 from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
-from rocm_vit.graphs.padding import bucket_calls
 from rocm_vit.graphs.ranks import AgreeMax, group_max
 from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, plan_all_reduce
 from rocm_vit.integrations.sglang.blocks import SGLANG_GRAPH_ARGS, SGLangBlocks, host_offsets, segment_args
 from rocm_vit.integrations.sglang.contract import eager_unsupported_reason, unsupported_reason
 from rocm_vit.integrations.sglang.imports import original
 from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, RunnerFailures, agreement_group
-from rocm_vit.layout import AttentionLayout
+from rocm_vit.integrations.sglang.start_calls import capture_tower_buckets, warm_up_tower
 from rocm_vit.policy import Policy, active_policy, runner_options
-from rocm_vit.recent import remember
 from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
 
 _RUNNER_MODULE = "sglang.srt.multimodal.vit_cuda_graph_runner"
 
-# Host layouts kept per tower: building one is cheap, but a server repeats a few sizes endlessly.
-_LAYOUT_CACHE_SIZE = 256
 # Under tensor parallelism the ranks agree, once every this many calls, whether one of them failed
 # inside rocm-vit; if one did, every rank hands the tower to SGLang's eager blocks at that same call.
 _FAILURE_AGREEMENT_CALLS = 64
@@ -70,7 +65,6 @@ class ViTGraphRunnerAdapter:
         self.vit = vit
         # SGLang's runner: only for a tower whose blocks do not fit the eager loop either.
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
-        self._layouts: OrderedDict[tuple, AttentionLayout] = OrderedDict()
         self._agree: AgreeMax | None = None  # over the ranks that run the same ViT calls, if several
         self._failures = RunnerFailures(None, _FAILURE_AGREEMENT_CALLS)
         self.all_reduce: AllReducePlan | None = None  # under tensor parallelism: how graphs capture its all-reduces
@@ -193,7 +187,7 @@ class ViTGraphRunnerAdapter:
         if not fits:
             return self._blocks.eager(*upstream_args)
         try:
-            layout = self._layout(*host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
+            layout = self._blocks.layout(*host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
         except ForwardFailedUnderTP as failure:  # never re-run on this rank alone: the request fails
             self._failures.failed()
@@ -236,28 +230,17 @@ class ViTGraphRunnerAdapter:
         self._runner = None
 
     def capture_padded_buckets(self) -> int:
-        """Capture now the graph of each bucket the runner pads one image or two to
-        (``Padding.bucket_call_grids``): one call of random pixels each through SGLang's own
-        ``forward_with_cuda_graph``, so each graph has a request's shapes and dtypes. Call it under
-        the grad mode of the server's calls, or under ``torch.no_grad()``, whose tensors inference
-        mode may write too. Returns how many graphs were captured: 0 where
-        the runner pads nothing (padding off, Qwen2.5-VL's windows), stopped serving, or is not the
-        one its tower holds (SGLang's forward reaches that one)."""
-        runner, vit = self._runner, self.vit
-        width = _pixel_width(vit)
-        if runner is None or runner.padding is None or self._windowed or width is None:
+        """Capture now the graph of each bucket the runner pads one image or two to, through SGLang's
+        own ``forward_with_cuda_graph`` (``start_calls.capture_tower_buckets``). Call it under the grad
+        mode of the server's calls, or under ``torch.no_grad()``, whose tensors inference mode may
+        write too. Returns how many graphs were captured: 0 where the runner pads nothing (padding
+        off, Qwen2.5-VL's windows), stopped serving, or is not the one its tower holds (SGLang's
+        forward reaches that one)."""
+        runner = self._runner
+        if runner is None or runner.padding is None or self._windowed or not self.held_by_its_tower():
             return 0
-        if not callable(getattr(vit, "forward_with_cuda_graph", None)):
-            return 0
-        if not self.held_by_its_tower():
-            return 0
-        captures = runner.stats()["captures"]
-        call_grids = runner.padding.bucket_call_grids(vit.spatial_merge_size)
-        for grids, pixels in bucket_calls(call_grids, width, vit.device, vit.dtype):
-            vit.forward_with_cuda_graph(pixels, torch.tensor(grids, dtype=torch.int32))
-            if self._runner is not runner:  # it failed, and SGLang's eager blocks serve from now on
-                return 0
-        return runner.stats()["captures"] - captures
+        # A runner that failed is dropped: SGLang's eager blocks serve from then on.
+        return capture_tower_buckets(self.vit, runner, lambda: self._runner is runner)
 
     def held_by_its_tower(self) -> bool:
         """Whether SGLang's forward reaches this adapter: its tower holds it (``graph_runners``)."""
@@ -265,23 +248,11 @@ class ViTGraphRunnerAdapter:
 
     def warm_up(self) -> None:
         """An eager call of a random image through SGLang's own ``forward`` under ``no_grad`` and one
-        under ``inference_mode``: what a request's eager call compiles (rocm-vit's compiled rotary on
-        ROCm: seconds) compiles here instead. Dynamo compiles once per kind of tensor (an inference
-        tensor's dispatch keys differ) and for every token count (no duck sizing); captures at start
-        compile the ``no_grad`` kind only. With rocm-vit's runner serving the tower the image is
-        larger than it captures (``max_tokens``), so nothing is captured or counted towards a capture;
-        else (graphs off, or no runner) two merge blocks square."""
-        vit, width = self.vit, _pixel_width(self.vit)
-        merge = getattr(vit, "spatial_merge_size", None)
-        if width is None or not isinstance(merge, int):
-            return
-        rows = 2 * merge
+        under ``inference_mode`` (``start_calls.warm_up_tower``): what a request's eager call compiles
+        compiles here instead. With rocm-vit's runner serving the tower the image is larger than it
+        captures (``max_tokens``), so nothing is captured or counted towards a capture."""
         runner = self._runner if self._graphs_on else None
-        columns = rows if runner is None else merge * -(-(runner.max_tokens + 1) // (rows * merge))
-        for grad_mode in (torch.no_grad, torch.inference_mode):
-            with grad_mode():  # the pixels too: made under inference mode, they are inference tensors
-                for grids, pixels in bucket_calls([[(1, rows, columns)]], width, vit.device, vit.dtype):
-                    vit(pixels, torch.tensor(grids, dtype=torch.int32))
+        warm_up_tower(self.vit, None if runner is None else runner.max_tokens)
 
     def stats(self) -> dict[str, Any]:
         """The rocm-vit runner's counters (captures, replays, evictions, eager runs by reason, bytes
@@ -289,18 +260,6 @@ class ViTGraphRunnerAdapter:
         a failure, every call goes to SGLang)."""
         stats = self._runner.stats() if self._runner is not None else dict(self._stopped_stats)
         return {**stats, "failures": self._failures.count, "stopped": self._runner is None}
-
-    def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> AttentionLayout:
-        # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
-        # (Qwen2.5-VL's leading empty segment included, so the kernels see what eager passes them).
-        # The window permutation stays SGLang's (output_indices), outside the graph key.
-        layout = self._layouts.get((offsets, window_offsets))
-        if layout is None:
-            if window_offsets is not None and window_offsets[-1] != offsets[-1]:
-                raise ValueError(f"cu_window_seqlens ends at {window_offsets[-1]} but cu_seqlens at {offsets[-1]}")
-            layout = AttentionLayout.from_offsets(offsets, window_offsets)
-            remember(self._layouts, (offsets, window_offsets), layout, _LAYOUT_CACHE_SIZE)
-        return layout
 
 
 def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
@@ -311,17 +270,6 @@ def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
     other captured a bucket, and gloo found the collectives' sizes differ)."""
     serving = {id(adapter.vit): adapter for adapter in list(_ADAPTERS) if adapter.held_by_its_tower()}
     return [serving[id(module)] for module in model.modules() if id(module) in serving]
-
-
-def _pixel_width(vit: nn.Module) -> int | None:
-    """The width of one patch's pixels ``vit`` takes (``in_channels * temporal_patch_size * patch_size²``),
-    or ``None`` for a tower without SGLang's patch embedding."""
-    embed = getattr(vit, "patch_embed", None)
-    sizes = [getattr(embed, name, None) for name in ("in_channels", "temporal_patch_size", "patch_size")]
-    if not all(isinstance(size, int) for size in sizes):
-        return None
-    in_channels, temporal_patch_size, patch_size = sizes
-    return in_channels * temporal_patch_size * patch_size**2
 
 
 def _policy() -> Policy | None:
