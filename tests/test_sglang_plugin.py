@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -640,3 +641,30 @@ def test_doctor_says_which_all_reduce_sglang_picks_and_what_graphs_do_with_it(
     from rocm_vit.integrations.sglang.status import all_reduce_verdict
 
     assert says in all_reduce_verdict(environ, platform)
+
+
+def test_captures_inside_sglangs_all_reduce_stop_before_its_table_overflows() -> None:
+    """Each capture inside SGLang's ``capture()`` takes one ``rank_data`` entry (64 bytes) per
+    all-reduce for good: once another capture would not fit, entering raises (on every rank alike,
+    as they capture the same layouts) instead of registering pointers past the table."""
+    import contextlib
+    import types
+
+    from rocm_vit.integrations.sglang.all_reduce import RegisteringScope
+
+    exits = []
+
+    @contextlib.contextmanager
+    def capture() -> Iterator[None]:
+        yield
+        exits.append("exchange")
+
+    ca_comm = types.SimpleNamespace(rank_data=torch.empty(5 * 64, dtype=torch.uint8), capture=capture)
+    scope = RegisteringScope(ca_comm, entries_per_capture=2)
+    for _ in range(2):
+        with scope():
+            pass
+    full = r"table of graph inputs is full \(4 of 5 entries, 2 a capture\)"
+    with pytest.raises(RuntimeError, match=full), scope():
+        pass
+    assert exits == ["exchange", "exchange"]
