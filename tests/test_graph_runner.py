@@ -37,6 +37,13 @@ def stand_in_capturing() -> bool:
     return getattr(_CAPTURING, "active", False)
 
 
+def stand_in_graph_slots() -> list | None:
+    """During a stand-in capture, the captured graph's list of device-side slots (what a captured
+    kernel reads its pointers from, ``rank_data``); during a replay, an iterator over them; else
+    ``None``. A stand-in communicator appends at capture and takes the next at replay."""
+    return getattr(_CAPTURING, "slots", None)
+
+
 @dataclass(eq=False)
 class _StandInGraph:
     fn: Any
@@ -45,6 +52,7 @@ class _StandInGraph:
     pool: _StandInPool
     corrupt: bool
     replays: int = 0
+    slots: list = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -135,18 +143,18 @@ class StandInGraphs(HostGraphs):
         if self.fail_captures:
             self.fail_captures -= 1
             raise torch.OutOfMemoryError("stand-in: out of memory during capture")
-        _CAPTURING.active = True
+        _CAPTURING.active, _CAPTURING.slots, slots = True, [], []
         try:
             output = fn()  # the runner's staging: only the forward's own result and scratch are in the pool
         finally:
-            _CAPTURING.active = False
+            _CAPTURING.active, slots, _CAPTURING.slots = False, _CAPTURING.slots, None
         tokens = output.shape[0]
         self._grow(pool, output.nbytes + self.scratch_bytes_per_token * tokens)
         pool.live_graphs += 1
         pool.captured_graphs += 1
         corrupt = self.corrupt_captures > 0
         self.corrupt_captures -= corrupt
-        return _StandInGraph(fn, output, tokens, pool, corrupt), output
+        return _StandInGraph(fn, output, tokens, pool, corrupt, slots=slots), output
 
     def _grow(self, pool: _StandInPool, need: int) -> None:
         """Reserve ``need`` bytes in whole segments, unless the pool already holds them."""
@@ -162,7 +170,11 @@ class StandInGraphs(HostGraphs):
         if self.fail_replays:
             self.fail_replays -= 1
             raise RuntimeError("stand-in: the replay failed")
-        graph.output.copy_(graph.fn() + 1 if graph.corrupt else graph.fn())
+        _CAPTURING.slots = iter(graph.slots)
+        try:
+            graph.output.copy_(graph.fn() + 1 if graph.corrupt else graph.fn())
+        finally:
+            _CAPTURING.slots = None
 
     def retire(self, graph: _StandInGraph) -> None:
         if self.fail_retires:

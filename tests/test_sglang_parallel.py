@@ -29,15 +29,15 @@ pytestmark = [
 ]
 
 DEADLINE_S = 600
-WORLD_SIZES = {"tp2": 2, "tp4": 4, "dp_attention_tp4_dp2": 4, "dp_attention_tp2_dp2": 2, "dp_encoder_tp2": 2}
-WORLD_SIZES["encode_server_tp2"] = 2
+WORLD_SIZES = {"tp2": 2, "tp4": 4, "tp8": 8, "dp_attention_tp4_dp2": 4, "dp_attention_tp2_dp2": 2}
+WORLD_SIZES |= {"dp_encoder_tp2": 2, "encode_server_tp2": 2}
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("weights") / "state.pt"
-    _spawn(parallel.write_reference_weights, (str(path),), 1)
-    return path
+    directory = tmp_path_factory.mktemp("weights")
+    _spawn(parallel.write_reference_weights, (str(directory),), 1)
+    return directory
 
 
 @pytest.fixture(scope="module", params=list(WORLD_SIZES))
@@ -45,7 +45,8 @@ def ranks(request: pytest.FixtureRequest, weights: Path, tmp_path_factory: pytes
     """Every rank's report of one layout."""
     layout, world_size = request.param, WORLD_SIZES[request.param]
     out = tmp_path_factory.mktemp(layout)
-    (out / "state.pt").symlink_to(weights)
+    for config in parallel.TOWER_CONFIGS:
+        (out / f"{config}.pt").symlink_to(weights / f"{config}.pt")
     rendezvous = f"file://{out / 'rendezvous'}"
     _spawn(parallel.worker, (world_size, rendezvous, layout, str(out)), world_size)
     return [json.loads((out / f"rank{rank}.json").read_text()) | {"layout": layout} for rank in range(world_size)]
@@ -99,7 +100,7 @@ def test_the_agreement_group_is_the_one_the_tower_all_reduces_over(ranks: list[d
     layout = ranks[0]["layout"]
     for rank in ranks:
         groups, agrees = rank["groups"], rank["serve"]["agrees"]
-        if layout in ("tp2", "tp4", "encode_server_tp2"):
+        if layout in ("tp2", "tp4", "tp8", "encode_server_tp2"):
             assert groups["agreement"] == groups["tp_group"] and agrees
         elif layout == "dp_attention_tp4_dp2":  # attention-TP pairs {0, 1} and {2, 3}
             pair = [0, 1] if rank["rank"] < 2 else [2, 3]
@@ -150,3 +151,40 @@ def test_churn_registers_nothing_with_the_all_reduce(ranks: list[dict]) -> None:
         assert report["captures"] >= 50 and report["evictions"] > 0, report
         assert report["all_reduce"]["captured_copy_in"] == 8 * report["captures"], report
         assert report["all_reduce"]["registered"] == 0 and report["all_reduce"]["exchanges"] == 0
+
+
+@pytest.mark.parametrize("communicator", parallel.COMMUNICATORS)
+def test_each_all_reduce_sglang_picks_is_captured_as_it_needs_or_left_eager(
+    ranks: list[dict], communicator: str
+) -> None:
+    """aiter's: captured outside its capture(), nothing registered. SGLang's own (ROCm, CUDA,
+    deterministic): captured inside capture(), every captured slot filled at its exit before any
+    replay reads it (outside, a replay reads an empty slot: NaN, every graph unverified). Quick
+    all-reduce: captured anywhere. NCCL only, or an all-reduce rocm-vit does not know: graphs off
+    under TP, with the reason. Every output equal to SGLang's eager forward bit for bit."""
+    for report in (rank[communicator] for rank in _episode(ranks, "communicators")):
+        assert all(report["bitwise_equal"]), report
+        assert report["warm_up_zeros"] == 0 and report["empty_slot_reads"] == 0, report
+        if communicator in ("nccl", "unknown"):
+            assert report["problem"] is not None and report["captures"] == 0, report
+            continue
+        assert report["problem"] is None and report["captures"] > 0 and report["graphs"] == report["captures"], report
+        assert not {"capture_unverified", "capture_failed"} & set(report["eager_runs"]), report
+        if communicator.startswith("sglang"):
+            assert report["registered_slots"] == 8 * report["captures"] and report["copy_in"] == 0, report
+            assert report["exchanges"] == report["captures"], report
+        else:
+            assert report["registered_slots"] == 0 and report["exchanges"] == 0, report
+        if communicator == "quick":
+            assert report["quick_calls"] > 0, report
+
+
+@pytest.mark.parametrize("communicator", ["sglang_rocm", "sglang_cuda"])
+def test_the_runner_built_under_tensor_parallelism_takes_the_all_reduces_token_cap(
+    ranks: list[dict], communicator: str
+) -> None:
+    """The custom all-reduce takes 24 patches' all-reduces, under the settings' 256: the runner is
+    built with 24, so the 32-patch requests run eagerly (their all-reduces would go to NCCL)."""
+    for report in (rank[communicator] for rank in _episode(ranks, "communicators")):
+        assert report["plan_max_tokens"] == report["runner_max_tokens"] == 24, report
+        assert report["eager_runs"].get("over_max_tokens", 0) > 0, report

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -389,20 +390,20 @@ def test_hook_on_an_imported_module_runs_at_once_and_rebinds_sglang_references(
 
 
 def test_windowed_offsets_come_from_sglangs_layout_key_without_reading_the_tensors() -> None:
-    from rocm_vit.integrations.sglang.graph_runner import _host_offsets
+    from rocm_vit.integrations.sglang.blocks import host_offsets
 
     unreadable = torch.empty(3, dtype=torch.int32, device="meta")  # .tolist() would raise
     key = ((0, 0, 32), (0, 16, 32))
-    assert _host_offsets(unreadable, unreadable, key) == key
-    assert _host_offsets(unreadable, None, ((0, 0, 32), None)) == ((0, 0, 32), None)
+    assert host_offsets(unreadable, unreadable, key) == key
+    assert host_offsets(unreadable, None, ((0, 0, 32), None)) == ((0, 0, 32), None)
 
 
 def test_windowed_offsets_without_a_key_are_read_from_the_tensors_in_one_go() -> None:
-    from rocm_vit.integrations.sglang.graph_runner import _host_offsets
+    from rocm_vit.integrations.sglang.blocks import host_offsets
 
     full, window = torch.tensor([0, 0, 16, 48], dtype=torch.int32), torch.tensor([0, 16, 32, 48], dtype=torch.int32)
-    assert _host_offsets(full, window, None) == ((0, 0, 16, 48), (0, 16, 32, 48))
-    assert _host_offsets(full, window, ((0, 0, 16, 48), None)) == ((0, 0, 16, 48), (0, 16, 32, 48))
+    assert host_offsets(full, window, None) == ((0, 0, 16, 48), (0, 16, 32, 48))
+    assert host_offsets(full, window, ((0, 0, 16, 48), None)) == ((0, 0, 16, 48), (0, 16, 32, 48))
 
 
 @needs_sglang
@@ -559,34 +560,111 @@ def test_the_start_serves_only_the_adapter_each_tower_holds_in_the_models_module
 
 
 class _RowParallel(torch.nn.Module):
-    """What ``_custom_all_reduce_tokens`` reads of SGLang's RowParallelLinear: it all-reduces its output."""
+    """What ``plan_all_reduce`` reads of SGLang's RowParallelLinear: it all-reduces its output."""
 
     def __init__(self, output_size: int) -> None:
         super().__init__()
         self.reduce_results, self.output_size = True, output_size
 
 
-def test_under_tensor_parallelism_graphs_stop_where_the_custom_all_reduce_does() -> None:
-    """A block all-reduces [tokens, 64] bf16 (128 bytes a token), a merger [tokens / 4, 96] (48): a
-    16 KiB custom all-reduce takes 128 tokens; without one, no graphs (NCCL would be captured)."""
+def _group(ca_comm: Any = None, qr_comm: Any = None) -> Any:
+    """A group that routes each all-reduce by SGLang's own ``_resolve_outplace_all_reduce_method``."""
     import types
 
-    sys.path.append(str(SCENARIO.parent))
-    from custom_all_reduce import StandInCustomAllreduce
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
 
-    from rocm_vit.integrations.sglang.graph_runner import _custom_all_reduce_tokens
+    group = types.SimpleNamespace(world_size=2, ca_comm=ca_comm, qr_comm=qr_comm, pymscclpp_comm=None,
+                                  pcie_ipc_comm=None, torch_symm_mem_comm=None)  # fmt: skip
+    group._resolve_outplace_all_reduce_method = types.MethodType(
+        GroupCoordinator._resolve_outplace_all_reduce_method, group
+    )
+    return group
+
+
+def test_under_tensor_parallelism_graphs_stop_where_the_captured_all_reduces_do() -> None:
+    """A block all-reduces [tokens, 64] bf16 (128 bytes a token), a merger [tokens / 4, 96] (48): a
+    16 KiB custom all-reduce takes 128 tokens, SGLang's own registers at its capture()'s exit, a
+    quick all-reduce takes what it declines; without either, NCCL would be captured: no graphs."""
+    sys.path.extend([str(SCENARIO.parent), str(SCENARIO.parent.parent)])
+    from custom_all_reduce import AiterCustomAllreduce, UnknownCustomAllreduce, quick_allreduce, sglang_custom_allreduce
+
+    from rocm_vit.integrations.sglang.all_reduce import RegisteringScope, plan_all_reduce
 
     vit = torch.nn.Module()
     vit.blocks = torch.nn.ModuleList([torch.nn.Module()])
     vit.blocks[0].proj = _RowParallel(64)
     vit.merger = _RowParallel(96)
     vit.spatial_merge_size, vit.dtype = 2, torch.bfloat16
-    group = types.SimpleNamespace(world_size=2)
-    group.ca_comm = StandInCustomAllreduce(group, capturing=lambda: False, max_size=16 << 10)
-    assert _custom_all_reduce_tokens(vit, group, max_tokens=8192) == (128, None)
-    assert _custom_all_reduce_tokens(vit, group, max_tokens=100) == (100, None)
-    group.ca_comm.max_size = 32  # not even one token's
-    assert _custom_all_reduce_tokens(vit, group, max_tokens=8192)[1].endswith("takes none of the tower's all-reduces")
-    group.ca_comm = None
-    tokens, reason = _custom_all_reduce_tokens(vit, group, max_tokens=8192)
-    assert tokens == 0 and "custom all-reduce is off" in reason
+    aiter = AiterCustomAllreduce(_group(), capturing=lambda: False, max_size=16 << 10)
+    group = _group(aiter)
+    plan = plan_all_reduce(vit, group, max_tokens=8192)
+    assert (plan.communicator, plan.max_tokens, plan.capture_scope, plan.problem) == (
+        "aiter's CustomAllreduce",
+        128,
+        None,
+        None,
+    )
+    assert plan_all_reduce(vit, group, max_tokens=100).max_tokens == 100
+    group.device_group = None
+    group.qr_comm = quick_allreduce(group, min_bytes=1 << 10)  # takes from 8 tokens' block all-reduce up
+    assert plan_all_reduce(vit, group, max_tokens=8192).max_tokens == 8192
+    aiter.max_size = 32  # not even one token's
+    assert "NCCL/RCCL" in plan_all_reduce(vit, _group(aiter), max_tokens=8192).problem
+    assert "NCCL/RCCL, which rocm-vit does not capture" in plan_all_reduce(vit, _group(), max_tokens=8192).problem
+    cpu_group = _group()  # the stand-in's own group: nothing is exchanged here
+    cpu_group.cpu_group, cpu_group.device_group, cpu_group.rank_in_group = None, None, 0
+    for variant, name in (("rocm", "ROCm"), ("cuda", "CUDA"), ("deterministic", "ROCm, deterministic 1-stage")):
+        plan = plan_all_reduce(vit, _group(sglang_custom_allreduce(cpu_group, lambda: False, variant, 16 << 10)), 8192)
+        assert plan.communicator == f"SGLang's CustomAllreduce ({name})" and isinstance(
+            plan.capture_scope, RegisteringScope
+        )
+        assert plan.max_tokens == (8192 if variant == "deterministic" else 128)  # the 1-stage kernel takes any size
+    plan = plan_all_reduce(vit, _group(UnknownCustomAllreduce(cpu_group)), 8192)
+    assert "CustomAllReduceV2" in plan.problem and "rocm-vit knows" in plan.problem
+
+
+@pytest.mark.parametrize(
+    ("platform", "environ", "says"),
+    [
+        ("cuda", {}, "CustomAllReduceV2 (SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2 on, the default): not an all-reduce"),
+        ("cuda", {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "0"}, "SGLang's CustomAllreduce (CUDA): captured inside"),
+        ("rocm", {"SGLANG_USE_1STAGE_ALLREDUCE": "1"}, "deterministic 1-stage): captured inside"),
+        ("rocm", {"SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "1"}, "deterministic 1-stage): captured inside"),
+        ("rocm", {"SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "1", "SGLANG_USE_1STAGE_ALLREDUCE": "0"}, "aiter missing"),
+        ("rocm", {"SGLANG_USE_AITER_AR": "0"}, "SGLang's CustomAllreduce (ROCm: SGLANG_USE_AITER_AR=0"),
+    ],
+)
+def test_doctor_says_which_all_reduce_sglang_picks_and_what_graphs_do_with_it(
+    platform: str, environ: dict[str, str], says: str
+) -> None:
+    """As SGLang 0.5.23's dispatch_custom_allreduce picks (aiter is not installed here)."""
+    from rocm_vit.integrations.sglang.status import all_reduce_verdict
+
+    assert says in all_reduce_verdict(environ, platform)
+
+
+def test_captures_inside_sglangs_all_reduce_stop_before_its_table_overflows() -> None:
+    """Each capture inside SGLang's ``capture()`` takes one ``rank_data`` entry (64 bytes) per
+    all-reduce for good: once another capture would not fit, entering raises (on every rank alike,
+    as they capture the same layouts) instead of registering pointers past the table."""
+    import contextlib
+    import types
+
+    from rocm_vit.integrations.sglang.all_reduce import RegisteringScope
+
+    exits = []
+
+    @contextlib.contextmanager
+    def capture() -> Iterator[None]:
+        yield
+        exits.append("exchange")
+
+    ca_comm = types.SimpleNamespace(rank_data=torch.empty(5 * 64, dtype=torch.uint8), capture=capture)
+    scope = RegisteringScope(ca_comm, entries_per_capture=2)
+    for _ in range(2):
+        with scope():
+            pass
+    full = r"table of graph inputs is full \(4 of 5 entries, 2 a capture\)"
+    with pytest.raises(RuntimeError, match=full), scope():
+        pass
+    assert exits == ["exchange", "exchange"]

@@ -14,19 +14,17 @@ import logging
 import statistics
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rocm_vit.graphs.cost import PAYBACK_SHARE, launch_from_eager
 from rocm_vit.graphs.options import RunnerOptions
+from rocm_vit.graphs.ranks import AgreeMax
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.recent import remember
 
 logger = logging.getLogger(__name__)
-
-# The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
-Agree = Callable[[list[int]], list[int]]
 
 # Why a call runs eagerly: what ``Admission.decide`` answers, and the runner's own (no GPU, a failed capture).
 EAGER_REASONS = (
@@ -81,7 +79,7 @@ class Admission:
     within the limits is worth a graph at its ``min_hits``-th call. ``agree``: makes ranks that must
     decide alike agree on the launch time (identity for one process)."""
 
-    def __init__(self, options: RunnerOptions, *, agree: Agree) -> None:
+    def __init__(self, options: RunnerOptions, *, agree: AgreeMax) -> None:
         self.capacity = options.capacity
         self.min_hits = options.min_hits
         self.max_tokens = options.max_tokens

@@ -8,21 +8,25 @@ Invariants (docs/design.md, "Runner", "Ranks" and "Hazards"):
 - a graph last in the pool that captures go to is reset only once another capture there has begun;
 - ranks never part ways: whatever fails on one rank is agreed before any rank takes a step the
   others would skip, and a forward that did not run on this rank runs eagerly in its place;
+- a ``capture_scope`` wraps only the capture, never the warm-up, and every rank leaves it together;
 - a pool is released only once no local holds the warm-up's output (``Captures.serve``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
-from rocm_vit.graphs.admission import Admission, Agree
+from rocm_vit.graphs.admission import Admission
 from rocm_vit.graphs.call import Call
 from rocm_vit.graphs.forward import Forward
+from rocm_vit.graphs.ranks import AgreeMax
 from rocm_vit.graphs.store import Graph, GraphStore
 from rocm_vit.graphs.torch_graphs import GraphMechanism
 from rocm_vit.layout import AttentionLayout
@@ -45,8 +49,10 @@ class _Attempt:
 class Captures:
     """Captures for one runner into its ``store``, reporting to its ``admission``. ``shares_decisions``:
     other ranks run the same calls (``agree`` is their maximum). ``prepare_capture`` runs on the
-    runner's stream before each warm-up and capture. Counts ``count`` captures and the seconds they
-    and their checks took."""
+    runner's stream before each warm-up and capture. ``capture_scope``: a context every capture runs
+    inside and every rank leaves together (a custom all-reduce that registers the captured inputs at
+    its exit); the warm-up stays outside it. Counts ``count`` captures and the seconds they and their
+    checks took."""
 
     def __init__(
         self,
@@ -55,9 +61,10 @@ class Captures:
         admission: Admission,
         mechanism: GraphMechanism,
         *,
-        agree: Agree,
+        agree: AgreeMax,
         shares_decisions: bool,
         prepare_capture: Callable[[], None],
+        capture_scope: Callable[[], contextlib.AbstractContextManager] | None = None,
     ) -> None:
         self._forward = forward
         self._store = store
@@ -66,6 +73,8 @@ class Captures:
         self._agree = agree
         self._shares_decisions = shares_decisions
         self._prepare_capture = prepare_capture
+        self._capture_scope = capture_scope
+        self._ready_agreed = False  # this attempt's ranks agreed they reached the capture (capture_scope)
         self.count = 0
         self.capture_seconds = 0.0
         self.verify_seconds = 0.0
@@ -93,9 +102,12 @@ class Captures:
         store, layout, tensors = self._store, call.layout, call.run_tensors
         need = store.scratch.bound(layout.num_patches)
         started = time.perf_counter()
+        self._ready_agreed = False
         attempt = self._capture(call)
         if attempt.reference is None and self._shares_decisions:
             self._forward.eager(tensors, layout)  # the warm-up's forward, in its place; raises if eager fails
+        if self._capture_scope is not None and not self._ready_agreed:
+            self._agree([1])  # the others' agreement before their capture (_scoped_capture): none captures
         try:
             measured = store.measured_pool_bytes()
         except Exception as error:  # the allocator cannot be read: treat it as a failed capture
@@ -143,13 +155,10 @@ class Captures:
         before its launch runs eagerly in its place under tensor parallelism: the other ranks'
         replays wait in their all-reduces for this rank's."""
         tensors, layout = call.run_tensors, call.layout
-        launched = False
         try:
-            self._forward.launch(entry, layout, tensors, call.immutable)
-            launched = True
-            return self._forward.take_output(entry), None
-        except Exception as error:
-            if not launched and self._shares_decisions:
+            return self._forward.replay(entry, layout, tensors, call.immutable), None
+        except Exception as error:  # raised before the replay launched: nothing can fail after it
+            if self._shares_decisions:
                 self._forward.eager(tensors, layout)
             return None, error
 
@@ -183,7 +192,7 @@ class Captures:
                     def forward_into_staging() -> torch.Tensor:
                         return output_view.copy_(forward())
 
-                    graph, output = self._mechanism.capture(forward_into_staging, pool, stream)
+                    graph, output = self._scoped_capture(forward_into_staging, pool, stream)
                 finally:
                     # Warm-up reads staging on this stream, also when the capture then fails.
                     order.mark(stream)
@@ -193,6 +202,30 @@ class Captures:
             return _Attempt(None, reference, error, pool_before)
         entry = Graph(graph, output, pool, staging, views, offsets, layout.num_patches, layout.offsets_per_call)
         return _Attempt(entry, reference, None, pool_before)
+
+    def _scoped_capture(self, fn: Callable[[], torch.Tensor], pool: Any, stream: Any) -> tuple[Any, torch.Tensor]:
+        """The mechanism's capture, inside ``capture_scope`` where one is given. Every rank leaves the
+        scope together (its exit is a blocking exchange): the ranks first agree that each reached its
+        capture, else none enters; inside, that each captured, before any leaves."""
+        if self._capture_scope is None:
+            return self._mechanism.capture(fn, pool, stream)
+        (not_ready,) = self._agree([0])
+        self._ready_agreed = True
+        if not_ready:
+            raise RuntimeError("another rank failed before its capture")
+        graph, error = None, None
+        with self._capture_scope():
+            try:
+                graph, output = self._mechanism.capture(fn, pool, stream)
+            except Exception as raised:
+                error = raised
+            (failed,) = self._agree([int(error is not None)])
+        if error is not None:
+            raise error
+        if failed:
+            self._mechanism.retire(graph)
+            raise RuntimeError("another rank's capture failed")
+        return graph, output
 
     def _remember_failure(self, call: Call, reason: str, why: object) -> None:
         layout = call.layout

@@ -2,8 +2,8 @@
 
 Invariants (docs/design.md, "Runner" and "Streams and threads"): an eager run never writes the
 caller's tensors (SGLang's blocks add into their input in place, and a caller's fallback after a
-failure starts from its input); a replay runs on the caller's stream, its output cloned there for the
-caller; one marker orders the runner's device work across the streams it runs on.
+failure starts from its input); a replay runs on the caller's stream, its output allocated there
+before the replay launches; one marker orders the runner's device work across the streams it runs on.
 """
 
 from __future__ import annotations
@@ -61,30 +61,24 @@ class Forward:
     def replay(
         self, entry: Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
     ) -> torch.Tensor:
-        self.launch(entry, layout, tensors, immutable)
-        return self.take_output(entry)
-
-    def launch(self, entry: Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool) -> None:
         """Fill staging and replay ``entry`` on the caller's stream: ordered after the caller's pending
         work (its inputs) by the stream itself, after the runner's last work on other streams by the
-        marker."""
+        marker. Returns the replay's output, copied into a tensor the caller owns, allocated on its
+        stream before the replay: nothing that can fail sits between a launched replay, whose
+        all-reduces the other ranks' wait for, and the return (docs/design.md, "Ranks")."""
         stream = self._mechanism.current_stream(tensors[0].device)
         self.order.follow(stream)
         try:
             entry.staging.fill(entry.inputs, tensors, immutable)
             if entry.offsets_per_call:
                 self._write_offsets(entry, layout)
+            output = torch.empty_like(entry.output)
             self._mechanism.replay(entry.graph)
         except BaseException:
             self.order.mark(stream)  # what was enqueued before the error reads staging on this stream
             raise
-
-    def take_output(self, entry: Graph) -> torch.Tensor:
-        """The replay's output, cloned for the caller on its stream, allocated there; the marker
-        goes after the clone, which reads staging."""
-        stream = self._mechanism.current_stream(entry.output.device)
-        output = entry.output.clone()
-        self.order.mark(stream)
+        output.copy_(entry.output)
+        self.order.mark(stream)  # after the copy, which reads staging
         return output
 
     @staticmethod

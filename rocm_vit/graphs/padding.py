@@ -9,7 +9,8 @@ compute the same function. The ladder and the margins: docs/design.md, "Padding"
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -124,6 +125,38 @@ def bucket_calls(
     for grids in call_grids:
         patches = sum(math.prod(grid) for grid in grids)
         yield grids, torch.randn(patches, width, generator=generator, device=device, dtype=dtype)
+
+
+def capture_buckets(
+    runner: Any,
+    forward: Callable[[torch.Tensor, list[GridTHW]], object],
+    merge: int,
+    width: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    still_serving: Callable[[], bool] = lambda: True,
+) -> int:
+    """Capture now the graph of each bucket ``runner`` (a ``ViTGraphRunner`` with ``padding``) pads
+    one image or two to: one call of random pixels each (``bucket_calls``) through ``forward(pixels,
+    grids)``, the tower's own entry, so each graph has a request's shapes and dtypes. Returns how many
+    graphs were captured; 0 as soon as ``still_serving()`` is false (the runner failed and its caller
+    dropped it). What ``VisionTower`` and the SGLang adapter run before serving."""
+    captures = runner.stats()["captures"]
+    for grids, pixels in bucket_calls(runner.padding.bucket_call_grids(merge), width, device, dtype):
+        forward(pixels, grids)
+        if not still_serving():
+            return 0
+    return runner.stats()["captures"] - captures
+
+
+def pixel_width(source: Any) -> int | None:
+    """The width of one patch's pixels (``in_channels * temporal_patch_size * patch_size²``) from an
+    object with those three int attributes (a ``TowerConfig``, SGLang's patch embedding), or ``None``."""
+    sizes = [getattr(source, name, None) for name in ("in_channels", "temporal_patch_size", "patch_size")]
+    if not all(isinstance(size, int) for size in sizes):
+        return None
+    in_channels, temporal_patch_size, patch_size = sizes
+    return in_channels * temporal_patch_size * patch_size**2
 
 
 def _top_grid(bucket: int, below: int, merge: int) -> GridTHW | None:

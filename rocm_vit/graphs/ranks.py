@@ -7,13 +7,14 @@ alone would leave the others waiting. What ranks measure differently is agreed o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from rocm_vit.graphs.runner import AgreeMax
+# The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
+AgreeMax = Callable[[Sequence[int]], list[int]]
 
 
 def group_max(group: Any = None) -> AgreeMax:

@@ -9,20 +9,21 @@ Invariants (docs/design.md, "Runner" and "Hazards"):
 - with padding, whether a call runs padded follows from its layout alone, eager or replayed;
 - a new graph is kept only if its first replay equals its warm-up bit for bit, and captures run on
   the caller's thread, inside its call (``capture.py``);
-- ``run`` returns a clone; one marker event orders the runner's device work on any stream
-  (``forward.py``); calls are decided, captured and replayed one at a time under the runner's lock,
-  and run eagerly outside it, on as many threads as call;
+- ``run`` returns a copy, allocated before the replay launches; one marker event orders the runner's
+  device work on any stream (``forward.py``); calls are decided, captured and replayed one at a time
+  under the runner's lock, and run eagerly outside it, on as many threads as call;
 - admission (the cost model, call counts), eviction and release follow the call sequence and
   rank-agreed sizes and launch times (``agree_max``), so tensor-parallel ranks decide alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,16 +34,15 @@ from rocm_vit.graphs.capture import Captures
 from rocm_vit.graphs.forward import Forward, ForwardBlocks, LayoutArgs
 from rocm_vit.graphs.options import RunnerOptions
 from rocm_vit.graphs.padding import Padding
+from rocm_vit.graphs.ranks import AgreeMax
 from rocm_vit.graphs.store import GraphStore
 from rocm_vit.graphs.torch_graphs import CudaGraphs, GraphMechanism
 from rocm_vit.layout import AttentionLayout
 
-__all__ = ["AgreeMax", "ForwardBlocks", "LayoutArgs", "ViTGraphRunner"]
+__all__ = ["ForwardBlocks", "LayoutArgs", "ViTGraphRunner"]
 
 logger = logging.getLogger(__name__)
 
-# The element-wise maximum of a list of ints over every rank that shares the runner's decisions.
-AgreeMax = Callable[[Sequence[int]], list[int]]
 _DEFAULT_OPTIONS = RunnerOptions()  # frozen, and without padding: nothing in it is shared state
 
 
@@ -57,7 +57,9 @@ class ViTGraphRunner:
     ``mechanism``: the graph API (``CudaGraphs``); ``clock`` times eager runs; ``agree_max``: the
     element-wise maximum over the ranks that must decide alike; ``prepare_capture`` is called on the
     runner's stream before each warm-up and capture: what ``forward_blocks`` makes lazily per stream
-    is made there, outside the pool.
+    is made there, outside the pool; ``capture_scope``: a context every capture runs inside and every
+    rank leaves together (a custom all-reduce that registers the captured inputs at its exit; the
+    warm-up stays outside it).
     ``forward_blocks`` is never given the caller's tensors to write: an eager run takes a copy of ``x``.
     """
 
@@ -70,6 +72,7 @@ class ViTGraphRunner:
         mechanism: GraphMechanism | None = None,
         prepare_capture: Callable[[], None] | None = None,
         agree_max: AgreeMax | None = None,
+        capture_scope: Callable[[], contextlib.AbstractContextManager] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.options = options
@@ -86,6 +89,7 @@ class ViTGraphRunner:
             agree=self._agree,
             shares_decisions=agree_max is not None,
             prepare_capture=prepare_capture or _nothing,
+            capture_scope=capture_scope,
         )
         self._clock = clock
         self._lock = threading.Lock()

@@ -2,7 +2,7 @@
 
 Per signature one set of buffers at ``max_tokens`` rows, never regrown (a workspace regrown under a
 captured graph corrupted SGLang's replies: docs/design.md, "Hazards"). Graphs capture views of their
-first rows; a replay's inputs are copied in device to device and its output cloned out.
+first rows; a replay's inputs are copied in device to device and its output copied out.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Staging:
 
     A graph captures views of the first rows of each buffer, so every graph reads the same memory,
     filled before each replay by device-to-device copies, and writes its output to the same memory,
-    cloned out after the replay.
+    copied out after the replay into a tensor allocated before it.
     """
 
     def __init__(self, signature: Signature, max_tokens: int, device: torch.device) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 
 from rocm_vit.graphs.memory import PredictionErrors, ScratchBounds
 from rocm_vit.graphs.options import RunnerOptions
+from rocm_vit.graphs.ranks import AgreeMax
 from rocm_vit.graphs.staging import Signature, Staging
 from rocm_vit.graphs.torch_graphs import GraphMechanism
 
@@ -67,7 +67,7 @@ class GraphStore:
         mechanism: GraphMechanism,
         options: RunnerOptions,
         *,
-        agree_max: Callable[[Sequence[int]], list[int]] | None,
+        agree_max: AgreeMax | None,
     ) -> None:
         self._mechanism = mechanism
         self._agree_max = agree_max

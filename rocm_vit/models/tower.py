@@ -29,7 +29,7 @@ from torch import nn
 from rocm_vit.attention import AttentionBackend, AttnArgs, LayerArgs, get_backend
 from rocm_vit.fusion import add_norm
 from rocm_vit.graphs import ViTGraphRunner
-from rocm_vit.graphs.padding import bucket_calls
+from rocm_vit.graphs.padding import capture_buckets, pixel_width
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.policy import active_policy, runner_options
 from rocm_vit.recent import remember
@@ -237,12 +237,11 @@ class VisionTower(nn.Module, ABC):
         runner = self._graph_runner
         if runner is None or runner.padding is None:
             return 0
-        config, captures = self.config, runner.stats()["captures"]
-        width = config.in_channels * config.temporal_patch_size * config.patch_size**2
-        call_grids = runner.padding.bucket_call_grids(config.spatial_merge_size)
-        for grids, pixels in bucket_calls(call_grids, width, self.device, self.dtype):
-            self(pixels, grids)
-        captured = runner.stats()["captures"] - captures
+        config = self.config
+        merge, width = config.spatial_merge_size, pixel_width(config)
+        captured = capture_buckets(
+            runner, lambda pixels, grids: self(pixels, grids), merge, width, self.device, self.dtype
+        )
         logger.info("captured %d padded bucket graphs before serving", captured)
         return captured
 

@@ -1,11 +1,9 @@
-"""A stand-in for SGLang's custom all-reduce on a CPU (gloo), with the behaviour rocm-vit must live with.
+"""Stand-ins for the all-reduces SGLang picks, on a CPU (gloo), with the behaviour rocm-vit must live with.
 
 Read from SGLang 0.5.23 ``sglang/srt/distributed/device_communicators/custom_all_reduce.py``
-(``CustomAllreduce``: ``capture``, ``register_graph_buffers``, ``should_custom_ar``,
-``custom_all_reduce``) and aiter c16d44b93a52 (the commit SGLang's ROCm Dockerfile pins)
-``aiter/dist/device_communicators/custom_all_reduce.py`` (``CustomAllreduce.capture``: ``flush_graph_buffers``
-on exit; ``custom_all_reduce``) with ``csrc/include/custom_all_reduce.cuh``
-(``check_rank_data_capacity``). What both do, and this does:
+(``CustomAllreduce``, ``dispatch_custom_allreduce``), ``quick_all_reduce.py``, and aiter c16d44b93a52
+(the commit SGLang's ROCm Dockerfile pins) ``aiter/dist/device_communicators/custom_all_reduce.py``
+with ``csrc/include/custom_all_reduce.cuh``. ``AiterCustomAllreduce`` (aiter's, ROCm's default):
 
 - inside ``capture()``, a call on a stream that is not capturing (a warm-up) returns
   ``torch.zeros_like(input)``: "mimic the allocation pattern since custom allreduce is out-of-place";
@@ -13,12 +11,15 @@ on exit; ``custom_all_reduce``) with ``csrc/include/custom_all_reduce.cuh``
   nothing now (a capture runs no kernel); outside ``capture()`` a captured call copies its input into
   the buffer registered at start ("copy-in", ``registered=False``) and registers nothing;
 - leaving ``capture()`` registers the recorded inputs with every peer: a blocking exchange over the
-  group (SGLang: ``broadcast_object_list`` from each rank; aiter: a store read per rank), which waits
-  for every rank of the group;
+  group (a store read per rank), which waits for every rank of the group;
 - the table of registered inputs is bounded: ``rank_data`` is 8 MiB of 64-byte ``RankData`` entries
-  (eight pointers each, whatever the world size) in aiter, 131,072 entries; a registration past it raises
+  (eight pointers each, whatever the world size), 131,072 entries; a registration past it raises
   ``RuntimeError("Rank data buffer is overflowed by N")``, and registrations are never taken back;
 - ``should_custom_ar``: a multiple of 16 bytes, weakly contiguous, at most ``max_size`` bytes.
+
+``sglang_custom_allreduce`` (SGLang's own, on the real class) differs where it matters: a captured
+call, inside ``capture()`` or not, reads a slot only ``capture()``'s exit fills. ``quick_allreduce``
+and ``UnknownCustomAllreduce`` complete the set rocm-vit identifies (``integrations/sglang/all_reduce.py``).
 
 A call that runs (eager, or a replay of the CPU stand-in graphs, which re-run the captured function)
 reduces for real over the group's gloo device group. ``capturing`` says whether the caller's stream
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from test_graph_runner import stand_in_graph_slots
 
 # aiter: rank_data = torch.empty(8 * 1024 * 1024, uint8); RankData holds 8 pointers (64 bytes).
 RANK_DATA_ENTRIES = (8 << 20) // 64
@@ -40,8 +42,15 @@ RANK_DATA_ENTRIES = (8 << 20) // 64
 MAX_SIZE = 2 * 8192 * 1024
 
 
-class StandInCustomAllreduce:
-    """``group.ca_comm`` for a gloo group: SGLang's and aiter's contract, computed with ``dist.all_reduce``."""
+class AiterCustomAllreduce:
+    """aiter's ``CustomAllreduce`` as ``group.ca_comm`` of a gloo group, computed with ``dist.all_reduce``.
+
+    aiter cannot be installed here: the class declares aiter's module and name, which is what
+    rocm-vit identifies it by. A captured call outside ``capture()`` copies its input into the pool
+    registered at start (aiter looks there before it looks at the stream): at replay it reduces."""
+
+    __module__ = "aiter.dist.device_communicators.custom_all_reduce"
+    __qualname__ = "CustomAllreduce"
 
     def __init__(
         self,
@@ -112,19 +121,155 @@ class StandInCustomAllreduce:
         return output
 
 
+def _sglang_classes() -> tuple[type, type]:
+    from sglang.srt.distributed.device_communicators.custom_all_reduce import CustomAllreduce
+    from sglang.srt.distributed.device_communicators.quick_all_reduce import QuickAllReduce
+
+    return CustomAllreduce, QuickAllReduce
+
+
+def sglang_custom_allreduce(group: Any, capturing: Callable[[], bool], variant: str, max_size: int = MAX_SIZE) -> Any:
+    """SGLang's own ``CustomAllreduce`` (the real class, its ``capture()`` included) on a gloo group.
+
+    ``variant``: "rocm" (``SGLANG_USE_AITER_AR=0``), "deterministic" (ROCm's 1-stage kernel:
+    ``SGLANG_USE_1STAGE_ALLREDUCE=1`` or deterministic inference; it takes every size) or "cuda"
+    (sgl_kernel's). Read from SGLang 0.5.23 ``custom_all_reduce.py`` and sgl_kernel's
+    ``custom_all_reduce`` (HIP and CUDA): a kernel launched while the stream captures, inside
+    ``capture()`` or not, is pointed at the next empty ``rank_data`` slot and its input queued;
+    ``capture()``'s exit exchanges the queued inputs with every rank (blocking) and fills the slots.
+    A replay that reads a slot nobody filled reads garbage pointers: NaN here (on a device, garbage
+    or a fault). Inside ``capture()`` a call on a stream that is not capturing returns zeros."""
+    base, _ = _sglang_classes()
+
+    class SGLangCustomAllreduce(base):
+        def __init__(self) -> None:  # the real __init__ opens IPC handles: only its state is set here
+            self._IS_CAPTURING = False
+            self.disabled = False
+            self.original_disabled = False
+            self.tms_cudagraph = False
+            self._ptr = 0
+            self.use_amd_deterministic_impl = variant == "deterministic"
+            if variant == "cuda":
+                self.buffer_ptrs = [0] * group.world_size
+            else:
+                self.buffer = torch.empty(0, dtype=torch.uint8)
+            self.group = group.cpu_group
+            self.rank = group.rank_in_group
+            self.world_size = group.world_size
+            self.max_size = max_size
+            self.full_nvlink = True
+            self.rank_data = torch.empty(max_size, dtype=torch.uint8)  # 64-byte entries
+            self._reduce_group = group.device_group
+            self._capturing = capturing
+            self._pending: list[dict] = []
+            self.registered = 0
+            self.exchanges = 0
+            self.warm_up_zeros = 0
+            self.empty_slot_reads = 0
+            self.captured_calls = {"registered": 0, "copy_in": 0}
+
+        def should_custom_ar(self, inp: torch.Tensor) -> bool:
+            size = inp.numel() * inp.element_size()
+            if self.disabled or size % 16 or not inp.is_contiguous():
+                return False
+            return self.use_amd_deterministic_impl or size <= self.max_size
+
+        def register_graph_buffers(self) -> None:
+            mine, self._pending = self._pending, []
+            counts: list[Any] = [None] * self.world_size
+            for index, rank in enumerate(sorted(dist.get_process_group_ranks(self.group))):
+                slot = [len(mine) if rank == dist.get_rank() else None]
+                dist.broadcast_object_list(slot, src=rank, group=self.group, device="cpu")
+                counts[index] = slot[0]
+            self.exchanges += 1
+            over = self.registered + len(mine) - self.rank_data.numel() // 64
+            if over > 0:
+                raise RuntimeError(f"Rank data buffer is overflowed by {over}")
+            self.registered += len(mine)
+            for index, slot in enumerate(mine):  # a peer that queued fewer leaves garbage in the rest
+                slot["filled"] = index < min(counts)
+
+        def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
+            if self.disabled or not self.should_custom_ar(input):
+                return None
+            if self._capturing():  # queued for capture()'s exit, whether inside capture() or not
+                slot = {"filled": False}
+                self._pending.append(slot)
+                stand_in_graph_slots().append(slot)
+                self.captured_calls["registered" if self._IS_CAPTURING else "copy_in"] += 1
+                return torch.full_like(input, float("nan"))  # recorded, not run
+            if self._IS_CAPTURING:
+                self.warm_up_zeros += 1
+                return torch.zeros_like(input)
+            replaying = stand_in_graph_slots()
+            if replaying is not None and not next(replaying)["filled"]:
+                self.empty_slot_reads += 1
+                return torch.full_like(input, float("nan"))
+            output = input.clone()
+            dist.all_reduce(output, group=self._reduce_group)
+            return output
+
+    return SGLangCustomAllreduce()
+
+
+def quick_allreduce(group: Any, min_bytes: int) -> Any:
+    """SGLang's ``QuickAllReduce`` (the real class) on a gloo group: buffers exchanged at start, so a
+    call captured anywhere is its eager call and a replay reduces. It takes inputs from ``min_bytes``
+    up (SGLang's ``_QR_MIN_SIZE`` per dtype and world size; any dtype here, as the CPU tower is fp32)."""
+    _, base = _sglang_classes()
+
+    class StandInQuickAllReduce(base):
+        def __init__(self) -> None:
+            self.disabled = False
+            self._ptr = 0
+            self.calls = 0
+            self._reduce_group = group.device_group
+
+        def should_quick_allreduce(self, inp: torch.Tensor) -> bool:
+            size = inp.numel() * inp.element_size()
+            return size % 16 == 0 and inp.is_contiguous() and size >= min_bytes
+
+        def quick_all_reduce(self, inp: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+            self.calls += 1
+            output = inp.clone()
+            dist.all_reduce(output, group=self._reduce_group)
+            return output
+
+    return StandInQuickAllReduce()
+
+
+class UnknownCustomAllreduce:
+    """A custom all-reduce rocm-vit does not know (declared as CUDA's ``CustomAllReduceV2``)."""
+
+    __module__ = "sglang.srt.distributed.device_communicators.custom_all_reduce_v2"
+    __qualname__ = "CustomAllReduceV2"
+
+    def __init__(self, group: Any) -> None:
+        self.disabled = False
+        self._reduce_group = group.device_group
+
+    def should_custom_ar(self, inp: torch.Tensor) -> bool:
+        return True
+
+    def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor:
+        output = input.clone()
+        dist.all_reduce(output, group=self._reduce_group)
+        return output
+
+
 def route_cpu_all_reduces_through_ca_comm() -> None:
-    """On a GPU, SGLang's ``GroupCoordinator.all_reduce`` sends what ``ca_comm.should_custom_ar``
-    takes to ``ca_comm.custom_all_reduce`` (``_resolve_outplace_all_reduce_method`` -> "ca" ->
-    ``_all_reduce_out_place``); for CPU tensors it goes straight to ``torch.distributed``. This makes
-    the CPU path take the GPU's choice, through SGLang's own ``_all_reduce_out_place``."""
+    """On a GPU, SGLang's ``GroupCoordinator.all_reduce`` sends an all-reduce where
+    ``_resolve_outplace_all_reduce_method`` says ("ca": ``ca_comm``, "qr": ``qr_comm``, ...) through
+    ``_all_reduce_out_place``; for CPU tensors it goes straight to ``torch.distributed``. This makes
+    the CPU path take the GPU's choice, through SGLang's own two functions."""
     from sglang.srt.distributed.parallel_state import GroupCoordinator
 
     def all_reduce(self: GroupCoordinator, input_: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
             return input_
-        ca_comm = self.ca_comm
-        if ca_comm is not None and not ca_comm.disabled and ca_comm.should_custom_ar(input_):
-            return self._all_reduce_out_place(input_, "ca")
+        method = self._resolve_outplace_all_reduce_method(input_)
+        if method is not None:
+            return self._all_reduce_out_place(input_, method)
         dist.all_reduce(input_, group=self.device_group)
         return input_
 

@@ -31,7 +31,7 @@ for path in (str(HERE), str(HERE.parent)):  # the torchvision stand-in; tests/ f
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from env_vars import set_env  # noqa: E402
-from toy_tower import tiny_qwen3_vl_config  # noqa: E402
+from toy_tower import qwen3_vl_235b_heads_config, tiny_qwen3_vl_config  # noqa: E402
 
 PATCH_DIM = 3 * 2 * 4 * 4  # in_channels * temporal_patch_size * patch_size²
 GRIDS = [[(1, 4, 8)], [(1, 4, 4), (2, 4, 2)], [(1, 6, 4)]]
@@ -69,7 +69,7 @@ def worker(rank: int, world_size: int, rendezvous: str, layout: str, out: str) -
     (_init_encoder if kind == "encoder" else _init_serving)(rank, world_size, rendezvous, fields)
     report: dict[str, Any] = {"rank": rank}
     try:
-        model, groups = _tower(Path(out) / "state.pt")
+        model, groups = _tower(Path(out) / "state.pt", TOWERS.get(layout, "tiny"))
         report["groups"] = groups
         for name in episodes:
             report[name] = EPISODES[name](model, rank, world_size)
@@ -79,12 +79,18 @@ def worker(rank: int, world_size: int, rendezvous: str, layout: str, out: str) -
         _teardown()
 
 
-def write_reference_weights(rank: int, path: str) -> None:
-    """Rank 0 of a world of one: full random weights as a checkpoint holds them, to ``path``."""
+def write_reference_weights(rank: int, directory: str) -> None:
+    """Rank 0 of a world of one: full random weights as a checkpoint holds them, one file per tower
+    of ``TOWER_CONFIGS`` in ``directory``."""
     os.environ.update(ENVIRONMENT)
-    _init_serving(0, 1, f"file://{path}.rendezvous", {})
+    _init_serving(0, 1, f"file://{directory}/rendezvous", {})
     _load_rocm_vit()
-    model = _build_tower()
+    for name in TOWER_CONFIGS:
+        _write_weights(_build_tower(name), Path(directory, f"{name}.pt"))
+    _teardown()
+
+
+def _write_weights(model: torch.nn.Module, path: Path) -> None:
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():  # norm weights near 1, as scenario.py's
@@ -94,7 +100,6 @@ def write_reference_weights(rank: int, path: str) -> None:
     # VocabParallelEmbedding pads its rows (64 for 36 positions); a checkpoint has the 36.
     state["pos_embed.weight"] = state["pos_embed.weight"][: model.num_position_embeddings]
     torch.save(state, path)
-    _teardown()
 
 
 # Episodes ---------------------------------------------------------------------------------------
@@ -203,16 +208,83 @@ def _start(model: torch.nn.Module, rank: int, world_size: int) -> dict:
     }
 
 
+# The all-reduces SGLang may pick, as rocm-vit meets them (integrations/sglang/all_reduce.py).
+COMMUNICATORS = ["aiter", "sglang_rocm", "sglang_cuda", "sglang_deterministic", "quick", "nccl", "unknown"]
+
+
+def _communicators(model: torch.nn.Module, rank: int, world_size: int) -> dict:
+    """This rank's requests through a fresh adapter under each communicator of ``COMMUNICATORS`` put
+    on the tower's group, against SGLang's eager forward. SGLang's own on ROCm and CUDA take at most
+    24 patches' all-reduces (the runner's cap: 32-patch requests run eagerly); the quick all-reduce
+    takes what aiter's, capped the same, declines."""
+    from custom_all_reduce import AiterCustomAllreduce, UnknownCustomAllreduce, quick_allreduce, sglang_custom_allreduce
+    from test_graph_runner import stand_in_capturing
+
+    group = model.blocks[0].mlp.linear_fc2.tp_group
+    saved = (group.ca_comm, group.qr_comm)
+    row_bytes = 4 * max(m.output_size for m in model.modules() if getattr(m, "reduce_results", False))
+    capped = 24 * row_bytes
+    requests = _requests(model, repeats=2)
+    eager = _run(model, requests, graphs=False)
+    made = {
+        "aiter": lambda: (AiterCustomAllreduce(group, stand_in_capturing), None),
+        "sglang_rocm": lambda: (sglang_custom_allreduce(group, stand_in_capturing, "rocm", capped), None),
+        "sglang_cuda": lambda: (sglang_custom_allreduce(group, stand_in_capturing, "cuda", capped), None),
+        "sglang_deterministic": lambda: (
+            sglang_custom_allreduce(group, stand_in_capturing, "deterministic", capped), None
+        ),
+        "quick": lambda: (AiterCustomAllreduce(group, stand_in_capturing, max_size=capped),
+                          quick_allreduce(group, min_bytes=capped + 16)),
+        "nccl": lambda: (None, None),
+        "unknown": lambda: (UnknownCustomAllreduce(group), None),
+    }  # fmt: skip
+    reports = {}
+    try:
+        for name in COMMUNICATORS:
+            group.ca_comm, group.qr_comm = made[name]()
+            adapter = _adapter(model)
+            served = _run(model, requests, graphs=True)
+            stats = adapter.stats()
+            plan = adapter.all_reduce
+            ca_comm = group.ca_comm
+            reports[name] = {
+                "bitwise_equal": [torch.equal(a, b) for a, b in zip(served, eager, strict=True)],
+                "communicator": plan.communicator,
+                "problem": plan.problem,
+                "plan_max_tokens": plan.max_tokens,
+                "runner_max_tokens": None if adapter._runner is None else adapter._runner.max_tokens,
+                "captures": stats.get("captures", 0),
+                "graphs": stats.get("graphs", 0),
+                "eager_runs": {reason: count for reason, count in stats.get("eager_runs", {}).items() if count},
+                "registered_slots": getattr(ca_comm, "captured_calls", {}).get("registered", 0),
+                "copy_in": getattr(ca_comm, "captured_calls", {}).get("copy_in", 0),
+                "exchanges": getattr(ca_comm, "exchanges", 0),
+                "empty_slot_reads": getattr(ca_comm, "empty_slot_reads", 0),
+                "warm_up_zeros": getattr(ca_comm, "warm_up_zeros", 0),
+                "quick_calls": getattr(group.qr_comm, "calls", 0),
+            }
+    finally:
+        group.ca_comm, group.qr_comm = saved
+    return reports
+
+
 def _episodes_with_failures(names: list[str]) -> dict:
     return {f"fail_{name}": (lambda model, rank, size, name=name: _serve(model, rank, size, name)) for name in names}
 
 
-EPISODES = {"serve": _serve, "churn": _churn, "start": _start, **_episodes_with_failures(list(FAILURES))}
+EPISODES = {
+    "serve": _serve,
+    "churn": _churn,
+    "start": _start,
+    "communicators": _communicators,
+    **_episodes_with_failures(list(FAILURES)),
+}
 _EVERY_FAILURE = ["serve", *(f"fail_{name}" for name in FAILURES)]
 # name: (SGLang ServerArgs fields, how the rank starts, episodes)
 LAYOUTS: dict[str, tuple[dict, str, list[str]]] = {
-    "tp2": ({"tp_size": 2}, "serving", [*_EVERY_FAILURE, "start", "churn"]),  # churn: ~1 min
-    "tp4": ({"tp_size": 4}, "serving", [*_EVERY_FAILURE, "start"]),
+    "tp2": ({"tp_size": 2}, "serving", [*_EVERY_FAILURE, "start", "communicators", "churn"]),  # churn: ~1 min
+    "tp4": ({"tp_size": 4}, "serving", [*_EVERY_FAILURE, "start", "communicators"]),
+    "tp8": ({"tp_size": 8}, "serving", ["serve", "communicators"]),
     "dp_attention_tp4_dp2": ({"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve"]),
     "dp_attention_tp2_dp2": ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "serving", ["serve", "start"]),
     "dp_encoder_tp2": ({"tp_size": 2, "mm_enable_dp_encoder": True}, "serving", ["serve", "start"]),
@@ -222,11 +294,14 @@ LAYOUTS: dict[str, tuple[dict, str, list[str]]] = {
 
 # The tower, the adapter, the all-reduce ---------------------------------------------------------
 
+TOWER_CONFIGS = {"tiny": tiny_qwen3_vl_config, "qwen3_vl_235b_heads": qwen3_vl_235b_heads_config}
+TOWERS = {"tp8": "qwen3_vl_235b_heads"}  # layout: its tower, where not the tiny one
 
-def _tower(state_path: Path) -> tuple[torch.nn.Module, dict]:
+
+def _tower(state_path: Path, config: str) -> tuple[torch.nn.Module, dict]:
     """SGLang's tower on this rank's shard, with rocm-vit loaded, and a stand-in custom all-reduce
     on every group of several ranks (the groups' names and ranks are returned)."""
-    from custom_all_reduce import StandInCustomAllreduce, route_cpu_all_reduces_through_ca_comm
+    from custom_all_reduce import AiterCustomAllreduce, route_cpu_all_reduces_through_ca_comm
     from sglang.srt.runtime_context import get_parallel
     from test_graph_runner import stand_in_capturing
 
@@ -238,24 +313,25 @@ def _tower(state_path: Path) -> tuple[torch.nn.Module, dict]:
         group = getattr(parallel, name)
         groups[name] = group.ranks
         if group.world_size > 1 and group.ca_comm is None:
-            group.ca_comm = StandInCustomAllreduce(group, stand_in_capturing)
-    model = _build_tower()
-    model.load_weights(torch.load(state_path).items())
-    from rocm_vit.integrations.sglang.graph_runner import agreement_group
+            group.ca_comm = AiterCustomAllreduce(group, stand_in_capturing)
+    model = _build_tower(config)
+    model.load_weights(torch.load(state_path.parent / f"{config}.pt").items())
+    from rocm_vit.integrations.sglang.ranks import agreement_group
 
     agreeing = agreement_group(model)
     groups["agreement"] = None if agreeing is None else agreeing.ranks
     return model, groups
 
 
-def _build_tower() -> torch.nn.Module:
-    """scenario.py's tiny Qwen3-VL tower with rocm-vit's aiter_attn slot; ``use_data_parallel`` as
-    ``Qwen3VLForConditionalGeneration`` passes it."""
+def _build_tower(config: str) -> torch.nn.Module:
+    """A toy Qwen3-VL tower of ``TOWER_CONFIGS`` with rocm-vit's aiter_attn slot; ``use_data_parallel``
+    as ``Qwen3VLForConditionalGeneration`` passes it."""
     from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
     from sglang.srt.runtime_context import get_mm
 
     with get_mm().override(mm_attention_backend="aiter_attn"):
-        return Qwen3VLMoeVisionModel(tiny_qwen3_vl_config(), use_data_parallel=get_mm().mm_enable_dp_encoder).eval()
+        vision_config = TOWER_CONFIGS[config]()
+        return Qwen3VLMoeVisionModel(vision_config, use_data_parallel=get_mm().mm_enable_dp_encoder).eval()
 
 
 def _adapter(model: torch.nn.Module, **settings_or_failures: Any) -> Any:

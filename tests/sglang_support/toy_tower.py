@@ -17,14 +17,20 @@ _SHARED_SIZES = {
 }
 
 
-def tiny_qwen3_vl_config(hidden_size: int = 64) -> Any:
+def tiny_qwen3_vl_config(hidden_size: int = 64, num_heads: int = 4) -> Any:
     """3 blocks, one deepstack merger after block 1; a 6 x 6 position table, which most grids
-    interpolate. ``hidden_size`` 64 gives head dim 16."""
+    interpolate. ``hidden_size`` 64 gives head dim 16; ``qwen3_vl_235b_heads_config`` Qwen3-VL-235B's heads."""
     from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
 
+    sizes = {**_SHARED_SIZES, "num_heads": num_heads}
     return Qwen3VLVisionConfig(
-        depth=3, hidden_size=hidden_size, num_position_embeddings=36, deepstack_visual_indexes=[1], **_SHARED_SIZES
+        depth=3, hidden_size=hidden_size, num_position_embeddings=36, deepstack_visual_indexes=[1], **sizes
     )
+
+
+def qwen3_vl_235b_heads_config() -> Any:
+    """The toy tower with Qwen3-VL-235B's attention: 16 heads of 72 (hidden 1152), two a rank at TP 8."""
+    return tiny_qwen3_vl_config(hidden_size=1152, num_heads=16)
 
 
 def tiny_qwen2_5_vl_config() -> Any:

@@ -7,45 +7,38 @@ the segment offsets come from SGLang's host-side layout key (Qwen2.5-VL's window
 ``SGLANG_VIT_CUDA_GRAPH_*`` settings, cos/sin stay in the dtype the model passed. What the runner
 cannot serve (a backend that reads its offsets back, a call in another form, every call after a
 failure) runs SGLang's eager block loop, never SGLang's own runner. Under tensor parallelism the ranks that
-run the same ViT calls (``agreement_group``) agree on every capture, and graphs are captured outside
-the custom all-reduce's capture context, so a captured all-reduce is the very call eager makes
-(docs/sglang.md, "Parallel serving"). What SGLang's runner gets wrong, and so what this replaces:
-docs/sglang.md, "What the plugin changes".
+run the same ViT calls (``agreement_group``) agree on every capture, graphs are captured as the
+group's all-reduce needs (``all_reduce.plan_all_reduce``), and a forward that may have launched
+collectives is never re-run on one rank (docs/sglang.md, "Parallel serving"). What SGLang's runner
+gets wrong, and so what this replaces: docs/sglang.md, "What the plugin changes".
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-import itertools
 import logging
-import operator
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Hashable
 from typing import Any
 
 import torch
 from torch import nn
 
-from rocm_vit.attention import VarlenArgs
 from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
-from rocm_vit.graphs.padding import bucket_calls
-from rocm_vit.graphs.ranks import group_max
-from rocm_vit.graphs.runner import AgreeMax
+from rocm_vit.graphs.ranks import AgreeMax, group_max
+from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, plan_all_reduce
+from rocm_vit.integrations.sglang.blocks import SGLANG_GRAPH_ARGS, SGLangBlocks, host_offsets, segment_args
+from rocm_vit.integrations.sglang.contract import eager_unsupported_reason, unsupported_reason
 from rocm_vit.integrations.sglang.imports import original
-from rocm_vit.layout import AttentionLayout
+from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, RunnerFailures, agreement_group
+from rocm_vit.integrations.sglang.start_calls import capture_tower_buckets, warm_up_tower
 from rocm_vit.policy import Policy, active_policy, runner_options
-from rocm_vit.recent import remember
 from rocm_vit.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
 
 _RUNNER_MODULE = "sglang.srt.multimodal.vit_cuda_graph_runner"
 
-# Host layouts kept per tower: building one is cheap, but a server repeats a few sizes endlessly.
-_LAYOUT_CACHE_SIZE = 256
 # Under tensor parallelism the ranks agree, once every this many calls, whether one of them failed
 # inside rocm-vit; if one did, every rank hands the tower to SGLang's eager blocks at that same call.
 _FAILURE_AGREEMENT_CALLS = 64
@@ -53,45 +46,6 @@ _FAILURE_AGREEMENT_CALLS = 64
 # Every adapter of this process, for the captures at server start (startup.py): SGLang builds them
 # inside its towers' constructors and keeps no list of its own.
 _ADAPTERS: weakref.WeakSet[ViTGraphRunnerAdapter] = weakref.WeakSet()
-
-
-@dataclass(frozen=True)
-class _GraphArgs:
-    """How one SGLang vision attention backend reads ``cu_seqlens`` when graphs are on.
-
-    ``build(args)`` turns a segmentation's ``VarlenArgs`` (int32 device offsets, host maximum, host
-    segment lengths: ``_segment_args``) into the list the backend's forward takes: the one place
-    SGLang's list shapes are made. It runs inside the captured function, so whatever it derives on
-    the device belongs to the graph. ``output_workspace``: the backend writes into ``output_ws``.
-    """
-
-    build: Callable[[VarlenArgs], list]
-    output_workspace: bool = False
-
-
-def _offsets_and_max(args: VarlenArgs) -> list:
-    return [args.cu_seqlens, args.max_seqlen]
-
-
-def _offsets_max_and_host_lengths(args: VarlenArgs) -> list:
-    # rocm-vit's AiterVisionAttention: under a tuned profile it picks a kernel per layout by these.
-    return [args.cu_seqlens, args.max_seqlen, args.seq_lens]
-
-
-def _offsets_lengths_and_max(args: VarlenArgs) -> list:
-    cu_seqlens = args.cu_seqlens
-    return [cu_seqlens, cu_seqlens[1:] - cu_seqlens[:-1], args.max_seqlen]
-
-
-# SGLang 0.5.23, layers/attention/vision.py: what each backend's forward reads in graph mode.
-# "aiter_attn" is rocm-vit's AiterVisionAttention. SGLang's "sdpa" is not here: it reads cu_seqlens
-# back to the host, which a capture forbids.
-SGLANG_GRAPH_ARGS: dict[str, _GraphArgs] = {
-    "triton_attn": _GraphArgs(_offsets_lengths_and_max, output_workspace=True),
-    "fa3": _GraphArgs(_offsets_and_max),
-    "fa4": _GraphArgs(_offsets_and_max),
-    "aiter_attn": _GraphArgs(_offsets_max_and_host_lengths),
-}
 
 
 class ViTGraphRunnerAdapter:
@@ -111,10 +65,9 @@ class ViTGraphRunnerAdapter:
         self.vit = vit
         # SGLang's runner: only for a tower whose blocks do not fit the eager loop either.
         self._upstream = original(_RUNNER_MODULE, "ViTCudaGraphRunner")(vit)
-        self._layouts: OrderedDict[tuple, AttentionLayout] = OrderedDict()
-        self._failures = 0
-        self._calls = 0
         self._agree: AgreeMax | None = None  # over the ranks that run the same ViT calls, if several
+        self._failures = RunnerFailures(None, _FAILURE_AGREEMENT_CALLS)
+        self.all_reduce: AllReducePlan | None = None  # under tensor parallelism: how graphs capture its all-reduces
         self._stopped_stats: dict[str, Any] = {}  # the runner's last counters, once it stopped serving
         self._runner: ViTGraphRunner | None = None
         settings = _settings()
@@ -122,20 +75,14 @@ class ViTGraphRunnerAdapter:
         self.captures_buckets_at_start = settings.vit_cuda_graph and settings.graph_capture_buckets
         _ADAPTERS.add(self)
         eager_problem = eager_unsupported_reason(vit)
-        self._serves_eagerly = eager_problem is None
-        if self._serves_eagerly:
-            self._full_attention_blocks = frozenset(int(i) for i in getattr(vit, "fullatt_block_indexes", None) or ())
-            self._deepstack_slots = {
-                block: slot for slot, block in enumerate(getattr(vit, "deepstack_visual_indexes", None) or ())
-            }
-            self._takes_position_embeddings = "position_embeddings" in _parameters(vit.blocks[0].forward)
+        self._blocks = SGLangBlocks(vit) if eager_problem is None else None  # SGLang's eager block loop
         problem = eager_problem or unsupported_reason(vit, self._upstream)
         if problem is None:
             self._runner, problem = self._build_runner(settings, mechanism)
         if not settings.vit_cuda_graph:
             return
         if problem is not None:
-            served_by = "SGLang's eager blocks" if self._serves_eagerly else "SGLang's own runner"
+            served_by = "SGLang's eager blocks" if self._blocks is not None else "SGLang's own runner"
             logger.warning("rocm-vit graph runner: %s; %s serve %s", problem, served_by, type(vit).__name__)
         else:
             logger.info(
@@ -178,18 +125,22 @@ class ViTGraphRunnerAdapter:
         except ValueError as error:  # RunnerOptions refuses the values
             return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
         group = agreement_group(vit)
+        capture_scope = None
         if group is not None:
-            max_tokens, problem = _custom_all_reduce_tokens(vit, group, options.max_tokens)
-            if problem is not None:
-                return None, problem
-            options = options.with_max_tokens(max_tokens)
+            self.all_reduce = plan_all_reduce(vit, group, options.max_tokens)
+            if self.all_reduce.problem is not None:
+                return None, self.all_reduce.problem
+            options = options.with_max_tokens(self.all_reduce.max_tokens)
+            capture_scope = self.all_reduce.capture_scope
             self._agree = group_max(group.cpu_group)
+            self._failures = RunnerFailures(self._agree, _FAILURE_AGREEMENT_CALLS)
         runner = ViTGraphRunner(
-            functools.partial(self._forward_blocks, spec),
-            _segment_args,
+            functools.partial(self._blocks.forward_blocks, spec, shares_collectives=group is not None),
+            segment_args,
             options,
             mechanism=mechanism,
             agree_max=self._agree,
+            capture_scope=capture_scope,
         )
         return runner, None
 
@@ -223,10 +174,10 @@ class ViTGraphRunnerAdapter:
             output_indices,
             attention_layout_key,
         )
-        if not self._serves_eagerly:
+        if self._blocks is None:
             return self._upstream.run(*upstream_args)
         self._agree_on_failures()
-        rotary = self._rotary(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
+        rotary = self._blocks.rotary(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
         fits = (
             self._runner is not None
             and rotary is not None
@@ -234,12 +185,20 @@ class ViTGraphRunnerAdapter:
             and (output_indices is None or self._windowed)
         )
         if not fits:
-            return self._eager(*upstream_args)
+            return self._blocks.eager(*upstream_args)
         try:
-            layout = self._layout(*_host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
+            layout = self._blocks.layout(*host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
+        except ForwardFailedUnderTP as failure:  # never re-run on this rank alone: the request fails
+            self._failures.failed()
+            self._stop_serving()
+            raise RuntimeError(
+                f"rocm-vit graph runner: SGLang's forward of {type(self.vit).__name__} raised on this rank after "
+                "its collectives may have run; re-running it here alone would pair its all-reduces with the "
+                "other ranks' next calls, so this call fails"
+            ) from failure.__cause__
         except Exception:  # serving must go on: SGLang's eager blocks serve this call
-            self._failures += 1
+            self._failures.failed()
             if self._agree is None:
                 self._stop_serving()
                 then = "from now on"
@@ -247,53 +206,41 @@ class ViTGraphRunnerAdapter:
                 then = f"this call, and every rank's from their next agreement (<= {_FAILURE_AGREEMENT_CALLS} calls)"
             logger.exception("rocm-vit graph runner failed for %s; SGLang's eager blocks serve %s",
                              type(self.vit).__name__, then)  # fmt: skip
-            # From the caller's untouched input: the runner never writes the tensors it is given.
-            return self._eager(*upstream_args)
+            # From the caller's untouched input: the runner never writes the tensors it is given, and
+            # what failed launched no collective (a forward that raised is ForwardFailedUnderTP).
+            return self._blocks.eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
 
     def _agree_on_failures(self) -> None:
         """Under tensor parallelism, every ``_FAILURE_AGREEMENT_CALLS``-th call: whether any rank's
-        runner failed; if one did, every rank stops serving through its runner at this same call. A
-        rank that dropped its runner alone would leave the others waiting in the next capture's
-        agreement for it. Every rank of the group makes the same calls, so they agree at the same one."""
-        if self._runner is None or self._agree is None:
+        runner failed; if one did, every rank stops serving through its runner at this same call
+        (``RunnerFailures``)."""
+        if self._runner is None:
             return
-        self._calls += 1
-        if self._calls % _FAILURE_AGREEMENT_CALLS:
-            return
-        (failed,) = self._agree([int(self._failures > 0)])
-        if failed:
+        self._failures.before_call()
+        if not self._failures.serving:
             logger.warning("rocm-vit graph runner of %s: a rank failed; every rank's calls run SGLang's eager blocks",
                            type(self.vit).__name__)  # fmt: skip
             self._stop_serving()
 
     def _stop_serving(self) -> None:
-        self._stopped_stats = self._runner.stats()
+        self._failures.stop()
+        if self._runner is not None:
+            self._stopped_stats = self._runner.stats()
         self._runner = None
 
     def capture_padded_buckets(self) -> int:
-        """Capture now the graph of each bucket the runner pads one image or two to
-        (``Padding.bucket_call_grids``): one call of random pixels each through SGLang's own
-        ``forward_with_cuda_graph``, so each graph has a request's shapes and dtypes. Call it under
-        the grad mode of the server's calls, or under ``torch.no_grad()``, whose tensors inference
-        mode may write too. Returns how many graphs were captured: 0 where
-        the runner pads nothing (padding off, Qwen2.5-VL's windows), stopped serving, or is not the
-        one its tower holds (SGLang's forward reaches that one)."""
-        runner, vit = self._runner, self.vit
-        width = _pixel_width(vit)
-        if runner is None or runner.padding is None or self._windowed or width is None:
+        """Capture now the graph of each bucket the runner pads one image or two to, through SGLang's
+        own ``forward_with_cuda_graph`` (``start_calls.capture_tower_buckets``). Call it under the grad
+        mode of the server's calls, or under ``torch.no_grad()``, whose tensors inference mode may
+        write too. Returns how many graphs were captured: 0 where the runner pads nothing (padding
+        off, Qwen2.5-VL's windows), stopped serving, or is not the one its tower holds (SGLang's
+        forward reaches that one)."""
+        runner = self._runner
+        if runner is None or runner.padding is None or self._windowed or not self.held_by_its_tower():
             return 0
-        if not callable(getattr(vit, "forward_with_cuda_graph", None)):
-            return 0
-        if not self.held_by_its_tower():
-            return 0
-        captures = runner.stats()["captures"]
-        call_grids = runner.padding.bucket_call_grids(vit.spatial_merge_size)
-        for grids, pixels in bucket_calls(call_grids, width, vit.device, vit.dtype):
-            vit.forward_with_cuda_graph(pixels, torch.tensor(grids, dtype=torch.int32))
-            if self._runner is not runner:  # it failed, and SGLang's eager blocks serve from now on
-                return 0
-        return runner.stats()["captures"] - captures
+        # A runner that failed is dropped: SGLang's eager blocks serve from then on.
+        return capture_tower_buckets(self.vit, runner, lambda: self._runner is runner)
 
     def held_by_its_tower(self) -> bool:
         """Whether SGLang's forward reaches this adapter: its tower holds it (``graph_runners``)."""
@@ -301,250 +248,18 @@ class ViTGraphRunnerAdapter:
 
     def warm_up(self) -> None:
         """An eager call of a random image through SGLang's own ``forward`` under ``no_grad`` and one
-        under ``inference_mode``: what a request's eager call compiles (rocm-vit's compiled rotary on
-        ROCm: seconds) compiles here instead. Dynamo compiles once per kind of tensor (an inference
-        tensor's dispatch keys differ) and for every token count (no duck sizing); captures at start
-        compile the ``no_grad`` kind only. With rocm-vit's runner serving the tower the image is
-        larger than it captures (``max_tokens``), so nothing is captured or counted towards a capture;
-        else (graphs off, or no runner) two merge blocks square."""
-        vit, width = self.vit, _pixel_width(self.vit)
-        merge = getattr(vit, "spatial_merge_size", None)
-        if width is None or not isinstance(merge, int):
-            return
-        rows = 2 * merge
+        under ``inference_mode`` (``start_calls.warm_up_tower``): what a request's eager call compiles
+        compiles here instead. With rocm-vit's runner serving the tower the image is larger than it
+        captures (``max_tokens``), so nothing is captured or counted towards a capture."""
         runner = self._runner if self._graphs_on else None
-        columns = rows if runner is None else merge * -(-(runner.max_tokens + 1) // (rows * merge))
-        for grad_mode in (torch.no_grad, torch.inference_mode):
-            with grad_mode():  # the pixels too: made under inference mode, they are inference tensors
-                for grids, pixels in bucket_calls([[(1, rows, columns)]], width, vit.device, vit.dtype):
-                    vit(pixels, torch.tensor(grids, dtype=torch.int32))
+        warm_up_tower(self.vit, None if runner is None else runner.max_tokens)
 
     def stats(self) -> dict[str, Any]:
         """The rocm-vit runner's counters (captures, replays, evictions, eager runs by reason, bytes
         held), plus ``failures`` (calls rocm-vit failed and handed to SGLang) and ``stopped`` (after
         a failure, every call goes to SGLang)."""
         stats = self._runner.stats() if self._runner is not None else dict(self._stopped_stats)
-        return {**stats, "failures": self._failures, "stopped": self._runner is None}
-
-    def _eager(
-        self,
-        x: torch.Tensor,
-        cu_seqlens: torch.Tensor,
-        cu_window_seqlens: torch.Tensor | None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        rotary_pos_emb_cos: torch.Tensor | None = None,
-        rotary_pos_emb_sin: torch.Tensor | None = None,
-        output_indices: torch.Tensor | None = None,
-        attention_layout_key: Hashable | None = None,
-    ) -> torch.Tensor:
-        """The tower's blocks as SGLang's eager ``forward`` runs them (graphs off), from ``run``'s arguments.
-
-        Each block gets the offsets tensor and SGLang's precomputed metadata of the segmentation it
-        attends within; the longest segment comes from the host layout key where SGLang passed one.
-        """
-        key = attention_layout_key if isinstance(attention_layout_key, tuple) else ()
-        segmentations = {"full": (cu_seqlens, key[0] if len(key) > 0 else None)}
-        if cu_window_seqlens is not None:
-            segmentations["window"] = (cu_window_seqlens, key[1] if len(key) > 1 else None)
-        from sglang.srt.layers.attention.vision import prepare_vision_attention_metadata
-
-        block_args = {}
-        for name, (offsets, host) in segmentations.items():
-            metadata = prepare_vision_attention_metadata(offsets, offsets.device, max_seqlen=_longest(host))
-            block_args[name] = {"cu_seqlens": offsets, "forward_metadata": metadata}
-        rotary = self._rotary_kwargs(position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
-        merged = self._run_blocks(x, block_args, rotary)
-        return merged if output_indices is None else merged.index_select(0, output_indices)
-
-    def _run_blocks(
-        self, x: torch.Tensor, block_args: Mapping[str, Mapping[str, Any]], rotary: Mapping[str, Any]
-    ) -> torch.Tensor:
-        """SGLang's block loop, its deepstack taps, the merger and the concatenation: what the eager
-        path (``_eager``) and the graph path (``_forward_blocks``) share. ``block_args``: per
-        segmentation (``"full"``, Qwen2.5-VL's ``"window"``), the keyword arguments a block attending
-        within it takes; ``rotary``: the rotary keyword arguments every block takes."""
-        vit = self.vit
-        hidden = x.unsqueeze(1)  # SGLang's blocks take [S, B=1, hidden]
-        deepstack = []
-        for index, block in enumerate(vit.blocks):
-            windowed = "window" in block_args and index not in self._full_attention_blocks
-            hidden = block(hidden, **block_args["window" if windowed else "full"], **rotary)
-            slot = self._deepstack_slots.get(index)
-            if slot is not None:
-                deepstack.append(vit.deepstack_merger_list[slot](hidden))
-        merged = vit.merger(hidden)
-        return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
-
-    def _rotary_kwargs(
-        self,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
-    ) -> dict[str, Any]:
-        """The rotary as this tower's blocks take it: Qwen2.5-VL's ``position_embeddings=(cos, sin)``,
-        Qwen3-VL's ``rotary_pos_emb_cos`` and ``rotary_pos_emb_sin``."""
-        if self._takes_position_embeddings:
-            return {"position_embeddings": position_embeddings}
-        return {"rotary_pos_emb_cos": cos, "rotary_pos_emb_sin": sin}
-
-    def _rotary(
-        self,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The call's ``(cos, sin)`` when it comes in the form this tower's blocks take, else ``None``."""
-        if self._takes_position_embeddings:
-            return position_embeddings if position_embeddings is not None and cos is None else None
-        return (cos, sin) if cos is not None and sin is not None and position_embeddings is None else None
-
-    def _forward_blocks(
-        self,
-        spec: _GraphArgs,
-        x: torch.Tensor,
-        attn_args: Mapping[str, VarlenArgs],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """What eager runs and graphs capture: SGLang's blocks, merger and deepstack mergers.
-
-        ``attn_args`` is ``_segment_args``'s; each block gets its segmentation's in SGLang's list shape.
-        """
-        output_ws = None
-        if spec.output_workspace:
-            attn = self.vit.blocks[0].attn
-            shape = (x.shape[0], attn.num_attention_heads_per_partition, attn.head_size)
-            output_ws = torch.empty(shape, dtype=x.dtype, device=x.device)
-        block_args = {name: {"cu_seqlens": spec.build(one), "output_ws": output_ws} for name, one in attn_args.items()}
-        return self._run_blocks(x, block_args, self._rotary_kwargs((cos, sin), cos, sin))
-
-    def _layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> AttentionLayout:
-        # SGLang hands the runner segment offsets, not grid_thw: the layout carries them as given
-        # (Qwen2.5-VL's leading empty segment included, so the kernels see what eager passes them).
-        # The window permutation stays SGLang's (output_indices), outside the graph key.
-        layout = self._layouts.get((offsets, window_offsets))
-        if layout is None:
-            if window_offsets is not None and window_offsets[-1] != offsets[-1]:
-                raise ValueError(f"cu_window_seqlens ends at {window_offsets[-1]} but cu_seqlens at {offsets[-1]}")
-            layout = AttentionLayout.from_offsets(offsets, window_offsets)
-            remember(self._layouts, (offsets, window_offsets), layout, _LAYOUT_CACHE_SIZE)
-        return layout
-
-
-def _segment_args(layout: AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> dict[str, VarlenArgs]:
-    """The runner's ``layout_args`` for an SGLang tower: per segmentation, its offsets tensor, longest
-    segment and host lengths. The kernel is SGLang's (each block's ``VisionAttention``), so nothing
-    here attends; ``_GraphArgs.build`` turns these into the list that backend reads. A padded layout's
-    graph serves layouts of other lengths: no host lengths, and its token count as the longest."""
-    if layout.offsets_per_call:
-        return {
-            name: VarlenArgs(cu_seqlens[name], segmentation.max_seqlen)
-            for name, segmentation in layout.segmentations.items()
-        }
-    return {
-        name: VarlenArgs(cu_seqlens[name], segmentation.max_seqlen, segmentation.seq_lens)
-        for name, segmentation in layout.segmentations.items()
-    }
-
-
-def eager_unsupported_reason(vit: nn.Module) -> str | None:
-    """What in ``vit`` (SGLang's vision tower) does not fit the eager block loop, or ``None``."""
-    blocks = getattr(vit, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
-        return f"{type(vit).__name__}.blocks is not a non-empty ModuleList"
-    parameters = _parameters(blocks[0].forward)
-    takes_pair = "position_embeddings" in parameters
-    rotary = ["position_embeddings"] if takes_pair else ["rotary_pos_emb_cos", "rotary_pos_emb_sin"]
-    missing = sorted({"cu_seqlens", "forward_metadata", *rotary} - set(parameters))
-    if missing:
-        return f"{type(blocks[0]).__name__}.forward takes ({', '.join(parameters)}), without {', '.join(missing)}"
-    if not callable(getattr(vit, "merger", None)):
-        return f"{type(vit).__name__} lacks a merger"
-    deepstack = getattr(vit, "deepstack_visual_indexes", None) or ()
-    if len(deepstack) != len(getattr(vit, "deepstack_merger_list", ()) or ()):
-        return f"{type(vit).__name__} has {len(deepstack)} deepstack indexes but not as many deepstack mergers"
-    return None
-
-
-def unsupported_reason(vit: nn.Module, upstream: Any) -> str | None:
-    """What else rocm-vit's runner needs from ``vit`` and SGLang's runner, or ``None``.
-
-    Checked at construction, after ``eager_unsupported_reason``, so that a changed SGLang release is
-    refused with the reason instead of failing inside a request.
-    """
-    blocks = vit.blocks
-    attn = getattr(blocks[0], "attn", None)
-    if not isinstance(getattr(attn, "qkv_backend_name", None), str):
-        return f"{type(blocks[0]).__name__}.attn has no qkv_backend_name"
-    if attn.qkv_backend_name == "triton_attn" and not all(
-        isinstance(getattr(attn, name, None), int) for name in ("num_attention_heads_per_partition", "head_size")
-    ):
-        return "VisionAttention lacks num_attention_heads_per_partition/head_size (the triton_attn workspace)"
-    if "output_ws" not in _parameters(blocks[0].forward):
-        return f"{type(blocks[0]).__name__}.forward takes no output_ws"
-    if not isinstance(getattr(vit, "spatial_merge_size", None), int):
-        return f"{type(vit).__name__} lacks an int spatial_merge_size"
-    return None
-
-
-def agreement_group(vit: nn.Module) -> Any | None:
-    """SGLang's group of ranks that run the same calls of ``vit``, or ``None`` where a rank runs its own.
-
-    The group the tower's row-parallel layers all-reduce over: with ``--enable-dp-attention`` the
-    attention-TP group (each attention-DP rank encodes its own requests' images), else the TP group
-    (an encode server's, in disaggregated serving: its own world). ``None`` for a data-parallel
-    encoder (``--mm-enable-dp-encoder``: every rank its own images, nothing all-reduced), for a group of
-    one, and outside a server. Read from SGLang's parallel state, as its layers read it."""
-    if getattr(vit, "use_data_parallel", False):
-        return None
-    try:
-        from sglang.srt.layers.dp_attention import is_dp_attention_enabled
-        from sglang.srt.runtime_context import get_parallel
-
-        parallel = get_parallel()
-        group = parallel.attn_tp_group if is_dp_attention_enabled() else parallel.tp_group
-    except Exception as error:  # no parallel state (a tower built outside a server): one rank
-        logger.debug("rocm-vit graph runner: no SGLang parallel group (%s); deciding alone", error)
-        return None
-    return group if getattr(group, "world_size", 1) > 1 else None
-
-
-def _custom_all_reduce_tokens(vit: nn.Module, group: Any, max_tokens: int) -> tuple[int, str | None]:
-    """The largest token count up to ``max_tokens`` whose every all-reduce ``group``'s custom
-    all-reduce takes (``should_custom_ar``), or a reason why graphs cannot be kept under this group.
-
-    Graphs are captured outside the custom all-reduce's capture context, where it runs as in eager
-    mode, copying its input into the buffer it registered at start (docs/sglang.md, "Parallel
-    serving"). An all-reduce it declines goes to NCCL/RCCL through ``torch.distributed``, which
-    rocm-vit does not capture; such layouts run eagerly (``over_max_tokens``)."""
-    ca_comm = getattr(group, "ca_comm", None)
-    if ca_comm is None or getattr(ca_comm, "disabled", True):
-        return 0, (
-            f"the {group.world_size}-rank group's custom all-reduce is off (--disable-custom-all-reduce, "
-            "another node, or an unsupported size): a captured all-reduce would go through NCCL/RCCL"
-        )
-    merge = vit.spatial_merge_size
-    widths = [  # (rows per token's denominator, all-reduce width) of each row-parallel layer
-        (merge**2 if "merger" in name else 1, module.output_size)
-        for name, module in vit.named_modules()
-        if getattr(module, "reduce_results", False) and isinstance(getattr(module, "output_size", None), int)
-    ]
-
-    def taken(tokens: int) -> bool:
-        return all(
-            ca_comm.should_custom_ar(torch.empty((-(-tokens // per), width), dtype=vit.dtype, device="meta"))
-            for per, width in widths
-        )
-
-    if not taken(1):
-        return 0, f"the {group.world_size}-rank group's custom all-reduce takes none of the tower's all-reduces"
-    low, high = 1, max_tokens  # taken(low); find the largest
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if taken(middle) else (low, middle - 1)
-    if low < max_tokens:
-        logger.info("rocm-vit graph runner: graphs up to %d patches, the custom all-reduce's limit", low)
-    return low, None
+        return {**stats, "failures": self._failures.count, "stopped": self._runner is None}
 
 
 def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
@@ -555,63 +270,6 @@ def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:
     other captured a bucket, and gloo found the collectives' sizes differ)."""
     serving = {id(adapter.vit): adapter for adapter in list(_ADAPTERS) if adapter.held_by_its_tower()}
     return [serving[id(module)] for module in model.modules() if id(module) in serving]
-
-
-def _pixel_width(vit: nn.Module) -> int | None:
-    """The width of one patch's pixels ``vit`` takes (``in_channels * temporal_patch_size * patch_size²``),
-    or ``None`` for a tower without SGLang's patch embedding."""
-    embed = getattr(vit, "patch_embed", None)
-    sizes = [getattr(embed, name, None) for name in ("in_channels", "temporal_patch_size", "patch_size")]
-    if not all(isinstance(size, int) for size in sizes):
-        return None
-    in_channels, temporal_patch_size, patch_size = sizes
-    return in_channels * temporal_patch_size * patch_size**2
-
-
-def _longest(offsets: tuple[int, ...] | None) -> int | None:
-    """The longest segment of host offsets, or ``None`` (SGLang then reads it from the device)."""
-    if not isinstance(offsets, tuple) or len(offsets) < 2:
-        return None
-    return max(end - start for start, end in itertools.pairwise(offsets))
-
-
-def _parameters(fn: Callable) -> list[str]:
-    try:
-        return list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return []
-
-
-def _host_offsets(
-    cu_seqlens: torch.Tensor, cu_window_seqlens: torch.Tensor | None, attention_layout_key: Hashable | None
-) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    """Full and window segment offsets as host ints, from SGLang's layout key when it carries them.
-
-    What the key lacks is read from the tensors: at most one read back from the device per call.
-    """
-    key = attention_layout_key if isinstance(attention_layout_key, tuple) else ()
-    full = key[0] if len(key) > 0 and isinstance(key[0], tuple) else None
-    window = key[1] if len(key) > 1 and isinstance(key[1], tuple) else None
-    missing = [t for t, known in ((cu_seqlens, full), (cu_window_seqlens, window)) if t is not None and known is None]
-    if missing:
-        if any(t.device.type != "cpu" for t in missing):
-            _warn_device_read()
-        values = torch.cat([t.reshape(-1).to(torch.int64) for t in missing]).tolist()  # one sync
-        if full is None:
-            full, values = tuple(values[: cu_seqlens.numel()]), values[cu_seqlens.numel() :]
-        if cu_window_seqlens is not None and window is None:
-            window = tuple(values)
-    if cu_window_seqlens is None:
-        window = None
-    return tuple(operator.index(v) for v in full), None if window is None else tuple(operator.index(v) for v in window)
-
-
-@functools.cache
-def _warn_device_read() -> None:
-    logger.warning(
-        "rocm-vit graph runner: no attention_layout_key from the model; reading cu_seqlens back from "
-        "the device on every call (a host sync)"
-    )
 
 
 def _policy() -> Policy | None:

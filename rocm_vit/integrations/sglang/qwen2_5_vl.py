@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rocm_vit.integrations.sglang.graph_runner import SGLANG_GRAPH_ARGS, ViTGraphRunnerAdapter
+from rocm_vit.integrations.sglang.blocks import SGLANG_GRAPH_ARGS
+from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 from rocm_vit.platform import current_platform
 
 logger = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 from typing import Any
 
@@ -38,6 +39,7 @@ def plugin_status() -> dict[str, Any]:
         "entry_point": entry_point or "missing",
         "loads": _loads(entry_point),
         "hooks": _hook_verdicts(version),
+        "tensor_parallel_all_reduce": all_reduce_verdict(),
     }
     if entry_point is None:
         status["error"] = (
@@ -45,6 +47,45 @@ def plugin_status() -> dict[str, Any]:
             "reinstall rocm-vit (pip install rocm-vit, or pip install -e . in a checkout)"
         )
     return status
+
+
+def all_reduce_verdict(environ: dict[str, str] | None = None, platform: str | None = None) -> str:
+    """Which custom all-reduce SGLang 0.5.23's ``dispatch_custom_allreduce`` would pick here under
+    tensor parallelism, from the platform and the environment, and what rocm-vit's graphs do with it.
+    A prediction: at serving time the adapter identifies the real one from the group's object
+    (``integrations/sglang/all_reduce.py``). ``platform``: "rocm", "cuda" or "none" (default: this torch's)."""
+    env = os.environ if environ is None else environ
+
+    def flag(name: str, default: bool) -> bool:
+        value = env.get(name)
+        return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+    if platform is None:
+        platform = "rocm" if _torch_hip() else "cuda"
+    if platform == "cuda":
+        if flag("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2", True):
+            return (
+                "SGLang's CustomAllReduceV2 (SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2 on, the default): not an "
+                "all-reduce rocm-vit knows how to capture, so ViT graphs are off under TP; "
+                "SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=0 picks SGLang's CustomAllreduce, captured inside its capture()"
+            )
+        return "SGLang's CustomAllreduce (CUDA): captured inside its capture(), registered at its exit"
+    one_stage = "SGLANG_USE_1STAGE_ALLREDUCE"
+    if flag(one_stage, False) if one_stage in env else flag("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", False):
+        return (
+            "SGLang's CustomAllreduce (ROCm, deterministic 1-stage): captured inside its capture(), "
+            "registered at its exit"
+        )
+    if flag("SGLANG_USE_AITER_AR", True) and importlib.util.find_spec("aiter") is not None:
+        return "aiter's CustomAllreduce: captured outside its capture(), as the eager call; nothing registered"
+    return ("SGLang's CustomAllreduce (ROCm: SGLANG_USE_AITER_AR=0 or aiter missing): captured inside its "
+            "capture(), registered at its exit")  # fmt: skip
+
+
+def _torch_hip() -> bool:
+    import torch
+
+    return torch.version.hip is not None
 
 
 def _entry_point() -> str | None:

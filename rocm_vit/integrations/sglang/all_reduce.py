@@ -1,0 +1,172 @@
+"""What a graph capture needs from the all-reduce SGLang picked for a tensor-parallel tower.
+
+Each communicator is identified from the object on SGLang's group (``ca_comm``, ``qr_comm``), by its
+class and module, and each of the tower's all-reduces is routed by SGLang's own choice
+(``GroupCoordinator._resolve_outplace_all_reduce_method``). Read from SGLang 0.5.23
+``distributed/device_communicators`` and aiter c16d44b93a52 (docs/sglang.md, "Parallel serving"):
+
+- aiter's ``CustomAllreduce`` (ROCm's default) finds its input in the pool it registered at start
+  before it looks at the stream: a capture outside its ``capture()`` is the eager call, registers
+  nothing, and a churn of captures never fills its table;
+- SGLang's own ``CustomAllreduce`` (ROCm with ``SGLANG_USE_AITER_AR=0``, its 1-stage/deterministic
+  variant, or aiter's import failing; CUDA's legacy one) points a captured kernel at an empty
+  ``rank_data`` slot that only ``capture()``'s exit fills, in or out of ``capture()``: a capture
+  must happen inside it, every rank leaving it together (a blocking exchange), and each capture
+  takes table entries for good;
+- ``QuickAllReduce`` works from buffers exchanged at start: a capture anywhere is its eager call;
+- what neither takes goes to NCCL/RCCL, which rocm-vit does not capture.
+
+Anything else (``CustomAllReduceV2``, PCIe-IPC, MSCCL++, symmetric memory) is not known: graphs are
+off under TP, with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+_AITER = ("aiter.dist.device_communicators.custom_all_reduce", "CustomAllreduce")
+_SGLANG = ("sglang.srt.distributed.device_communicators.custom_all_reduce", "CustomAllreduce")
+_QUICK = ("sglang.srt.distributed.device_communicators.quick_all_reduce", "QuickAllReduce")
+# SGLang's rank_data holds one RankData (8 device pointers) per registered graph input.
+_RANK_DATA_ENTRY_BYTES = 64
+
+CaptureScope = Callable[[], contextlib.AbstractContextManager]
+
+
+@dataclass(frozen=True)
+class AllReducePlan:
+    """How the tower's graphs are captured under one group.
+
+    ``communicator``: what serves the all-reduces, named from the objects. ``max_tokens``: the most
+    patches whose every all-reduce goes to a communicator rocm-vit captures. ``capture_scope``: the
+    context a capture must run inside (SGLang's ``ca_comm.capture``), or ``None``. ``problem``: why
+    graphs are off under this group, or ``None``.
+    """
+
+    communicator: str
+    max_tokens: int = 0
+    capture_scope: CaptureScope | None = None
+    problem: str | None = None
+
+
+def plan_all_reduce(vit: nn.Module, group: Any, max_tokens: int) -> AllReducePlan:
+    """The plan for ``vit``'s all-reduces over ``group`` (SGLang's ``GroupCoordinator``), graphs up
+    to ``max_tokens`` patches at most."""
+    ca_comm = _enabled(getattr(group, "ca_comm", None))
+    qr_comm = _enabled(getattr(group, "qr_comm", None))
+    ca_kind = None if ca_comm is None else _kind(ca_comm)
+    names = [describe(ca_comm, ca_kind)] if ca_comm is not None else []
+    if qr_comm is not None:
+        names.append("QuickAllReduce" if _kind(qr_comm) == _QUICK else _class_name(qr_comm))
+    communicator = " + ".join(names) or "NCCL/RCCL"
+    size = group.world_size
+    if ca_comm is not None and ca_kind not in (_AITER, _SGLANG):
+        return AllReducePlan(communicator, problem=f"the {size}-rank group's {describe(ca_comm, ca_kind)} is not an "
+                             "all-reduce rocm-vit knows how to capture")  # fmt: skip
+    capturable = {"ca"} if ca_comm is not None else set()
+    if qr_comm is not None and _kind(qr_comm) == _QUICK:
+        capturable.add("qr")
+    routes = _router(vit, group)
+    if not all(route in capturable for route in routes(1)):
+        declined = ", ".join(sorted({_ROUTE_NAMES.get(route, str(route)) for route in routes(1)} - capturable))
+        problem = f"the {size}-rank group sends the tower's all-reduces to {declined}, which rocm-vit does not capture"
+        return AllReducePlan(communicator, problem=problem)
+    low, high = 1, max_tokens  # every route of low is captured; find the largest such
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if all(route in capturable for route in routes(middle)) else (low, middle - 1)
+    if low < max_tokens:
+        logger.info("rocm-vit graph runner: graphs up to %d patches, the limit of %s", low, communicator)
+    if ca_kind == _SGLANG:
+        return AllReducePlan(communicator, low, RegisteringScope(ca_comm, len(_widths(vit))))
+    return AllReducePlan(communicator, low)
+
+
+def describe(ca_comm: Any, kind: tuple[str, str] | None = None) -> str:
+    """The custom all-reduce named from its object: whose, and SGLang's variant."""
+    kind = kind or _kind(ca_comm)
+    if kind == _AITER:
+        return "aiter's CustomAllreduce"
+    if kind == _SGLANG:
+        if getattr(ca_comm, "use_amd_deterministic_impl", False):
+            return "SGLang's CustomAllreduce (ROCm, deterministic 1-stage)"
+        # The HIP build keeps one registered buffer; the CUDA build a pointer per rank (buffer_ptrs).
+        return f"SGLang's CustomAllreduce ({'CUDA' if hasattr(ca_comm, 'buffer_ptrs') else 'ROCm'})"
+    return f"{_class_name(ca_comm)} ({type(ca_comm).__module__})"
+
+
+class RegisteringScope:
+    """``ca_comm.capture()`` for a communicator that registers each captured input at its exit, in a
+    table that never gives an entry back (SGLang's ``rank_data``: 64 bytes an entry). Entering it
+    raises, on every rank alike (they capture the same layouts), once one more capture would overflow
+    the table: past that a replay would read a slot nobody filled."""
+
+    def __init__(self, ca_comm: Any, entries_per_capture: int) -> None:
+        self.ca_comm = ca_comm
+        self.entries_per_capture = entries_per_capture
+        rank_data = getattr(ca_comm, "rank_data", None)
+        table_bytes = rank_data.numel() * rank_data.element_size() if isinstance(rank_data, torch.Tensor) else 0
+        self.table_entries = table_bytes // _RANK_DATA_ENTRY_BYTES
+        self.entries_taken = 0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        if self.entries_taken + self.entries_per_capture > self.table_entries:
+            raise RuntimeError(
+                f"{describe(self.ca_comm)}'s table of graph inputs is full ({self.entries_taken} of "
+                f"{self.table_entries} entries, {self.entries_per_capture} a capture)"
+            )
+        self.entries_taken += self.entries_per_capture
+        with self.ca_comm.capture():
+            yield
+
+
+_ROUTE_NAMES = {None: "NCCL/RCCL"}  # SGLang's route None: the in-place all-reduce
+
+
+def _router(vit: nn.Module, group: Any) -> Callable[[int], list[str | None]]:
+    """``routes(tokens)``: where SGLang sends each of the tower's all-reduces for that many patches."""
+    widths = _widths(vit)
+    resolve = getattr(group, "_resolve_outplace_all_reduce_method", None)
+
+    def routes(tokens: int) -> list[str | None]:
+        shapes = [(-(-tokens // per), width) for per, width in widths]
+        return [resolve(torch.empty(shape, dtype=vit.dtype, device="meta")) if resolve else None for shape in shapes]
+
+    return routes
+
+
+def _widths(vit: nn.Module) -> list[tuple[int, int]]:
+    """(patches a row, width) of each all-reduce one forward makes: the row-parallel layers'."""
+    merge = vit.spatial_merge_size
+    return [
+        (merge**2 if "merger" in name else 1, module.output_size)
+        for name, module in vit.named_modules()
+        if getattr(module, "reduce_results", False) and isinstance(getattr(module, "output_size", None), int)
+    ]
+
+
+def _enabled(comm: Any) -> Any | None:
+    return comm if comm is not None and not getattr(comm, "disabled", True) else None
+
+
+def _kind(comm: Any) -> tuple[str, str] | None:
+    """The known class ``comm`` is (or derives from), as (module, class name)."""
+    for cls in type(comm).__mro__:
+        kind = (cls.__module__, cls.__qualname__)
+        if kind in (_AITER, _SGLANG, _QUICK):
+            return kind
+    return None
+
+
+def _class_name(comm: Any) -> str:
+    return type(comm).__qualname__
