@@ -5,6 +5,7 @@ The measurement itself needs a GPU: docs/sglang.md, "Side by side with SGLang's 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -119,7 +120,8 @@ def test_worker_gets_its_configuration_and_no_other(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.slow
 def test_a_cpu_run_measures_sglangs_eager_tower_and_skips_the_graph_configurations(tmp_path: Path) -> None:
-    pytest.importorskip("sglang")
+    if importlib.util.find_spec("sglang") is None:  # never imported here: it patches Triton for the process
+        pytest.skip("sglang is not installed")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env["TORCHDYNAMO_DISABLE"] = "1"  # SGLang's compiled helpers eager: plumbing, not speed, is checked here
     command = [sys.executable, "-m", "rocm_vit", "bench-sglang", "--device", "cpu", "--preset", "tiny"]
