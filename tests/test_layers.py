@@ -76,3 +76,22 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     source.write_text("from rocm_vit.models import preset\nif TYPE_CHECKING:\n    import rocm_vit.cli\n")
     assert _top_level_imports(source) == {"rocm_vit.models"}
     assert _layer("rocm_vit.models") > _layer("rocm_vit.policy")
+
+
+def _sglang_imports(path: Path) -> list[str]:
+    """Every ``sglang`` import in ``path``, inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] == "sglang"]
+    return found
+
+
+def test_only_the_sglang_adapter_imports_sglang_even_lazily() -> None:
+    """The core never knows SGLang exists (docs/design.md, "Layers"): a lazy import counts too."""
+    adapter = ROOT / "rocm_vit" / "integrations" / "sglang"
+    outside = [found for path in MODULES if adapter not in path.parents for found in _sglang_imports(path)]
+    assert outside == []
+    assert _sglang_imports(adapter / "standalone.py"), "the check must see the adapter's own lazy imports"

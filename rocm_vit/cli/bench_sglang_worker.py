@@ -87,14 +87,15 @@ def _measure(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
     sys.path.extend(str(path) for path in args.path)  # after every installed package
     report["sgl_kernel"] = _sgl_kernel(args.sgl_kernel_standin, torch)
+    from rocm_vit.integrations.sglang import standalone
+
     try:
-        import sglang.srt.models.qwen3_vl  # noqa: F401 - what a missing package shows up in
+        standalone.import_tower_module()
     except ImportError as error:
         report["import_error"] = f"{type(error).__name__}: {error}"
         report["missing_module"] = getattr(error, "name", None)
         return
 
-    from rocm_vit.integrations.sglang import standalone
     from rocm_vit.tower_config import preset
     from rocm_vit.workloads.traffic import OPERATOR_CAP_PIXELS, chat_stream
     from rocm_vit.workloads.workload import parse_layouts

@@ -57,6 +57,12 @@ def load_plugin() -> bool:
     return by_entry_point
 
 
+def import_tower_module() -> None:
+    """Import SGLang's Qwen3-VL model module, where a package missing from the environment shows up
+    (raises ``ImportError`` naming it)."""
+    import sglang.srt.models.qwen3_vl  # noqa: F401
+
+
 def build_tower(config: Qwen3VLVisionConfig, device: str, dtype: torch.dtype, attention: str | None) -> nn.Module:
     """SGLang's ``Qwen3VLMoeVisionModel`` at ``config``'s sizes, random weights (norm weights near 1)."""
     from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig as SGLangConfig
