@@ -194,3 +194,19 @@ def test_an_injected_corrupt_capture_replays_other_bits_than_its_warm_up() -> No
     assert not torch.equal(replayed, output) and torch.equal(replayed, 2 * output)
     clean, _ = _capture(mechanism, lambda: output.clone())
     assert torch.equal(clean.fn(), output)
+
+
+def test_the_rank_benchmark_table_gives_each_layout_its_slowest_ranks_time() -> None:
+    sys.path.append(str(Path(__file__).resolve().parent))
+    from gpu_ranks_bench import table
+
+    def report(eager_ms: float, graph_ms: float) -> dict:
+        row = {"patches": 256, "eager_ms": eager_ms, "graph_ms": graph_ms, "replays": 23, "captures": 1}
+        return {"rows": {"1x256": row}, "communicator": "PyNccl", "device": "NVIDIA H100"}
+
+    lines = table({2: [report(4.0, 1.0), report(6.0, 2.0)], 1: [report(3.0, 1.5)]}).splitlines()
+    assert lines[0].startswith("| layout | patches | TP | eager ms | graph ms | eager / graph |")
+    assert lines[2:] == [
+        "| 1x256 | 256 | 1 | 3.000 | 1.500 | 2.00 | 23 | PyNccl | NVIDIA H100 |",
+        "| 1x256 | 256 | 2 | 6.000 | 2.000 | 3.00 | 23 | PyNccl | NVIDIA H100 |",
+    ]
