@@ -9,6 +9,9 @@ rank. A TP size past this host's GPUs is left out, and said so. Prints a table l
 
     python tests/gpu_ranks_bench.py [--tp 1 2 4] [--out ranks_bench.json]
 
+With ``--out``, the TP sizes a file of an earlier run holds stay in it and in the table, so that each
+size can run in a command of its own (each within ten minutes).
+
 (A script, run from the repository root with the checkout on PYTHONPATH.)
 """
 
@@ -31,12 +34,14 @@ DEADLINE_S = 540
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--out", type=Path, default=None, help="also write every rank's rows here (JSON)")
+    parser.add_argument("--out", type=Path, default=None, help="every rank's rows, kept across runs (JSON)")
     args = parser.parse_args(argv)
     import torch
 
     gpus = torch.cuda.device_count()
     results: dict[int, list[dict]] = {}
+    if args.out is not None and args.out.exists():
+        results = {int(size): reports for size, reports in json.loads(args.out.read_text()).items()}
     left_out = [size for size in args.tp if size > gpus]
     for size in (size for size in args.tp if size <= gpus):
         with tempfile.TemporaryDirectory() as directory:
@@ -60,8 +65,7 @@ def table(results: dict[int, list[dict]]) -> str:
         "| layout | patches | TP | eager ms | graph ms | eager / graph | replays | all-reduce | card |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    layouts = sorted({name for reports in results.values() for name in reports[0]["rows"]},
-                     key=lambda name: list(parallel.BENCH_GRIDS).index(name))  # fmt: skip
+    layouts = list(dict.fromkeys(name for reports in results.values() for name in reports[0]["rows"]))
     for name in layouts:
         for size, reports in sorted(results.items()):
             rows = [report["rows"][name] for report in reports]

@@ -34,7 +34,7 @@ import rank_harness  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 WORLD_SIZES = {"tp2": 2, "tp4": 4, "dp_attention_tp4_dp2": 4}
-RUN_DEADLINE_S = 1500  # every episode has its own (parallel.EPISODE_DEADLINE_S); this bounds a whole layout
+RUN_DEADLINE_S = 540  # each episode has its own (parallel.EPISODE_DEADLINE_S); this bounds a layout's run
 # Counters that ranks running the same calls must agree on.
 SHARED_COUNTERS = ("captures", "replays", "graphs", "eager_runs", "failures", "stopped")
 
