@@ -69,8 +69,9 @@ def worker(rank: int, world_size: int, rendezvous: str, layout: str, out: str, d
         os.environ.update(GPU_LAYOUT_ENVIRONMENT.get(layout, {}))
     torch.set_num_threads(1)  # ranks share the machine's cores: more threads each spin against each other
     fields, kind, episodes = (GPU_LAYOUTS if device == "cuda" else LAYOUTS)[layout]
+    _sgl_kernel_standin_where_missing()
     if device == "cuda":
-        _on_the_ranks_gpu(rank)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     (_init_encoder if kind == "encoder" else _init_serving)(rank, world_size, rendezvous, fields)
     report: dict[str, Any] = {"rank": rank}
     try:
@@ -89,6 +90,7 @@ def write_reference_weights(rank: int, directory: str) -> None:
     """Rank 0 of a world of one: full random weights as a checkpoint holds them, one file per tower
     of ``TOWER_CONFIGS`` in ``directory``."""
     os.environ.update(rank_environment("cpu"))
+    _sgl_kernel_standin_where_missing()
     _init_serving(0, 1, f"file://{directory}/rendezvous", {})
     _load_rocm_vit()
     for name in TOWER_CONFIGS:
@@ -591,12 +593,11 @@ def _init_encoder(rank: int, world_size: int, rendezvous: str, fields: dict) -> 
     _cpu_rotary()
 
 
-def _on_the_ranks_gpu(rank: int) -> None:
-    """This rank's own GPU, and sgl_kernel's test stand-in where sglang-kernel is not installed (as
-    scenario.py puts it): SGLang's layers import names from it as they load."""
+def _sgl_kernel_standin_where_missing() -> None:
+    """On a CUDA torch without sglang-kernel (the GPU machines), sgl_kernel's test stand-in, as
+    scenario.py puts it on the path: SGLang's layers import names from it as they load."""
     from scenario import _sgl_kernel_standin_where_missing
 
-    torch.cuda.set_device(rank % torch.cuda.device_count())
     _sgl_kernel_standin_where_missing()
 
 
