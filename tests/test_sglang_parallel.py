@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
 SUPPORT = Path(__file__).resolve().parent / "sglang_support"
 sys.path.append(str(SUPPORT))
 import parallel  # noqa: E402 - tests/sglang_support, imports no SGLang at module level
+import rank_harness  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,7 +34,7 @@ WORLD_SIZES |= {"dp_encoder_tp2": 2, "encode_server_tp2": 2}
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("weights")
-    _spawn(parallel.write_reference_weights, (str(directory),), 1)
+    _spawn(parallel.write_reference_weights, (str(directory),), 1, directory / "errors")
     return directory
 
 
@@ -48,20 +46,17 @@ def ranks(request: pytest.FixtureRequest, weights: Path, tmp_path_factory: pytes
     for config in parallel.TOWER_CONFIGS:
         (out / f"{config}.pt").symlink_to(weights / f"{config}.pt")
     rendezvous = f"file://{out / 'rendezvous'}"
-    _spawn(parallel.worker, (world_size, rendezvous, layout, str(out)), world_size)
+    _spawn(parallel.worker, (world_size, rendezvous, layout, str(out)), world_size, out / "errors")
     return [json.loads((out / f"rank{rank}.json").read_text()) | {"layout": layout} for rank in range(world_size)]
 
 
-def _spawn(target: Any, args: tuple, nprocs: int) -> None:
+def _spawn(target: Any, args: tuple, nprocs: int, errors_dir: Path) -> None:
     """``target(rank, *args)`` in ``nprocs`` spawned processes; a hang past the deadline fails."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    context = mp.start_processes(target, args=args, nprocs=nprocs, start_method="spawn", join=False)
-    deadline = time.monotonic() + DEADLINE_S
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{target.__name__}{args}: ranks still running after {DEADLINE_S} s (a hang)")
+    environment = rank_harness.rank_environment("cpu")
+    try:
+        rank_harness.spawn_ranks(target, args, nprocs, DEADLINE_S, environment, errors_dir)
+    except rank_harness.RanksHung as hung:
+        pytest.fail(str(hung))
 
 
 def _episode(ranks: list[dict], name: str) -> list[dict]:
@@ -114,17 +109,7 @@ def test_a_failure_on_one_rank_leaves_every_rank_on_the_same_path(ranks: list[di
     """Injected on the last rank before anything of that step ran there: no hang, every rank serves
     the same calls the same way, each output equal to SGLang's eager forward bit for bit."""
     reports = _episode(ranks, f"fail_{point}")
-    for report in reports:
-        assert all(report["bitwise_equal"]), report
-    decisions = [(r["captures"], r["graphs"], r["eager_runs"], r["stopped"]) for r in reports]
-    if point == "serving_replay":  # the failing rank's call runs SGLang's eager blocks; counts differ there
-        assert [r["failures"] for r in reports] == [0] * (len(reports) - 1) + [1]
-        assert all(r["stopped"] for r in reports)  # every rank stopped, at the same agreed call
-        return
-    assert all(decision == decisions[0] for decision in decisions), decisions
-    failed = "capture_unverified" if point == "verification" else "capture_failed"
-    assert reports[0]["eager_runs"].get(failed, 0) >= 1, reports[0]
-    assert all(r["failures"] == 0 and not r["stopped"] for r in reports)
+    assert rank_harness.failure_problems(point, reports) == [], reports
 
 
 def test_buckets_captured_at_start_on_every_rank_serve_the_first_requests(ranks: list[dict]) -> None:

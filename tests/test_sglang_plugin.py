@@ -623,6 +623,53 @@ def test_under_tensor_parallelism_graphs_stop_where_the_captured_all_reduces_do(
     assert "CustomAllReduceV2" in plan.problem and "rocm-vit knows" in plan.problem
 
 
+def _pynccl(available: bool) -> Any:
+    """SGLang's ``PyNcclCommunicator`` (the real class, its ``change_state`` included) as its
+    ``__init__`` leaves it: disabled, ``available`` where it found NCCL (no communicator is opened)."""
+    from sglang.srt.distributed.device_communicators.pynccl import PyNcclCommunicator
+
+    pynccl = object.__new__(PyNcclCommunicator)
+    pynccl.available, pynccl.disabled = available, True
+    return pynccl
+
+
+def test_under_tensor_parallelism_nccl_is_captured_through_sglangs_pynccl_enabled_for_the_capture() -> None:
+    """What no custom all-reduce takes goes to SGLang's in-place all-reduce: PyNccl where it is
+    enabled, as inside SGLang's graph_capture. A capture runs with it enabled (its kernel is then on
+    the capturing stream) and leaves it as it was; without NCCL (``available`` False) graphs stay off."""
+    sys.path.extend([str(SCENARIO.parent), str(SCENARIO.parent.parent)])
+    from custom_all_reduce import AiterCustomAllreduce, sglang_custom_allreduce
+
+    from rocm_vit.integrations.sglang.all_reduce import plan_all_reduce
+
+    vit = torch.nn.Module()
+    vit.blocks = torch.nn.ModuleList([torch.nn.Module()])
+    vit.blocks[0].proj = _RowParallel(64)
+    vit.merger = _RowParallel(96)
+    vit.spatial_merge_size, vit.dtype = 2, torch.bfloat16
+    group = _group()
+    group.pynccl_comm = _pynccl(available=True)
+    plan = plan_all_reduce(vit, group, max_tokens=8192)
+    assert (plan.communicator, plan.max_tokens, plan.problem) == ("PyNccl", 8192, None)
+    with plan.capture_scope():
+        assert not group.pynccl_comm.disabled
+    assert group.pynccl_comm.disabled
+    group.ca_comm = AiterCustomAllreduce(_group(), capturing=lambda: False, max_size=16 << 10)
+    plan = plan_all_reduce(vit, group, max_tokens=8192)  # past aiter's 128 tokens, PyNccl's
+    assert (plan.communicator, plan.max_tokens) == ("aiter's CustomAllreduce + PyNccl", 8192)
+    cpu_group = _group()
+    cpu_group.cpu_group, cpu_group.device_group, cpu_group.rank_in_group = None, None, 0
+    group.ca_comm = sglang_custom_allreduce(cpu_group, lambda: False, "cuda", 16 << 10)
+    exchanges: list[bool] = []  # capture()'s exit registers with the peers: none here
+    group.ca_comm.register_graph_buffers = lambda: exchanges.append(group.pynccl_comm.disabled)
+    plan = plan_all_reduce(vit, group, max_tokens=8192)
+    with plan.capture_scope():  # SGLang's capture() and PyNccl enabled, both
+        assert group.ca_comm._IS_CAPTURING and not group.pynccl_comm.disabled
+    assert not group.ca_comm._IS_CAPTURING and group.pynccl_comm.disabled and exchanges == [True]
+    group.ca_comm, group.pynccl_comm = None, _pynccl(available=False)
+    assert "NCCL/RCCL, which rocm-vit does not capture" in plan_all_reduce(vit, group, max_tokens=8192).problem
+
+
 @pytest.mark.parametrize(
     ("platform", "environ", "says"),
     [

@@ -18,7 +18,8 @@ with ``csrc/include/custom_all_reduce.cuh``. ``AiterCustomAllreduce`` (aiter's, 
 - ``should_custom_ar``: a multiple of 16 bytes, weakly contiguous, at most ``max_size`` bytes.
 
 ``sglang_custom_allreduce`` (SGLang's own, on the real class) differs where it matters: a captured
-call, inside ``capture()`` or not, reads a slot only ``capture()``'s exit fills. ``quick_allreduce``
+call, inside ``capture()`` or not, reads a slot only ``capture()``'s exit fills;
+``gpu_sglang_custom_allreduce`` keeps that contract on a GPU, under real CUDA graphs. ``quick_allreduce``
 and ``UnknownCustomAllreduce`` complete the set rocm-vit identifies (``integrations/sglang/all_reduce.py``).
 
 A call that runs (eager, or a replay of the CPU stand-in graphs, which re-run the captured function)
@@ -210,6 +211,85 @@ def sglang_custom_allreduce(group: Any, capturing: Callable[[], bool], variant: 
             return output
 
     return SGLangCustomAllreduce()
+
+
+def gpu_sglang_custom_allreduce(group: Any, max_size: int = 8 << 10) -> Any:
+    """SGLang's own ``CustomAllreduce`` on CUDA (the real class, its ``capture()`` included) on a GPU
+    group, keeping its capture contract on real CUDA graphs where sgl_kernel's kernels cannot run.
+
+    A call captured while the stream captures, inside ``capture()`` or not, takes the next
+    ``rank_data`` slot (a device flag, set only by ``capture()``'s exit, after a blocking exchange of
+    every rank's count) and records an NCCL all-reduce of its input (the group's PyNccl) whose output
+    the slot's flag masks: a replay of a slot nobody filled reads NaN, as SGLang's kernel reads
+    garbage pointers. An eager call reduces through ``torch.distributed``; inside ``capture()`` a call
+    on a stream not capturing returns zeros. ``max_size`` (8 KiB: a block all-reduce of 16 patches of
+    the GPU toy tower) leaves larger all-reduces to PyNccl, so that one graph holds both."""
+    base, _ = _sglang_classes()
+
+    class GpuSGLangCustomAllreduce(base):
+        def __init__(self) -> None:  # the real __init__ opens IPC handles: only its state is set here
+            self._IS_CAPTURING = False
+            self.disabled = False
+            self.original_disabled = False
+            self.tms_cudagraph = False
+            self._ptr = 0
+            self.use_amd_deterministic_impl = False
+            self.buffer_ptrs = [0] * group.world_size  # the CUDA build's: one buffer pointer a rank
+            self.group = group.cpu_group
+            self.rank = group.rank_in_group
+            self.world_size = group.world_size
+            self.max_size = max_size
+            self.full_nvlink = True
+            self.rank_data = torch.empty(RANK_DATA_ENTRIES * 64, dtype=torch.uint8)  # 64-byte entries
+            self._reduce_group = group.device_group
+            self._pynccl = group.pynccl_comm
+            # One flag a slot, allocated now: a capture must launch nothing that resets it at replay.
+            self._filled = torch.zeros(RANK_DATA_ENTRIES, dtype=torch.bool, device=torch.cuda.current_device())
+            self._taken = 0  # slots pointed at by captured calls, filled or pending
+            self._pending: list[int] = []
+            self.registered = 0
+            self.exchanges = 0
+            self.warm_up_zeros = 0
+            self.captured_calls = {"registered": 0, "copy_in": 0}
+
+        def should_custom_ar(self, inp: torch.Tensor) -> bool:
+            size = inp.numel() * inp.element_size()
+            return not self.disabled and size % 16 == 0 and inp.is_contiguous() and size <= self.max_size
+
+        def register_graph_buffers(self) -> None:
+            mine, self._pending = self._pending, []
+            counts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(counts, len(mine), group=self.group)
+            self.exchanges += 1
+            over = self.registered + len(mine) - RANK_DATA_ENTRIES
+            if over > 0:
+                raise RuntimeError(f"Rank data buffer is overflowed by {over}")
+            self.registered += len(mine)
+            for slot in mine[: min(counts)]:  # a peer that queued fewer leaves the rest empty
+                self._filled[slot].fill_(True)
+
+        def unfilled_slots(self) -> int:
+            """Slots captured calls point at that no ``capture()`` exit filled."""
+            return self._taken - int(self._filled[: self._taken].sum())
+
+        def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
+            if not self.should_custom_ar(input):
+                return None
+            if torch.cuda.is_current_stream_capturing():
+                slot, self._taken = self._taken, self._taken + 1
+                self._pending.append(slot)
+                self.captured_calls["registered" if self._IS_CAPTURING else "copy_in"] += 1
+                with self._pynccl.change_state(enable=True):
+                    reduced = self._pynccl.outplace_all_reduce(input)
+                return reduced.masked_fill_(self._filled[slot].logical_not(), float("nan"))
+            if self._IS_CAPTURING:
+                self.warm_up_zeros += 1
+                return torch.zeros_like(input)
+            output = input.clone()
+            dist.all_reduce(output, group=self._reduce_group)
+            return output
+
+    return GpuSGLangCustomAllreduce()
 
 
 def quick_allreduce(group: Any, min_bytes: int) -> Any:

@@ -33,6 +33,17 @@ def qwen3_vl_235b_heads_config() -> Any:
     return tiny_qwen3_vl_config(hidden_size=1152, num_heads=16)
 
 
+def qwen3_vl_8b_config() -> Any:
+    """Qwen3-VL-8B's vision tower (27 blocks of 1152, 16 heads, patches of 16): the rank benchmark's."""
+    from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
+
+    return Qwen3VLVisionConfig(
+        depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096, patch_size=16,
+        temporal_patch_size=2, in_channels=3, spatial_merge_size=2, num_position_embeddings=2304,
+        deepstack_visual_indexes=[8, 16, 24],
+    )  # fmt: skip
+
+
 def tiny_qwen2_5_vl_config() -> Any:
     """4 blocks, full attention in 1 and 3, windows of 2 x 2 merge blocks (16 // 2 // 4) elsewhere."""
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig

@@ -14,7 +14,11 @@ class and module, and each of the tower's all-reduces is routed by SGLang's own 
   must happen inside it, every rank leaving it together (a blocking exchange), and each capture
   takes table entries for good;
 - ``QuickAllReduce`` works from buffers exchanged at start: a capture anywhere is its eager call;
-- what neither takes goes to NCCL/RCCL, which rocm-vit does not capture.
+- what neither takes goes to NCCL/RCCL: SGLang's in-place all-reduce, through its ``PyNcclCommunicator``
+  (``pynccl_comm``) where that is enabled, as it is inside SGLang's own ``graph_capture``, else through
+  ``torch.distributed``. A capture inside ``pynccl_comm.change_state(enable=True)`` records NCCL's
+  kernel on the capturing stream, which a replay launches; without a ``pynccl_comm`` (no NCCL library,
+  a CPU group) rocm-vit does not capture it.
 
 Anything else (``CustomAllReduceV2``, PCIe-IPC, MSCCL++, symmetric memory) is not known: graphs are
 off under TP, with the reason.
@@ -23,6 +27,7 @@ off under TP, with the reason.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -64,9 +69,12 @@ def plan_all_reduce(vit: nn.Module, group: Any, max_tokens: int) -> AllReducePla
     ca_comm = _enabled(getattr(group, "ca_comm", None))
     qr_comm = _enabled(getattr(group, "qr_comm", None))
     ca_kind = None if ca_comm is None else _kind(ca_comm)
+    pynccl_comm = _available(getattr(group, "pynccl_comm", None))
     names = [describe(ca_comm, ca_kind)] if ca_comm is not None else []
     if qr_comm is not None:
         names.append("QuickAllReduce" if _kind(qr_comm) == _QUICK else _class_name(qr_comm))
+    if pynccl_comm is not None:
+        names.append("PyNccl")
     communicator = " + ".join(names) or "NCCL/RCCL"
     size = group.world_size
     if ca_comm is not None and ca_kind not in (_AITER, _SGLANG):
@@ -75,6 +83,8 @@ def plan_all_reduce(vit: nn.Module, group: Any, max_tokens: int) -> AllReducePla
     capturable = {"ca"} if ca_comm is not None else set()
     if qr_comm is not None and _kind(qr_comm) == _QUICK:
         capturable.add("qr")
+    if pynccl_comm is not None:
+        capturable.add(None)  # the in-place route: PyNccl's, enabled for the capture
     routes = _router(vit, group)
     if not all(route in capturable for route in routes(1)):
         declined = ", ".join(sorted({_ROUTE_NAMES.get(route, str(route)) for route in routes(1)} - capturable))
@@ -86,9 +96,12 @@ def plan_all_reduce(vit: nn.Module, group: Any, max_tokens: int) -> AllReducePla
         low, high = (middle, high) if all(route in capturable for route in routes(middle)) else (low, middle - 1)
     if low < max_tokens:
         logger.info("rocm-vit graph runner: graphs up to %d patches, the limit of %s", low, communicator)
+    scopes: list[CaptureScope] = []
     if ca_kind == _SGLANG:
-        return AllReducePlan(communicator, low, RegisteringScope(ca_comm, len(_widths(vit))))
-    return AllReducePlan(communicator, low)
+        scopes.append(RegisteringScope(ca_comm, len(_widths(vit))))
+    if pynccl_comm is not None:
+        scopes.append(functools.partial(pynccl_comm.change_state, enable=True))
+    return AllReducePlan(communicator, low, _nested(scopes))
 
 
 def describe(ca_comm: Any, kind: tuple[str, str] | None = None) -> str:
@@ -153,6 +166,26 @@ def _widths(vit: nn.Module) -> list[tuple[int, int]]:
         for name, module in vit.named_modules()
         if getattr(module, "reduce_results", False) and isinstance(getattr(module, "output_size", None), int)
     ]
+
+
+def _nested(scopes: list[CaptureScope]) -> CaptureScope | None:
+    """One capture scope entering ``scopes`` in order, or ``None`` for none; one alone is itself."""
+    if len(scopes) < 2:
+        return scopes[0] if scopes else None
+
+    @contextlib.contextmanager
+    def scope() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for each in scopes:
+                stack.enter_context(each())
+            yield
+
+    return scope
+
+
+def _available(pynccl_comm: Any) -> Any | None:
+    """SGLang's ``PyNcclCommunicator`` where it found NCCL (it is disabled outside graph captures)."""
+    return pynccl_comm if pynccl_comm is not None and getattr(pynccl_comm, "available", False) else None
 
 
 def _enabled(comm: Any) -> Any | None:

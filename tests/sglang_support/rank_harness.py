@@ -1,0 +1,214 @@
+"""What a run of SGLang ranks needs whatever the device: their environment, spawning them under a
+deadline, the calls they share, the failures injected on one of them, and the comparison of what
+each saw.
+
+Used by the CPU ranks (gloo, stand-in graphs: tests/test_sglang_parallel.py) and the GPU ranks (NCCL,
+real CUDA graphs: tests/gpu/test_sglang_ranks_gpu.py), through ``parallel.py``. Imports no torch, so
+that a spawned rank starts in a fraction of a second where it needs none (tests/test_rank_harness.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+# NVLink multicast (NVLS) off in every rank, whatever the device: NCCL's NVLS algorithms, torch's
+# symmetric memory and NVSHMEM each create multicast objects (cuMulticastCreate) where it is on, and
+# the GPU machines we are lent must never have one made.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# rocm-vit's settings for the ranks: a layout is captured from its first call, small graphs, no padding.
+SERVING_SETTINGS = {
+    "ROCM_VIT_PROFILE": "off",
+    "SGLANG_VIT_CUDA_GRAPH_MIN_HITS": "1",
+    "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS": "256",
+    "SGLANG_VIT_CUDA_GRAPH_PADDING": "0",
+}
+_CPU_ONLY = {
+    "TORCHDYNAMO_DISABLE": "1",  # SGLang's eager rotary is torch.compile'd: minutes of C++ on a CPU
+    "CUDA_VISIBLE_DEVICES": "",
+    "HIP_VISIBLE_DEVICES": "",
+    "GLOO_SOCKET_IFNAME": "lo",
+}
+# Injected on the last rank, each before anything of its step ran there: the arguments of the test
+# graph mechanisms (StandInGraphs on a CPU, injected_failures.InjectedFailures on a GPU).
+FAILURES = {
+    "warm_up": {"fail_warm_ups": 1},
+    "capture": {"fail_captures": 1},
+    "verification": {"corrupt_captures": 1},
+    "first_replay": {"fail_replays": 1},
+    "serving_replay": {"fail_later_replays": 1},
+}
+
+
+def rank_environment(device: str) -> dict[str, str]:
+    """The variables every spawned rank of ``device`` ("cpu" or "cuda") runs under: multicast off,
+    rocm-vit's settings, and on a CPU no device visible (a GPU rank sees every device and picks its own)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is neither 'cpu' nor 'cuda'")
+    return {**MULTICAST_OFF, **SERVING_SETTINGS, **(_CPU_ONLY if device == "cpu" else {})}
+
+
+def failing_rank_arguments(step: str | None, rank: int, world_size: int) -> dict[str, int]:
+    """The graph mechanism's failure arguments on ``rank`` for a failure at ``step`` (``FAILURES``,
+    or ``None`` for none): the last rank fails, the others run as they would."""
+    if step is not None and step not in FAILURES:
+        raise ValueError(f"no failure step {step!r}: one of {list(FAILURES)}")
+    return dict(FAILURES[step]) if step is not None and rank == world_size - 1 else {}
+
+
+class RanksFailed(RuntimeError):
+    """A rank raised, or exited without a report."""
+
+
+class RanksHung(RuntimeError):
+    """Ranks were still running at the deadline (killed): a hang."""
+
+
+def spawn_ranks(
+    target: Callable[..., None],
+    args: tuple,
+    nprocs: int,
+    deadline_s: float,
+    environment: dict[str, str],
+    errors_dir: Path,
+) -> None:
+    """``target(rank, *args)`` in ``nprocs`` spawned processes under ``environment`` (set before each
+    starts, so NCCL and torch read it at their first import); returns once all exit.
+
+    Raises ``RanksHung`` naming the ranks still running at ``deadline_s`` (every one of them killed),
+    else ``RanksFailed`` with each failed rank's traceback (written to ``errors_dir``)."""
+    errors_dir.mkdir(parents=True, exist_ok=True)
+    context = multiprocessing.get_context("spawn")
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
+    try:
+        processes = [
+            context.Process(target=_rank_main, args=(target, rank, args, str(errors_dir)), daemon=False)
+            for rank in range(nprocs)
+        ]
+        for process in processes:
+            process.start()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    deadline = time.monotonic() + deadline_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    running = [rank for rank, process in enumerate(processes) if process.is_alive()]
+    for rank in running:
+        processes[rank].kill()
+        processes[rank].join()
+    if running:
+        raise RanksHung(f"{getattr(target, '__name__', target)}: ranks {running} of {nprocs} still running "
+                        f"after {deadline_s} s (a hang); killed")  # fmt: skip
+    failed = {rank: process.exitcode for rank, process in enumerate(processes) if process.exitcode != 0}
+    if failed:
+        tracebacks = "\n".join(_error_of(errors_dir, rank, code) for rank, code in failed.items())
+        raise RanksFailed(f"ranks {sorted(failed)} of {nprocs} failed:\n{tracebacks}")
+
+
+# The exit code of a rank whose episode passed its deadline (``episode_deadline``).
+EPISODE_HUNG_EXIT_CODE = 75
+
+
+@contextlib.contextmanager
+def episode_deadline(seconds: float, episode: str, rank: int, errors_dir: Path) -> Iterator[None]:
+    """A deadline for one episode of a rank: past it, the rank writes where it hung to ``errors_dir``
+    (what ``spawn_ranks`` reports) and exits at once, whatever collective it waits in; its peers,
+    waiting for it, pass the same deadline and end alike. Each case of a run gets a deadline of its
+    own, not only the run as a whole."""
+    timer = threading.Timer(seconds, _episode_hung, (episode, seconds, rank, errors_dir))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _episode_hung(episode: str, seconds: float, rank: int, errors_dir: Path) -> None:
+    message = f"episode {episode!r} still running after {seconds} s on rank {rank} (a hang): rank ended"
+    Path(errors_dir, f"rank{rank}.error").write_text(message)
+    os._exit(EPISODE_HUNG_EXIT_CODE)
+
+
+def _rank_main(target: Callable[..., None], rank: int, args: tuple, errors_dir: str) -> None:
+    try:
+        target(rank, *args)
+    except BaseException:
+        Path(errors_dir, f"rank{rank}.error").write_text(traceback.format_exc())
+        raise
+
+
+def _error_of(errors_dir: Path, rank: int, exitcode: int | None) -> str:
+    path = errors_dir / f"rank{rank}.error"
+    return f"rank {rank} (exit code {exitcode}):\n{path.read_text() if path.exists() else '(no traceback)'}"
+
+
+Grid = list[tuple[int, int, int]]
+
+
+def churn_schedule(calls: int, seed: int, sizes: Sequence[int] = (2, 4, 6, 8), most_images: int = 2) -> list[Grid]:
+    """``calls`` requests of one to ``most_images`` images of ``sizes`` x ``sizes`` patches: many
+    more attention layouts than a cache of a few graphs holds, each coming back now and then. The same
+    on every rank for the same ``seed`` (ranks of a group run the same calls)."""
+    draw = random.Random(seed)
+    return [
+        [(1, draw.choice(sizes), draw.choice(sizes)) for _ in range(draw.randint(1, most_images))] for _ in range(calls)
+    ]
+
+
+def attention_layouts(schedule: Sequence[Grid]) -> int:
+    """How many attention layouts ``schedule`` has: its distinct sequences of images' patch counts."""
+    return len({tuple(t * h * w for t, h, w in grid) for grid in schedule})
+
+
+def rank_mismatches(reports: Sequence[dict[str, Any]], fields: Sequence[str]) -> list[str]:
+    """Where ranks' reports of the same calls differ: one line per field of ``fields`` whose values
+    are not all rank 0's, naming each rank's value."""
+    lines = []
+    for field in fields:
+        values = [report.get(field) for report in reports]
+        if any(value != values[0] for value in values):
+            lines.append(f"{field}: " + ", ".join(f"rank {rank} {value!r}" for rank, value in enumerate(values)))
+    return lines
+
+
+def failure_problems(step: str, reports: Sequence[dict[str, Any]]) -> list[str]:
+    """What is wrong with every rank's report of one episode whose last rank failed at ``step``.
+
+    Each output must equal SGLang's eager forward bit for bit. After a serving replay's failure the
+    failing rank's call ran SGLang's eager blocks (its counts differ): only it counts a failure, and
+    every rank stopped serving, at the same agreed call. Otherwise every rank took the same path
+    (captures, graphs kept, eager runs by reason, stopped) and the layout runs eagerly on all."""
+    problems = [f"rank {rank}: outputs differ from eager at calls {_false_at(report['bitwise_equal'])}"
+                for rank, report in enumerate(reports) if not all(report["bitwise_equal"])]  # fmt: skip
+    if step == "serving_replay":
+        failures = [report["failures"] for report in reports]
+        if failures != [0] * (len(reports) - 1) + [1]:
+            problems.append(f"failures counted {failures}, not 1 on the last rank alone")
+        if not all(report["stopped"] for report in reports):
+            problems.append(f"stopped {[report['stopped'] for report in reports]}: not every rank")
+        return problems
+    problems += rank_mismatches(reports, ("captures", "graphs", "eager_runs", "stopped"))
+    failed = "capture_unverified" if step == "verification" else "capture_failed"
+    if reports[0]["eager_runs"].get(failed, 0) < 1:
+        problems.append(f"no {failed} eager run: {reports[0]['eager_runs']}")
+    if any(report["failures"] or report["stopped"] for report in reports):
+        problems.append("a rank handed its tower to SGLang's eager blocks after a failure inside a capture")
+    return problems
+
+
+def _false_at(flags: Sequence[bool]) -> list[int]:
+    return [index for index, flag in enumerate(flags) if not flag]

@@ -1,0 +1,212 @@
+"""The device-independent parts of the SGLang rank runs (tests/sglang_support/rank_harness.py and
+injected_failures.py), on a CPU in seconds: what the GPU ranks of tests/gpu/test_sglang_ranks_gpu.py
+rely on before any of them can run there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.append(str(Path(__file__).resolve().parent / "sglang_support"))
+import rank_harness
+from injected_failures import InjectedFailures
+
+from rocm_vit.graphs.torch_graphs import HostGraphs
+
+
+def _write_environment(rank: int, out: str) -> None:
+    names = [*rank_harness.MULTICAST_OFF, "CUDA_VISIBLE_DEVICES", "ROCM_VIT_PROFILE"]
+    Path(out, f"rank{rank}.json").write_text(json.dumps({name: os.environ.get(name) for name in names}))
+
+
+def _hang_on(rank: int, hanging_rank: int, out: str) -> None:
+    Path(out, f"rank{rank}.started").touch()
+    while rank == hanging_rank:
+        time.sleep(0.05)
+
+
+def _raise_on(rank: int, failing_rank: int) -> None:
+    if rank == failing_rank:
+        raise ValueError(f"rank {rank} cannot build its tower")
+
+
+def _hang_in_episode(rank: int, errors_dir: str) -> None:
+    with rank_harness.episode_deadline(0.5, "fail_capture", rank, Path(errors_dir)):
+        while rank == 1:  # the failing rank's peer waits for it: the same deadline ends it
+            time.sleep(0.05)
+
+
+def test_every_spawned_rank_runs_with_nvlink_multicast_off(tmp_path: Path) -> None:
+    """NCCL, torch's symmetric memory and NVSHMEM read these as they start: they are in each
+    rank's environment from its first instruction, and the parent's is left as it was."""
+    before = dict(os.environ)
+    environment = rank_harness.rank_environment("cuda")
+    rank_harness.spawn_ranks(_write_environment, (str(tmp_path),), 2, 60, environment, tmp_path / "errors")
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert {name: seen[name] for name in rank_harness.MULTICAST_OFF} == {
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+        }
+        assert seen["ROCM_VIT_PROFILE"] == "off"
+        assert seen["CUDA_VISIBLE_DEVICES"] == before.get("CUDA_VISIBLE_DEVICES")  # a GPU rank sees every device
+    assert dict(os.environ) == before
+
+
+def test_cpu_ranks_see_no_device_and_gpu_ranks_every_one() -> None:
+    cpu, cuda = rank_harness.rank_environment("cpu"), rank_harness.rank_environment("cuda")
+    assert cpu["CUDA_VISIBLE_DEVICES"] == cpu["HIP_VISIBLE_DEVICES"] == ""
+    assert "CUDA_VISIBLE_DEVICES" not in cuda and "HIP_VISIBLE_DEVICES" not in cuda
+    assert rank_harness.MULTICAST_OFF.items() <= cpu.items() and rank_harness.MULTICAST_OFF.items() <= cuda.items()
+    with pytest.raises(ValueError, match="'rocm'"):
+        rank_harness.rank_environment("rocm")
+
+
+def test_a_rank_still_running_at_the_deadline_is_killed_and_named(tmp_path: Path) -> None:
+    with pytest.raises(rank_harness.RanksHung, match=r"ranks \[1\] of 2 still running"):
+        rank_harness.spawn_ranks(_hang_on, (1, str(tmp_path)), 2, 4, {}, tmp_path / "errors")
+    assert (tmp_path / "rank0.started").exists() and (tmp_path / "rank1.started").exists()
+
+
+def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path: Path) -> None:
+    with pytest.raises(rank_harness.RanksFailed, match=r"ranks \[0\] of 2 failed") as failed:
+        rank_harness.spawn_ranks(_raise_on, (0,), 2, 60, {}, tmp_path / "errors")
+    assert "ValueError: rank 0 cannot build its tower" in str(failed.value)
+
+
+def test_an_episode_past_its_own_deadline_ends_its_ranks_saying_where(tmp_path: Path) -> None:
+    """The run's deadline is far; the episode's ends the rank that waits, naming the episode."""
+    with pytest.raises(rank_harness.RanksFailed, match=r"ranks \[1\] of 2 failed") as failed:
+        rank_harness.spawn_ranks(_hang_in_episode, (str(tmp_path / "errors"),), 2, 60, {}, tmp_path / "errors")
+    message = str(failed.value)
+    assert f"exit code {rank_harness.EPISODE_HUNG_EXIT_CODE}" in message
+    assert "episode 'fail_capture' still running after 0.5 s on rank 1 (a hang)" in message
+
+
+def test_the_churn_is_the_same_calls_on_every_rank_and_many_more_layouts_than_a_cache_holds() -> None:
+    schedule = rank_harness.churn_schedule(1000, seed=1234)
+    assert schedule == rank_harness.churn_schedule(1000, seed=1234)  # another rank's
+    assert schedule != rank_harness.churn_schedule(1000, seed=1235)
+    assert len(schedule) == 1000 and all(1 <= len(grid) <= 2 for grid in schedule)
+    layouts = rank_harness.attention_layouts(schedule)
+    assert 8 * 4 < layouts < 1000 // 4  # past a cache of 8 many times over; each layout comes back
+    assert {h for grid in schedule for _, h, _ in grid} == {2, 4, 6, 8}
+
+
+def test_rank_mismatches_names_each_field_where_any_rank_differs() -> None:
+    reports = [{"captures": 3, "replays": 9, "eager_runs": {}} for _ in range(4)]
+    assert rank_harness.rank_mismatches(reports, ("captures", "replays", "eager_runs")) == []
+    reports[3] = {**reports[3], "replays": 8}  # the last rank only: a comparison of neighbours from 0 misses none
+    assert rank_harness.rank_mismatches(reports, ("captures", "replays")) == [
+        "replays: rank 0 9, rank 1 9, rank 2 9, rank 3 8"
+    ]
+
+
+def _episode(eager_runs: dict, failures: int = 0, stopped: bool = False, bitwise: bool = True) -> dict:
+    return {"bitwise_equal": [True, bitwise], "captures": 3, "graphs": 2, "eager_runs": eager_runs,
+            "failures": failures, "stopped": stopped}  # fmt: skip
+
+
+def test_a_failure_on_one_rank_is_judged_on_every_rank() -> None:
+    same = [_episode({"capture_failed": 1}) for _ in range(2)]
+    assert rank_harness.failure_problems("capture", same) == []
+    assert rank_harness.failure_problems("verification", same) == [
+        "no capture_unverified eager run: {'capture_failed': 1}"
+    ]
+    parted = [_episode({"capture_failed": 1}), _episode({"capture_failed": 1, "below_payback": 1})]
+    assert rank_harness.failure_problems("capture", parted)[0].startswith("eager_runs: rank 0")
+    wrong = [_episode({"capture_failed": 1}), _episode({"capture_failed": 1}, bitwise=False)]
+    assert rank_harness.failure_problems("capture", wrong) == ["rank 1: outputs differ from eager at calls [1]"]
+    stopped_alike = [_episode({}, stopped=True), _episode({"failed": 1}, failures=1, stopped=True)]
+    assert rank_harness.failure_problems("serving_replay", stopped_alike) == []
+    stopped_alone = [_episode({}), _episode({}, failures=1, stopped=True)]
+    assert rank_harness.failure_problems("serving_replay", stopped_alone) == ["stopped [False, True]: not every rank"]
+
+
+def test_failures_are_injected_on_the_last_rank_alone() -> None:
+    assert [rank_harness.failing_rank_arguments("capture", rank, 4) for rank in range(4)] == [
+        {},
+        {},
+        {},
+        {"fail_captures": 1},
+    ]
+    assert rank_harness.failing_rank_arguments(None, 3, 4) == {}
+    with pytest.raises(ValueError, match="no failure step 'launch'"):
+        rank_harness.failing_rank_arguments("launch", 1, 2)
+
+
+def _capture(mechanism: InjectedFailures, fn) -> tuple:
+    return mechanism.capture(fn, mechanism.new_pool(torch.device("cpu")), "runner")
+
+
+def test_injected_failures_fail_each_step_once_before_it_runs_anything() -> None:
+    """The arguments of the CPU stand-in graphs, on a real mechanism (here the host one)."""
+    runs: list[str] = []
+
+    def forward() -> torch.Tensor:
+        runs.append("forward")
+        return torch.ones(2)
+
+    for arguments, step, error in (
+        ({"fail_warm_ups": 1}, lambda m: m.warm_up(forward, None, "runner"), RuntimeError),
+        ({"fail_captures": 1}, lambda m: _capture(m, forward), torch.OutOfMemoryError),
+    ):
+        mechanism = InjectedFailures(HostGraphs(), **arguments)
+        with pytest.raises(error, match="injected"):
+            step(mechanism)
+        assert runs == [] and mechanism.injected == list(arguments)
+        step(mechanism)  # once only
+        assert runs == ["forward"]
+        runs.clear()
+    mechanism = InjectedFailures(HostGraphs(), fail_replays=1)
+    graph, _ = _capture(mechanism, forward)
+    runs.clear()
+    with pytest.raises(RuntimeError, match="injected: the replay failed"):
+        mechanism.replay(graph)
+    assert runs == []
+
+
+def test_an_injected_serving_replay_failure_spares_each_graphs_first_replay() -> None:
+    mechanism = InjectedFailures(HostGraphs(), fail_later_replays=1)
+    first, _ = _capture(mechanism, lambda: torch.ones(2))
+    second, _ = _capture(mechanism, lambda: torch.ones(2))
+    mechanism.replay(first)
+    mechanism.replay(second)  # a new graph's check: not a serving replay
+    with pytest.raises(RuntimeError, match="serving replay"):
+        mechanism.replay(first)
+    mechanism.replay(first)
+    assert mechanism.injected == ["fail_later_replays"]
+
+
+def test_an_injected_corrupt_capture_replays_other_bits_than_its_warm_up() -> None:
+    output = torch.tensor([1.0, -3.0])
+    mechanism = InjectedFailures(HostGraphs(), corrupt_captures=1)
+    graph, _ = _capture(mechanism, lambda: output.clone())
+    replayed = graph.fn()
+    assert not torch.equal(replayed, output) and torch.equal(replayed, 2 * output)
+    clean, _ = _capture(mechanism, lambda: output.clone())
+    assert torch.equal(clean.fn(), output)
+
+
+def test_the_rank_benchmark_table_gives_each_layout_its_slowest_ranks_time() -> None:
+    sys.path.append(str(Path(__file__).resolve().parent))
+    from gpu_ranks_bench import table
+
+    def report(eager_ms: float, graph_ms: float) -> dict:
+        row = {"patches": 256, "eager_ms": eager_ms, "graph_ms": graph_ms, "replays": 23, "captures": 1}
+        return {"rows": {"1x256": row}, "communicator": "PyNccl", "device": "NVIDIA H100"}
+
+    lines = table({2: [report(4.0, 1.0), report(6.0, 2.0)], 1: [report(3.0, 1.5)]}).splitlines()
+    assert lines[0].startswith("| layout | patches | TP | eager ms | graph ms | eager / graph |")
+    assert lines[2:] == [
+        "| 1x256 | 256 | 1 | 3.000 | 1.500 | 2.00 | 23 | PyNccl | NVIDIA H100 |",
+        "| 1x256 | 256 | 2 | 6.000 | 2.000 | 3.00 | 23 | PyNccl | NVIDIA H100 |",
+    ]
