@@ -25,9 +25,11 @@ GPU), and that it uses ``wgmma`` (``HGMMA``) and TMA (``UTMALDG``).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import importlib
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -84,23 +86,37 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def compile_all() -> list[Record]:
-    """Every dtype and head dim the kernel takes, as the tower's fused-qkv views launch it."""
+def compile_all(jobs: int | None = None) -> list[Record]:
+    """Every dtype and head dim the kernel takes, as the tower's fused-qkv views launch it: one
+    (dtype, head dim) per worker process, as many as the machine has cores (``jobs``)."""
     from rocm_vit.backends import gluon_attn
 
-    records = []
+    pairs = [(dtype_name, head_dim) for dtype_name in DTYPES for head_dim in gluon_attn.GLUON_HEAD_DIMS]
+    jobs = min(len(pairs), jobs or os.cpu_count() or 1)
+    # Nothing is reused across runs: every run compiles from source into a fresh cache.
     with tempfile.TemporaryDirectory(prefix="rocm-vit-aot-") as cache_dir, set_env({"TRITON_CACHE_DIR": cache_dir}):
-        for dtype_name, dtype in DTYPES.items():
-            for head_dim in gluon_attn.GLUON_HEAD_DIMS:
-                launches = _launches(gluon_attn, TOKENS, [0, 196, TOKENS], TOKENS - 196, head_dim, dtype)
-                for tokens in SPLIT_TOKENS:
-                    launches += _launches(gluon_attn, tokens, [0, tokens], tokens, head_dim, dtype)
-                compiled = set()
-                for fn, args, kwargs in launches:
-                    kernel, consumers = _kernel_name(fn, kwargs), kwargs.get("CONSUMERS", 0)
-                    if (kernel, consumers) not in compiled:
-                        compiled.add((kernel, consumers))
-                        records.append(_compile(fn, args, kwargs, kernel, consumers, dtype_name, head_dim))
+        if jobs <= 1:
+            return [record for pair in pairs for record in _compile_pair(*pair)]
+        context = multiprocessing.get_context("spawn")  # the workers inherit the environment above
+        dtype_names, head_dims = [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            return [record for records in pool.map(_compile_pair, dtype_names, head_dims) for record in records]
+
+
+def _compile_pair(dtype_name: str, head_dim: int) -> list[Record]:
+    """The records of one dtype and head dim: each kernel and consumer count once."""
+    from rocm_vit.backends import gluon_attn
+
+    dtype = DTYPES[dtype_name]
+    launches = _launches(gluon_attn, TOKENS, [0, 196, TOKENS], TOKENS - 196, head_dim, dtype)
+    for tokens in SPLIT_TOKENS:
+        launches += _launches(gluon_attn, tokens, [0, tokens], tokens, head_dim, dtype)
+    records, compiled = [], set()
+    for fn, args, kwargs in launches:
+        kernel, consumers = _kernel_name(fn, kwargs), kwargs.get("CONSUMERS", 0)
+        if (kernel, consumers) not in compiled:
+            compiled.add((kernel, consumers))
+            records.append(_compile(fn, args, kwargs, kernel, consumers, dtype_name, head_dim))
     return records
 
 
