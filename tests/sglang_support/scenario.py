@@ -450,10 +450,13 @@ def _buckets_at_start(model: torch.nn.Module, mechanism: Any) -> dict[str, Any]:
 
     adapter_with(SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="0")
     eager_padded = _run(model, requests, graphs=True)
-    switched_off = adapter_with(SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS="0")
-    switched_off_captured = capture_vit_buckets(holder)
-    adapter = adapter_with()
-    captured = capture_vit_buckets(holder)
+    # A server starts with SGLANG_VIT_ENABLE_CUDA_GRAPH=1 for its whole life, and SGLang's own
+    # backends (triton_attn) read it at every call to take the list-shaped cu_seqlens of graph mode.
+    with set_env({"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}):
+        switched_off = adapter_with(SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS="0")
+        switched_off_captured = capture_vit_buckets(holder)
+        adapter = adapter_with()
+        captured = capture_vit_buckets(holder)
     at_start = adapter.stats()
     served = _run(model, requests, graphs=True)
     stats = adapter.stats()
