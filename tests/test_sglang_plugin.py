@@ -581,6 +581,16 @@ def _group(ca_comm: Any = None, qr_comm: Any = None) -> Any:
     return group
 
 
+def _all_reducing_vit() -> torch.nn.Module:
+    """A tower whose block all-reduces [tokens, 64] bf16 and whose merger [tokens / 4, 96]."""
+    vit = torch.nn.Module()
+    vit.blocks = torch.nn.ModuleList([torch.nn.Module()])
+    vit.blocks[0].proj = _RowParallel(64)
+    vit.merger = _RowParallel(96)
+    vit.spatial_merge_size, vit.dtype = 2, torch.bfloat16
+    return vit
+
+
 def test_under_tensor_parallelism_graphs_stop_where_the_captured_all_reduces_do() -> None:
     """A block all-reduces [tokens, 64] bf16 (128 bytes a token), a merger [tokens / 4, 96] (48): a
     16 KiB custom all-reduce takes 128 tokens, SGLang's own registers at its capture()'s exit, a
@@ -590,11 +600,7 @@ def test_under_tensor_parallelism_graphs_stop_where_the_captured_all_reduces_do(
 
     from rocm_vit.integrations.sglang.all_reduce import RegisteringScope, plan_all_reduce
 
-    vit = torch.nn.Module()
-    vit.blocks = torch.nn.ModuleList([torch.nn.Module()])
-    vit.blocks[0].proj = _RowParallel(64)
-    vit.merger = _RowParallel(96)
-    vit.spatial_merge_size, vit.dtype = 2, torch.bfloat16
+    vit = _all_reducing_vit()
     aiter = AiterCustomAllreduce(_group(), capturing=lambda: False, max_size=16 << 10)
     group = _group(aiter)
     plan = plan_all_reduce(vit, group, max_tokens=8192)
@@ -642,11 +648,7 @@ def test_under_tensor_parallelism_nccl_is_captured_through_sglangs_pynccl_enable
 
     from rocm_vit.integrations.sglang.all_reduce import plan_all_reduce
 
-    vit = torch.nn.Module()
-    vit.blocks = torch.nn.ModuleList([torch.nn.Module()])
-    vit.blocks[0].proj = _RowParallel(64)
-    vit.merger = _RowParallel(96)
-    vit.spatial_merge_size, vit.dtype = 2, torch.bfloat16
+    vit = _all_reducing_vit()
     group = _group()
     group.pynccl_comm = _pynccl(available=True)
     plan = plan_all_reduce(vit, group, max_tokens=8192)

@@ -129,6 +129,27 @@ def _sglang_classes() -> tuple[type, type]:
     return CustomAllreduce, QuickAllReduce
 
 
+def _set_real_state(comm: Any, group: Any, max_size: int, variant: str) -> None:
+    """The state the real ``CustomAllreduce.__init__`` leaves that its methods read, without the IPC
+    handles it opens: the CUDA build's ``buffer_ptrs`` (one buffer pointer a rank), ROCm's ``buffer``."""
+    comm._IS_CAPTURING = False
+    comm.disabled = False
+    comm.original_disabled = False
+    comm.tms_cudagraph = False
+    comm._ptr = 0
+    comm.use_amd_deterministic_impl = variant == "deterministic"
+    if variant == "cuda":
+        comm.buffer_ptrs = [0] * group.world_size
+    else:
+        comm.buffer = torch.empty(0, dtype=torch.uint8)
+    comm.group = group.cpu_group
+    comm.rank = group.rank_in_group
+    comm.world_size = group.world_size
+    comm.max_size = max_size
+    comm.full_nvlink = True
+    comm._reduce_group = group.device_group
+
+
 def sglang_custom_allreduce(group: Any, capturing: Callable[[], bool], variant: str, max_size: int = MAX_SIZE) -> Any:
     """SGLang's own ``CustomAllreduce`` (the real class, its ``capture()`` included) on a gloo group.
 
@@ -144,23 +165,8 @@ def sglang_custom_allreduce(group: Any, capturing: Callable[[], bool], variant: 
 
     class SGLangCustomAllreduce(base):
         def __init__(self) -> None:  # the real __init__ opens IPC handles: only its state is set here
-            self._IS_CAPTURING = False
-            self.disabled = False
-            self.original_disabled = False
-            self.tms_cudagraph = False
-            self._ptr = 0
-            self.use_amd_deterministic_impl = variant == "deterministic"
-            if variant == "cuda":
-                self.buffer_ptrs = [0] * group.world_size
-            else:
-                self.buffer = torch.empty(0, dtype=torch.uint8)
-            self.group = group.cpu_group
-            self.rank = group.rank_in_group
-            self.world_size = group.world_size
-            self.max_size = max_size
-            self.full_nvlink = True
+            _set_real_state(self, group, max_size, variant)
             self.rank_data = torch.empty(max_size, dtype=torch.uint8)  # 64-byte entries
-            self._reduce_group = group.device_group
             self._capturing = capturing
             self._pending: list[dict] = []
             self.registered = 0
@@ -228,20 +234,8 @@ def gpu_sglang_custom_allreduce(group: Any, max_size: int = 8 << 10) -> Any:
 
     class GpuSGLangCustomAllreduce(base):
         def __init__(self) -> None:  # the real __init__ opens IPC handles: only its state is set here
-            self._IS_CAPTURING = False
-            self.disabled = False
-            self.original_disabled = False
-            self.tms_cudagraph = False
-            self._ptr = 0
-            self.use_amd_deterministic_impl = False
-            self.buffer_ptrs = [0] * group.world_size  # the CUDA build's: one buffer pointer a rank
-            self.group = group.cpu_group
-            self.rank = group.rank_in_group
-            self.world_size = group.world_size
-            self.max_size = max_size
-            self.full_nvlink = True
+            _set_real_state(self, group, max_size, "cuda")
             self.rank_data = torch.empty(RANK_DATA_ENTRIES * 64, dtype=torch.uint8)  # 64-byte entries
-            self._reduce_group = group.device_group
             self._pynccl = group.pynccl_comm
             # One flag a slot, allocated now: a capture must launch nothing that resets it at replay.
             self._filled = torch.zeros(RANK_DATA_ENTRIES, dtype=torch.bool, device=torch.cuda.current_device())

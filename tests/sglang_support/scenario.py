@@ -283,33 +283,10 @@ def _gpu_scenario(report: dict[str, Any], records: list[logging.LogRecord], atte
 
 
 def _init_sglang(device: str) -> None:
-    """World size 1 over gloo (NCCL on a GPU), as ``sglang.test.layer_ut_utils`` sets it up."""
-    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+    """World size 1 over gloo (NCCL on a GPU): the same set-up as ``rocm-vit bench-sglang``'s worker."""
+    from rocm_vit.integrations.sglang import standalone
 
-    with tempfile.NamedTemporaryFile(delete=False) as rendezvous:
-        init_method = f"file://{rendezvous.name}"
-    backend = "gloo" if device == "cpu" else "nccl"
-    init_distributed_environment(
-        world_size=1, rank=0, local_rank=0, distributed_init_method=init_method, backend=backend
-    )
-    _publish()
-    initialize_model_parallel(backend=backend)  # by keyword: the first positional is a size
-    if device == "cpu":
-        # Neither CUDA nor SGLang's CPU engine: the rotary base class would import vllm for its
-        # fallback kernel unless it believes it runs on a CPU.
-        import sglang.srt.layers.rotary_embedding.base as rotary_base
-
-        rotary_base._is_cpu = True
-
-
-def _publish() -> None:
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
-    from sglang.srt.server_args import ServerArgs
-
-    reset_context()
-    publish(ServerArgs(model_path="dummy"), role="test", ranks=SpawnRanks(world_rank=0))
-    get_parallel().override_permanently(world_group=parallel_state._WORLD)
+    standalone.init_world(device, role="test")
 
 
 def _tiny_model(device: str, dtype: torch.dtype = torch.float32, attention: str | None = None) -> torch.nn.Module:

@@ -19,8 +19,9 @@ from torch import nn
 from rocm_vit.tower_config import Qwen3VLVisionConfig
 
 
-def init_world(device: str) -> None:
-    """SGLang's parallel state for one process: gloo on a CPU, NCCL on a GPU."""
+def init_world(device: str, role: str = "bench") -> None:
+    """SGLang's parallel state for one process, as ``sglang.test.layer_ut_utils`` sets it up: gloo on a
+    CPU, NCCL on a GPU; ``role`` is what SGLang's runtime context records this process as."""
     from sglang.srt.distributed import parallel_state
     from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
@@ -33,7 +34,7 @@ def init_world(device: str) -> None:
         world_size=1, rank=0, local_rank=0, distributed_init_method=init_method, backend=backend
     )
     reset_context()
-    publish(ServerArgs(model_path="dummy"), role="bench", ranks=SpawnRanks(world_rank=0))
+    publish(ServerArgs(model_path="dummy"), role=role, ranks=SpawnRanks(world_rank=0))
     get_parallel().override_permanently(world_group=parallel_state._WORLD)
     initialize_model_parallel(backend=backend)  # by keyword: the first positional is a size
     if device == "cpu":
