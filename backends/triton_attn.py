@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import libdevice
 
 from . import fast_launch
 from .launch_math import cdiv, next_power_of_2
@@ -235,10 +234,13 @@ def _gpu_arch(index: int) -> str:
 
 def _rotary_products(device: torch.device, arch: str) -> str:
     """How the fused rotary keeps each product rounded on its own, as ``triton_rope`` (compiled
-    without fp fusion) does, in a kernel compiled with it: ``"mul_rn"`` (CUDA's non-contractible
-    multiply), ``"v_mul_f32"`` (AMD, an opaque instruction) or ``"plain"`` (the interpreter rounds
-    every operation). The compile target is the GPU's where there is one (ROCm emulation on an NVIDIA
-    GPU passes a gfx ``arch`` for its tiles), else ``arch``'s (tests/aot_rocm.py records on a CPU)."""
+    without fp fusion) does, in a kernel compiled with it: ``"mul_rn"`` (CUDA, an inline
+    ``mul.rn.f32``: ptxas never contracts an explicitly rounded multiply; libdevice's ``mul_rn`` would
+    flush denormals under Triton's ftz setting), ``"v_mul_f32"`` (AMD, the same as inline asm, opaque
+    to LLVM) or ``"plain"`` (the interpreter rounds every operation). tests/test_fused_rotary.py
+    counts the FMAs of both compiled kernels. The compile target is the GPU's where there is one
+    (ROCm emulation on an NVIDIA GPU passes a gfx ``arch`` for its tiles), else ``arch``'s
+    (tests/aot_rocm.py records on a CPU)."""
     if _INTERPRETED:
         return "plain"
     if torch.version.hip is not None:
@@ -484,7 +486,9 @@ def _load_rotated(
 def _product(a, b, ROTARY: tl.constexpr):
     """``a * b`` in fp32, rounded on its own: never contracted into an FMA with the sum it feeds."""
     if ROTARY == "mul_rn":
-        return libdevice.mul_rn(a, b)
+        return tl.inline_asm_elementwise(
+            "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
     elif ROTARY == "v_mul_f32":
         return tl.inline_asm_elementwise(
             "v_mul_f32 $0, $1, $2", "=v,v,v", [a, b], dtype=tl.float32, is_pure=True, pack=1

@@ -9,6 +9,10 @@ bf16 matmul is unreliable (tests/gpu/test_fused_rotary_gpu.py checks bf16 on a G
 from __future__ import annotations
 
 import itertools
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -252,3 +256,60 @@ def test_tower_on_triton_attn_with_the_fused_rotary_equals_the_two_launches(inte
     depth = 4  # the tiny preset's blocks
     assert (fused["apply_rotary_calls"], unfused["apply_rotary_calls"]) == (0, depth)
     assert torch.equal(fused["out"], unfused["out"])
+
+
+# ---------------------------------------------------------------------------------------------
+# What the interpreter cannot show: compiled with fp fusion on (as on the GPUs), the rotary's
+# products must stay plain multiplies (triton_rope's are, compiled without fp fusion)
+
+
+def _compiled_asm(arch: str, rotary: bool) -> str:
+    """The fused or unfused kernel for a Qwen3-VL shape, compiled on this CPU for ``arch``."""
+    import triton
+    from aot_rocm import WAVE_SIZE, _recording, _specialise
+    from rocm_vit.backends import triton_attn
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32) if arch == "sm_90a" else GPUTarget("hip", arch, WAVE_SIZE)
+    tokens, heads, head_dim = 196, 16, 72
+    q, k, v = torch.empty(tokens, 3, heads, head_dim, dtype=torch.bfloat16).unbind(1)
+    trig = {"cos": torch.empty(tokens, head_dim), "sin": torch.empty(tokens, head_dim)} if rotary else {}
+    offsets = torch.tensor([0, tokens], dtype=torch.int32)
+    with _recording() as launches:
+        triton_attn.triton_varlen_attention(q, k, v, offsets, tokens, 0.1, arch=arch.removesuffix("a"), **trig)
+    fn, args, kwargs = launches[0]
+    job = _specialise(fn, args, kwargs, arch, target)
+    source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
+    kernel = triton.compile(source, target=target, options=job["options"])
+    if arch != "sm_90a":
+        return kernel.asm["amdgcn"]
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    cubin = Path(tempfile.mkdtemp()) / "kernel.cubin"
+    cubin.write_bytes(kernel.asm["cubin"])
+    return subprocess.run([str(nvdisasm), str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def _count(pattern: str, asm: str) -> int:
+    return len(re.findall(pattern, asm))
+
+
+def test_on_sm90_the_rotary_adds_plain_multiplies_and_adds_and_no_fma(monkeypatch):
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton without its NVIDIA backend")
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # the attention kernel's default on the GPUs
+    unfused, fused = (_compiled_asm("sm_90a", rotary) for rotary in (False, True))
+    assert _count(r"\bFFMA\b", fused) == _count(r"\bFFMA\b", unfused)
+    assert "FTZ" not in fused, "triton_rope keeps fp32 denormals"
+    added_multiplies = _count(r"\bFMUL\b", fused) - _count(r"\bFMUL\b", unfused)
+    added_sums = _count(r"\bFADD\b", fused) - _count(r"\bFADD\b", unfused)
+    assert added_sums > 0 and added_multiplies == 2 * added_sums  # two products per rotated element
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_on_amd_the_rotary_adds_plain_multiplies_and_no_fma(monkeypatch, arch):
+    pytest.importorskip("triton.backends.amd.compiler", reason="Triton without its AMD backend")
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    unfused, fused = (_compiled_asm(arch, rotary) for rotary in (False, True))
+    for fma in (r"v_fma\w*_f32", r"v_pk_fma_f32", r"v_fmac\w*_f32", r"v_mad\w*_f32"):
+        assert _count(fma, fused) == _count(fma, unfused), fma
+    assert _count(r"v_mul_f32", fused) > _count(r"v_mul_f32", unfused)
