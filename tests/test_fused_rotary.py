@@ -220,40 +220,48 @@ cases = torch.load(sys.argv[1])
 rotary_calls = []
 apply_rotary = attention.apply_rotary
 attention.apply_rotary = lambda *args: rotary_calls.append(1) or apply_rotary(*args)
-torch.manual_seed(0)
-config = preset("tiny")
-tower = tower_class(config)(config, attention_backend="triton_attn").eval()
 outputs = {}
-with torch.inference_mode():
-    for fused in (True, False):
-        tower.attention._fuses_rotary = fused
-        rotary_calls.clear()
-        outputs[fused] = {
-            "out": tower(cases["pixel_values"], cases["grid_thw"]),
-            "apply_rotary_calls": len(rotary_calls),
-        }
+for name, case in cases.items():
+    torch.manual_seed(0)
+    config = preset(name)
+    tower = tower_class(config)(config, attention_backend="triton_attn").eval()
+    with torch.inference_mode():
+        for fused in (True, False):
+            tower.attention._fuses_rotary = fused
+            rotary_calls.clear()
+            outputs[name, fused] = {
+                "out": tower(case["pixel_values"], case["grid_thw"]),
+                "apply_rotary_calls": len(rotary_calls),
+            }
 torch.save(outputs, sys.argv[2])
 """
 
+# Two images each: Qwen3-VL's segments of 24 and 4 patches; Qwen2.5-VL's windows and full blocks.
+TOWER_GRIDS = {"tiny": [(1, 4, 6), (1, 2, 2)], "qwen2.5-vl-tiny": [(1, 8, 12), (1, 4, 4)]}
+
 
 @pytest.fixture(scope="module")
-def interpreted_tower(tmp_path_factory) -> dict[bool, dict]:
+def interpreted_towers(tmp_path_factory) -> dict[tuple[str, bool], dict]:
     pytest.importorskip("triton")
     from rocm_vit.models import preset
 
-    config = preset("tiny")
-    grid_thw = [(1, 4, 6), (1, 2, 2)]  # two images: segments of 24 and 4 patches
-    patches = sum(t * h * w for t, h, w in grid_thw)
-    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator().manual_seed(3)
-    cases = {"pixel_values": torch.randn(patches, width, generator=generator), "grid_thw": grid_thw}
+    cases = {}
+    for name, grid_thw in TOWER_GRIDS.items():
+        config = preset(name)
+        patches = sum(t * h * w for t, h, w in grid_thw)
+        width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+        cases[name] = {"pixel_values": torch.randn(patches, width, generator=generator), "grid_thw": grid_thw}
     env = {"ROCM_VIT_ROTARY": "triton", "ROCM_VIT_ATTENTION_BACKEND": "triton_attn"}
     return run_interpreted(_TOWER_SCRIPT, cases, tmp_path_factory.mktemp("fused_rotary_tower"), env)
 
 
-def test_tower_on_triton_attn_with_the_fused_rotary_equals_the_two_launches(interpreted_tower):
-    fused, unfused = interpreted_tower[True], interpreted_tower[False]
-    depth = 4  # the tiny preset's blocks
+@pytest.mark.parametrize("name", list(TOWER_GRIDS))
+def test_tower_on_triton_attn_with_the_fused_rotary_equals_the_two_launches(interpreted_towers, name):
+    from rocm_vit.models import preset
+
+    fused, unfused = interpreted_towers[name, True], interpreted_towers[name, False]
+    depth = preset(name).depth
     assert (fused["apply_rotary_calls"], unfused["apply_rotary_calls"]) == (0, depth)
     assert torch.equal(fused["out"], unfused["out"])
 
