@@ -112,3 +112,40 @@ def test_prepare_calls_each_variant_on_views_of_one_fused_qkv_as_the_towers_pass
         assert offsets.dtype == torch.int32
         assert q.stride() == k.stride() == v.stride() == (3 * HEADS * HEAD_DIM, HEAD_DIM, 1)
         assert k.data_ptr() - q.data_ptr() == v.data_ptr() - k.data_ptr() == HEADS * HEAD_DIM * 4
+
+
+def _short_stream_layouts(seed: int, calls: int) -> list[list[int]]:
+    """Serving calls whose segments all fit the fused rotary: small images, many short video frames."""
+    rng = random.Random(seed)
+    bound = triton_attn.FUSED_ROTARY_MAX_SEQLEN
+    return [[4 * rng.randint(1, bound // 4) for _ in range(rng.choice((1, 2, 3, 8, 40)))] for _ in range(calls)]
+
+
+def _rotated_keys_of(attend: Callable[..., torch.Tensor], layouts: list[list[int]], target: object) -> set[tuple]:
+    keys = set()
+    for lengths in layouts:
+        tokens = sum(lengths)
+        q, k, v = torch.empty(tokens, 3, HEADS, HEAD_DIM, dtype=torch.bfloat16).unbind(1)
+        # fp32 angles, as the towers' VisionRotaryEmbedding makes them.
+        cos, sin = torch.empty(tokens, HEAD_DIM), torch.empty(tokens, HEAD_DIM)
+        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        call = functools.partial(attend, q, k, v, offsets, max(lengths), HEAD_DIM**-0.5, cos=cos, sin=sin)
+        keys |= _compile_keys(call, target)
+    return keys
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx950"])
+def test_triton_attn_prepared_rotary_variants_cover_every_fused_launch_of_a_serving_stream(arch):
+    from triton.backends.compiler import GPUTarget
+
+    target = _sm90() if arch == "sm_90" else GPUTarget("hip", arch, 64)
+    attend = functools.partial(triton_attn.triton_varlen_attention, arch=arch)
+    device = torch.device("cpu")
+    variants = triton_attn.variant_layouts(HEADS, HEAD_DIM, torch.bfloat16, device, arch=arch, rotary=True)
+    assert all(tokens <= triton_attn.FUSED_ROTARY_MAX_SEQLEN for _, tokens in variants)
+    prepared = _rotated_keys_of(attend, _layouts(variants), target)
+    assert len(prepared) == (2 if arch == "sm_90" else 1)
+    unfused = _keys_of(attend, _layouts(variants), target)
+    assert not prepared & unfused, "a fused launch is a variant of its own"
+    missing = _rotated_keys_of(attend, _short_stream_layouts(2, 200), target) - prepared
+    assert not missing, f"{len(missing)} variants a stream launches that prepare did not: {sorted(missing)[:2]}"
