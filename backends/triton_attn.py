@@ -6,11 +6,6 @@ Invariants: segment bounds are read from ``cu_seqlens`` on the device and ``max_
 the grid, so nothing is read back; the configuration is fixed per arch, head dim and dtype (never
 autotuned), so a launch is capturable. Head dims 72 and 80 run as 64 plus a 16-wide masked tail
 instead of padding to 128. Floor and figures: docs/benchmarks.md, "Floors" and "`rocm-vit bench-attn`".
-
-Given ``cos``/``sin``, the kernel rotates q and k (NEOX) as it loads them, with ``triton_rope``'s fp32
-math and single rounding to q's and k's dtypes, so its output equals ``triton_rotary_`` then this kernel
-bit for bit (docs/design.md, "Rotary"): one launch instead of two, for segments short enough that
-rotating every key tile in every query tile costs less than the launch (``fuses_rotary``).
 """
 
 from __future__ import annotations
@@ -24,7 +19,6 @@ import triton.language as tl
 
 from . import fast_launch
 from .launch_math import cdiv, next_power_of_2
-from .triton_rope import triton_rotary_supports
 from .varlen_args import check_varlen_inputs, longest_segment_bound, varlen_output
 
 _LOG2_E = 1.4426950408889634
@@ -93,13 +87,6 @@ _AMD_CONFIGS = {
 # (docs/benchmarks.md, History, eleventh round).
 MAX_BLOCK_N = 128
 
-# The longest segment whose rotary is fused: four 64-key tiles. Each query tile rotates every key
-# tile of its segment again (at most four times a key per head here, against once in triton_rope),
-# work that grows with the square of the segment while the launch it saves costs the same at any
-# size; a 224² image (196 patches) and Qwen2.5-VL's 64-patch windows fit. Decided from the host's
-# max_seqlen, so one layout always takes the same path.
-FUSED_ROTARY_MAX_SEQLEN = 256
-
 # At most this many 128-row query tiles (segments x heads x tiles per segment): half the SMs of an
 # H100/H200 or fewer, where 64-row tiles win.
 _FEW_QUERY_TILES = 64
@@ -116,8 +103,6 @@ def triton_varlen_attention(
     out: torch.Tensor | None = None,
     config: TritonAttnConfig | None = None,
     arch: str | None = None,
-    cos: torch.Tensor | None = None,
-    sin: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
 
@@ -129,9 +114,7 @@ def triton_varlen_attention(
     ``v.dtype`` with a contiguous last dim; nothing else is allocated. Head dims 16..256; the last
     dim of q, k and v must be contiguous. ``arch`` picks the tiles (``default_config``) and the fp32
     dot precision; ``None`` reads it from q's device once per device (tensors off the GPU, i.e. the
-    interpreter, get the NVIDIA choices). ``config`` overrides the tiles. ``cos``/``sin`` ``[N, D]``:
-    q and k are rotated (NEOX) inside the launch, as ``triton_rotary_`` would in place, and left
-    untouched; unchecked, the caller guarantees ``fuses_rotary``.
+    interpreter, get the NVIDIA choices). ``config`` overrides the tiles.
     """
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
     tokens, heads, head_dim = q.shape
@@ -161,8 +144,6 @@ def triton_varlen_attention(
         v,
         out,
         cu_seqlens,
-        cos,
-        sin,
         *strides,
         float(scale) * _LOG2_E,
         heads // kv_heads,  # GROUP_SIZE
@@ -173,46 +154,21 @@ def triton_varlen_attention(
         config.block_n,  # BLOCK_N
         _common_alignment(strides),  # ALIGN
         _fp32_dot_precision(arch) if v.dtype == torch.float32 else None,  # DOT_PRECISION
-        None if cos is None else _rotary_products(q.device, arch),  # ROTARY
     )
     return out
 
 
-def fuses_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, max_seqlen: int | None
-) -> bool:
-    """Whether ``triton_varlen_attention`` takes ``cos``/``sin`` for these: where ``triton_rotary_``
-    covers them (its rounding is the one matched) and no segment is longer than
-    ``FUSED_ROTARY_MAX_SEQLEN`` by the host's ``max_seqlen`` (``None``: not known, not fused)."""
-    if max_seqlen is None or max_seqlen > FUSED_ROTARY_MAX_SEQLEN:
-        return False
-    return triton_rotary_supports(q, k, cos, sin)
-
-
 def variant_layouts(
-    heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    *,
-    arch: str | None = None,
-    rotary: bool = False,
+    heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, *, arch: str | None = None
 ) -> list[tuple[int, int]]:
     """``(segments, tokens each)`` of calls that together launch every tile configuration
     (``default_config``) a call with ``heads`` heads can get on ``arch`` (``None``: ``device``'s):
     Triton compiles each at its first launch, seconds inside a request; ``TritonAttention.prepare``
-    makes these calls before serving. ``rotary``: those of calls that rotate inside the launch, whose
-    segments are at most ``FUSED_ROTARY_MAX_SEQLEN`` long."""
+    makes these calls before serving."""
     arch = arch or _device_arch(device)
     first: dict[TritonAttnConfig, tuple[int, int]] = {}
-    if rotary:
-        tiles_per_segment = cdiv(FUSED_ROTARY_MAX_SEQLEN, 128)
-        for segments in range(1, 2 * _FEW_QUERY_TILES + 2):
-            config = default_config(head_dim, dtype, tiles_per_segment * segments * heads, arch=arch)
-            first.setdefault(config, (segments, FUSED_ROTARY_MAX_SEQLEN))
-    else:
-        for tiles in range(1, 2 * _FEW_QUERY_TILES + 2):
-            first.setdefault(default_config(head_dim, dtype, tiles * heads, arch=arch), (1, tiles * 128))
+    for tiles in range(1, 2 * _FEW_QUERY_TILES + 2):
+        first.setdefault(default_config(head_dim, dtype, tiles * heads, arch=arch), (1, tiles * 128))
     return sorted(first.values())
 
 
@@ -230,24 +186,6 @@ def _gpu_arch(index: int) -> str:
     if torch.version.hip is not None:
         return props.gcnArchName.split(":")[0]  # "gfx942:sramecc+:xnack-" -> "gfx942"
     return f"sm_{props.major}{props.minor}"
-
-
-def _rotary_products(device: torch.device, arch: str) -> str:
-    """How the fused rotary keeps each product rounded on its own, as ``triton_rope`` (compiled
-    without fp fusion) does, in a kernel compiled with it: ``"mul_rn"`` (CUDA, an inline
-    ``mul.rn.f32``: ptxas never contracts an explicitly rounded multiply; libdevice's ``mul_rn`` would
-    flush denormals under Triton's ftz setting), ``"v_mul_f32"`` (AMD, the same as inline asm, opaque
-    to LLVM) or ``"plain"`` (the interpreter rounds every operation). tests/test_fused_rotary.py
-    counts the FMAs of both compiled kernels. The compile target is the GPU's where there is one
-    (ROCm emulation on an NVIDIA GPU passes a gfx ``arch`` for its tiles), else ``arch``'s
-    (tests/aot_rocm.py records on a CPU)."""
-    if _INTERPRETED:
-        return "plain"
-    if torch.version.hip is not None:
-        return "v_mul_f32"
-    if device.type == "cuda":
-        return "mul_rn"
-    return "v_mul_f32" if arch.startswith("gfx") else "mul_rn"
 
 
 def _fp32_dot_precision(arch: str) -> str:
@@ -287,8 +225,6 @@ def _varlen_attn_fwd(
     V,
     Out,
     cu_seqlens,
-    Cos,
-    Sin,
     stride_qn,
     stride_qh,
     stride_kn,
@@ -306,9 +242,7 @@ def _varlen_attn_fwd(
     BLOCK_N: tl.constexpr,
     ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    ROTARY: tl.constexpr,
 ):
-    # ROTARY: None, or how the rotary's products stay unfused (_rotary_products); Cos/Sin [N, HEAD_DIM].
     block_m = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
@@ -330,19 +264,12 @@ def _varlen_attn_fwd(
     # (docs/benchmarks.md, History, first round).
     offs_m_read = tl.minimum(offs_m, seq_len - 1)
     q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m_read[:, None] * stride_qn
-    if ROTARY is not None:
-        q_trig = (row0 + offs_m_read[:, None]) * HEAD_DIM
-        q0 = _load_rotated(q_rows, Cos + q_trig, Sin + q_trig, 0, BLOCK_D0, HEAD_DIM, ROTARY).to(dtype)
-    else:
-        q0 = tl.load(q_rows + offs_d0[None, :]).to(dtype)
+    q0 = tl.load(q_rows + offs_d0[None, :]).to(dtype)
     acc0 = tl.zeros([BLOCK_M, BLOCK_D0], dtype=tl.float32)
     if BLOCK_D1 > 0:
         offs_d1 = BLOCK_D0 + tl.arange(0, BLOCK_D1)
         d1_valid = offs_d1 < HEAD_DIM
-        if ROTARY is not None:
-            q1 = _load_rotated(q_rows, Cos + q_trig, Sin + q_trig, BLOCK_D0, BLOCK_D1, HEAD_DIM, ROTARY)
-        else:
-            q1 = _load_tail(q_rows, offs_d1, HEAD_DIM, BLOCK_D0, BLOCK_D1)
+        q1 = _load_tail(q_rows, offs_d1, HEAD_DIM, BLOCK_D0, BLOCK_D1)
         q1 = tl.where(d1_valid[None, :], q1, 0.0).to(dtype)
         acc1 = tl.zeros([BLOCK_M, BLOCK_D1], dtype=tl.float32)
     else:
@@ -353,19 +280,12 @@ def _varlen_attn_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     k_base = K + tl.multiple_of(row0 * stride_kn + kv_head * stride_kh, ALIGN)
     v_base = V + tl.multiple_of(row0 * stride_vn + kv_head * stride_vh, ALIGN)
-    if ROTARY is not None:
-        cos_base = Cos + row0 * HEAD_DIM
-        sin_base = Sin + row0 * HEAD_DIM
-    else:
-        # Placeholders, never read.
-        cos_base = k_base
-        sin_base = k_base
 
     # One loop, every tile bounds-checked: peeling the partial last tile gave NaNs at d80 (Triton 3.6).
     for start_n in range(0, seq_len, BLOCK_N):
         acc0, acc1, m_i, l_i = _attend_tile(
-            acc0, acc1, m_i, l_i, q0, q1, k_base, v_base, cos_base, sin_base, stride_kn, stride_vn, start_n,
-            seq_len, qk_scale_log2, HEAD_DIM, BLOCK_D0, BLOCK_D1, BLOCK_N, DOT_PRECISION, ROTARY,
+            acc0, acc1, m_i, l_i, q0, q1, k_base, v_base, stride_kn, stride_vn, start_n, seq_len,
+            qk_scale_log2, HEAD_DIM, BLOCK_D0, BLOCK_D1, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
 
     inv_l = 1.0 / l_i
@@ -389,8 +309,6 @@ def _attend_tile(
     q1,
     k_base,
     v_base,
-    cos_base,
-    sin_base,
     stride_kn,
     stride_vn,
     start_n,
@@ -401,7 +319,6 @@ def _attend_tile(
     BLOCK_D1: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    ROTARY: tl.constexpr,
 ):
     """One key/value tile of the online softmax: scores in log2 units, rescale, accumulate."""
     dtype = q0.dtype
@@ -412,18 +329,11 @@ def _attend_tile(
     offs_n_read = tl.minimum(offs_n, seq_len - 1)
     k_rows = k_base + offs_n_read[:, None] * stride_kn
     v_rows = v_base + offs_n_read[:, None] * stride_vn
-    if ROTARY is not None:
-        trig_rows = offs_n_read[:, None] * HEAD_DIM
-        k0 = _load_rotated(k_rows, cos_base + trig_rows, sin_base + trig_rows, 0, BLOCK_D0, HEAD_DIM, ROTARY)
-    else:
-        k0 = tl.load(k_rows + offs_d0[None, :])
+    k0 = tl.load(k_rows + offs_d0[None, :])
     scores = tl.dot(q0, tl.trans(k0.to(dtype)), input_precision=DOT_PRECISION)
     if BLOCK_D1 > 0:
         offs_d1 = BLOCK_D0 + tl.arange(0, BLOCK_D1)
-        if ROTARY is not None:
-            k1 = _load_rotated(k_rows, cos_base + trig_rows, sin_base + trig_rows, BLOCK_D0, BLOCK_D1, HEAD_DIM, ROTARY)
-        else:
-            k1 = _load_tail(k_rows, offs_d1, HEAD_DIM, BLOCK_D0, BLOCK_D1)
+        k1 = _load_tail(k_rows, offs_d1, HEAD_DIM, BLOCK_D0, BLOCK_D1)
         scores = tl.dot(q1, tl.trans(k1.to(dtype)), scores, input_precision=DOT_PRECISION)
     if start_n + BLOCK_N > seq_len:
         # Only a segment's last tile can run past it: a branch keeps the mask off the full tiles
@@ -452,49 +362,3 @@ def _load_tail(rows, offs_d1, HEAD_DIM: tl.constexpr, BLOCK_D0: tl.constexpr, BL
     if BLOCK_D0 + BLOCK_D1 == HEAD_DIM:
         return tl.load(rows + offs_d1[None, :])
     return tl.load(rows + offs_d1[None, :], mask=(offs_d1 < HEAD_DIM)[None, :], other=0.0)
-
-
-@triton.jit
-def _load_rotated(
-    rows, cos_rows, sin_rows, FIRST: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY: tl.constexpr
-):
-    """Columns ``FIRST..FIRST+WIDTH`` of ``rows`` under NEOX rotary, rounded once to the rows' dtype:
-    ``triton_rope``'s values bit for bit (zeros past ``HEAD_DIM``). Column ``c`` pairs with ``c +/- D/2``:
-    ``x*cos - partner*sin`` in the first half, ``x*cos + partner*sin`` in the second (``triton_rope``
-    subtracts where this adds the negated product, the same IEEE result)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    offs_d = FIRST + tl.arange(0, WIDTH)
-    first_half = (offs_d < HALF)[None, :]
-    partner = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)[None, :]
-    if FIRST + WIDTH <= HEAD_DIM:
-        x = tl.load(rows + offs_d[None, :]).to(tl.float32)
-        x_partner = tl.load(rows + partner).to(tl.float32)
-        cos = tl.load(cos_rows + offs_d[None, :]).to(tl.float32)
-        sin = tl.load(sin_rows + offs_d[None, :]).to(tl.float32)
-    else:
-        valid = (offs_d < HEAD_DIM)[None, :]
-        x = tl.load(rows + offs_d[None, :], mask=valid, other=0.0).to(tl.float32)
-        x_partner = tl.load(rows + partner, mask=valid, other=0.0).to(tl.float32)
-        cos = tl.load(cos_rows + offs_d[None, :], mask=valid, other=0.0).to(tl.float32)
-        sin = tl.load(sin_rows + offs_d[None, :], mask=valid, other=0.0).to(tl.float32)
-    signed_partner = tl.where(first_half, -x_partner, x_partner)
-    rotated = _product(x, cos, ROTARY) + _product(signed_partner, sin, ROTARY)
-    return rotated.to(rows.dtype.element_ty)
-
-
-@triton.jit
-def _product(a, b, ROTARY: tl.constexpr):
-    """``a * b`` in fp32, rounded on its own: never contracted into an FMA with the sum it feeds."""
-    if ROTARY == "mul_rn":
-        return tl.inline_asm_elementwise(
-            "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
-        )
-    elif ROTARY == "v_mul_f32":
-        return tl.inline_asm_elementwise(
-            "v_mul_f32 $0, $1, $2", "=v,v,v", [a, b], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return a * b
-
-
-_INTERPRETED = not isinstance(_varlen_attn_fwd, triton.runtime.JITFunction)

@@ -33,7 +33,7 @@ from rocm_vit.backends.sdpa import sdpa_varlen
 from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
 from rocm_vit.platform import PlatformName, platform_info
 from rocm_vit.policy import active_policy, current_facts
-from rocm_vit.rotary import apply_rotary, rotary_impl_name
+from rocm_vit.rotary import apply_rotary
 
 logger = logging.getLogger(__name__)
 
@@ -248,21 +248,12 @@ class _VarlenAttention(AttentionBackend):
         kv_heads: int,
         dtype: torch.dtype,
         device: torch.device,
-        *,
-        rotated: bool = False,
     ) -> None:
-        """``rotated``: through ``attend_rotated`` with fp32 cos/sin, as the towers call (their
-        ``VisionRotaryEmbedding`` makes fp32 angles)."""
         for segments, tokens in layouts:
             qkv = torch.randn(segments * tokens, heads + 2 * kv_heads, head_dim, device=device, dtype=dtype)
             q, k, v = qkv.split((heads, kv_heads, kv_heads), dim=1)
             offsets = torch.arange(0, segments * tokens + 1, tokens, dtype=torch.int32, device=device)
-            if rotated:
-                cos = torch.randn(segments * tokens, head_dim, device=device)
-                sin = torch.randn(segments * tokens, head_dim, device=device)
-                self.attend_rotated(q, k, v, VarlenArgs(offsets, tokens), head_dim**-0.5, cos, sin)
-            else:
-                self._attend(q, k, v, offsets, tokens, head_dim**-0.5)
+            self._attend(q, k, v, offsets, tokens, head_dim**-0.5)
 
     def _variant_layouts(
         self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
@@ -326,48 +317,6 @@ class TritonAttention(_VarlenAttention):
         self._arch = platform_info().arch or None
         self._attend = functools.partial(triton_varlen_attention, arch=self._arch)
 
-    def attend_rotated(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_args: VarlenArgs,
-        scale: float,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """One launch where the kernel rotates q and k itself (``triton_attn.fuses_rotary``: segments of
-        at most ``FUSED_ROTARY_MAX_SEQLEN`` by the host's ``max_seqlen``, shapes ``triton_rope``
-        covers), and only while the policy's rotary is ``"triton"``: the fused rotary equals
-        ``triton_rope`` bit for bit, not the compiled one (ROCm's default), which may differ in the
-        last bit, nor the native one where that would run. Elsewhere the default's two launches.
-        q and k are left unrotated by the fused launch."""
-        if self._rotary_in_kernel(q, k, cos, sin, layer_args.max_seqlen):
-            return self._attend(q, k, v, layer_args.cu_seqlens, layer_args.max_seqlen, scale, cos=cos, sin=sin)
-        return super().attend_rotated(q, k, v, layer_args, scale, cos, sin)
-
-    def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Also the variants that rotate inside the launch, where the policy's rotary lets them run."""
-        super().prepare(head_dim, heads, kv_heads, dtype, device)
-        device = torch.device(device)
-        if device.type == "cuda" and self._fuses_rotary and rotary_impl_name() == "triton":
-            from rocm_vit.backends.triton_attn import variant_layouts
-
-            layouts = variant_layouts(heads, head_dim, dtype, device, arch=self._arch, rotary=True)
-            self._compile_variants(layouts, head_dim, heads, kv_heads, dtype, device, rotated=True)
-
-    # Whether attend_rotated may hand cos/sin to the kernel; gluon_attn's kernel takes none.
-    _fuses_rotary: ClassVar[bool] = True
-
-    def _rotary_in_kernel(
-        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, max_seqlen: int | None
-    ) -> bool:
-        if not self._fuses_rotary or rotary_impl_name() != "triton":
-            return False
-        from rocm_vit.backends.triton_attn import fuses_rotary
-
-        return fuses_rotary(q, k, cos, sin, max_seqlen)
-
     def _variant_layouts(
         self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
     ) -> list[tuple[int, int]]:
@@ -392,12 +341,10 @@ class GluonAttention(TritonAttention):
     """rocm-vit's Gluon kernel for Hopper: FlashAttention-3's warp-specialised schedule (sm_90 only).
 
     It takes triton_attn's arguments and contract; calls outside its scope (dtype, head dim, grouped
-    heads, alignment: ``gluon_unsupported_reason``) run triton_attn inside the wrapper. Its
-    ``attend_rotated`` is the default's two launches: its kernel takes no rotary.
+    heads, alignment: ``gluon_unsupported_reason``) run triton_attn inside the wrapper.
     """
 
     name = "gluon_attn"
-    _fuses_rotary = False
 
     def __init__(self) -> None:
         from rocm_vit.backends.gluon_attn import gluon_varlen_attention

@@ -200,17 +200,6 @@ def _recorded_launches() -> Iterator[tuple[str, Case, tuple, str | None]]:
                         )
                         label = f"H{heads} d{head_dim}, 1x{tokens}, {_qkv_text(fused)}"
                         yield "triton_attn", Case(dtype_name, label), _record_one(call), arch
-                # The rotary inside the launch (ROCM_VIT_ROTARY=triton): segments up to its bound, the
-                # towers' fused-qkv views and fp32 cos/sin.
-                tokens = triton_attn.FUSED_ROTARY_MAX_SEQLEN
-                q, k, v = _qkv(tokens, heads, head_dim, dtype, True)
-                cos, sin = torch.empty(tokens, head_dim), torch.empty(tokens, head_dim)
-                cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32)
-                call = functools.partial(
-                    triton_attn.triton_varlen_attention, q, k, v, cu_seqlens, tokens, 0.1, arch=arch, cos=cos, sin=sin
-                )
-                label = f"H{heads} d{head_dim}, 1x{tokens}, {_qkv_text(True)}, rotary"
-                yield "triton_attn", Case(dtype_name, label), _record_one(call), arch
             # RoPE (ROCM_VIT_ROTARY=triton on ROCm): q and k in place, fp32 cos/sin as Qwen-VL passes.
             for fused in (True, False):
                 q, k, _ = _qkv(8, heads, head_dim, dtype, fused)

@@ -64,20 +64,12 @@ def test_attention_tiles_leave_room_for_two_workgroups_per_cu(records, arch):
                 f"{r.label}: {r.workgroups_by_lds} workgroup(s) per CU by LDS "
                 f"({r.lds_bytes} B each of {limits.lds_bytes}; two need at most {limits.lds_bytes // 2})"
             )
-        if r.workgroups_by_vgpr < _min_workgroups_by_vgpr(r):
+        if r.workgroups_by_vgpr < MIN_ATTENTION_WORKGROUPS_PER_CU:
             problems.append(
                 f"{r.label}: {r.workgroups_by_vgpr} workgroup(s) per CU by VGPRs ({r.vgprs} VGPRs per lane "
                 f"-> {r.waves_per_simd} waves per SIMD x {limits.simds} SIMDs, {r.num_warps} waves per workgroup)"
             )
     assert not problems, "\n".join(problems)
-
-
-def _min_workgroups_by_vgpr(record: Record) -> int:
-    """Two, except for the variant that rotates q and k inside the launch: its programs stream at most
-    ``FUSED_ROTARY_MAX_SEQLEN`` keys (four tiles), not the long K/V streams a second workgroup hides,
-    and its tiles must stay the unfused kernel's (the same bits). On gfx950 its two-stage prefetch of
-    each key tile's cos/sin takes 300-303 VGPRs (docs/rocm-kernels.md); it must still not spill."""
-    return 1 if "ROTARY=" in record.config and "ROTARY=None" not in record.config else MIN_ATTENTION_WORKGROUPS_PER_CU
 
 
 def test_waves_per_simd_from_vgprs_agree_with_llvms_occupancy(records):

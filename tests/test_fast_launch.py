@@ -84,26 +84,6 @@ def test_constexprs_and_devices_are_keyed_by_value() -> None:
     assert signature_key([1], [True], spec, 0, [16]) != signature_key([1], [True], spec, 1, [16])
 
 
-def test_triton_attn_with_and_without_its_fused_rotary_has_two_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused rotary is a constexpr (how its products round) and two pointers: a launch of one
-    never runs the kernel compiled for the other."""
-    from rocm_vit.backends import triton_attn
-
-    launches = []
-    monkeypatch.setattr(
-        triton_attn.fast_launch, "launcher", lambda kernel, **options: lambda grid, *args: launches.append(args)
-    )
-    q, k, v = torch.empty(8, 3, 2, 64).unbind(1)
-    offsets = torch.tensor([0, 8], dtype=torch.int32)
-    for arch in ("sm_90", "gfx950"):
-        for rotary in ({}, {"cos": torch.empty(8, 64), "sin": torch.empty(8, 64)}):
-            triton_attn.triton_varlen_attention(q, k, v, offsets, 8, 0.125, arch=arch, **rotary)
-    fast = FastLaunch(triton_attn._varlen_attn_fwd, {})
-    spec = BaseBackend.get_tensor_specialization
-    keys = [signature_key(fast._kinds, fast._aligned, spec, 0, args) for args in launches]
-    assert None not in keys and len(set(keys)) == 4
-
-
 def test_an_argument_of_another_kind_has_no_key() -> None:
     assert signature_key([1], [True], BaseBackend.get_tensor_specialization, 0, [object()]) is None
 
