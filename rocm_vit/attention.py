@@ -33,7 +33,6 @@ from rocm_vit.backends.sdpa import sdpa_varlen
 from rocm_vit.layout import AttentionLayout, Segmentation, VisionLayout
 from rocm_vit.platform import PlatformName, platform_info
 from rocm_vit.policy import active_policy, current_facts
-from rocm_vit.rotary import apply_rotary
 
 logger = logging.getLogger(__name__)
 
@@ -148,25 +147,6 @@ class AttentionBackend(ABC):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_args: LayerArgs, scale: float
     ) -> torch.Tensor:
         """Attention output ``[N, H, D]`` in ``v.dtype``; ``layer_args`` is what this backend built."""
-
-    def attend_rotated(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_args: LayerArgs,
-        scale: float,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """Attention of ``q`` and ``k`` under NEOX rotary (``cos``/``sin`` ``[N, D]``): the towers' call.
-
-        ``q`` and ``k`` are the caller's to lose: afterwards they may be rotated in place or untouched.
-        Here: ``apply_rotary`` in place, then the kernel, two launches. A backend that rotates inside
-        its own launch overrides this, bit-identical to the two (docs/design.md, "Rotary").
-        """
-        apply_rotary(q, k, cos, sin)
-        return self(q, k, v, layer_args, scale)
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
         """Get ready to serve this shape: a kernel that would compile at its first call compiles now,
@@ -434,18 +414,6 @@ class AutoAttention(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_args: PickedArgs, scale: float
     ) -> torch.Tensor:
         return layer_args.backend(q, k, v, layer_args.args, scale)
-
-    def attend_rotated(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_args: PickedArgs,
-        scale: float,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        return layer_args.backend.attend_rotated(q, k, v, layer_args.args, scale, cos, sin)
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
         for backend in self._backends.values():

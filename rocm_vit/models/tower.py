@@ -33,6 +33,7 @@ from rocm_vit.graphs.padding import capture_buckets, pixel_width
 from rocm_vit.layout import VisionLayout, host_grid_thw
 from rocm_vit.policy import active_policy, runner_options
 from rocm_vit.recent import remember
+from rocm_vit.rotary import apply_rotary
 from rocm_vit.settings import load_settings
 from rocm_vit.tower_config import TowerConfig
 
@@ -361,7 +362,8 @@ class VisionAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, layer_args: LayerArgs, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
-        out = self.backend.attend_rotated(q, k, v, layer_args, self.scale, cos, sin)
+        apply_rotary(q, k, cos, sin)
+        out = self.backend(q, k, v, layer_args, self.scale)
         return self.proj(out.reshape(x.shape[0], -1))
 
 
