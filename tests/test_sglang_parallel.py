@@ -51,10 +51,11 @@ def ranks(request: pytest.FixtureRequest, weights: Path, tmp_path_factory: pytes
 
 
 def _spawn(target: Any, args: tuple, nprocs: int, errors_dir: Path) -> None:
-    """``target(rank, *args)`` in ``nprocs`` spawned processes; a hang past the deadline fails."""
+    """``target(rank, *args)`` in ``nprocs`` processes forked by a server that imported SGLang once
+    (``parallel.CPU_PRELOAD``: 25 ranks, each ~5 s of imports on a CPU); a hang past the deadline fails."""
     environment = rank_harness.rank_environment("cpu")
     try:
-        rank_harness.spawn_ranks(target, args, nprocs, DEADLINE_S, environment, errors_dir)
+        rank_harness.spawn_ranks(target, args, nprocs, DEADLINE_S, environment, errors_dir, parallel.CPU_PRELOAD)
     except rank_harness.RanksHung as hung:
         pytest.fail(str(hung))
 

@@ -56,6 +56,22 @@ ALL_REDUCES_PER_CAPTURE = 8
 QWEN3_VL_ALL_REDUCES = 58
 # A rank's episode that runs longer than this has hung (rank_harness.episode_deadline).
 EPISODE_DEADLINE_S = 300
+# What a CPU rank imports before it loads SGLang's plugins (worker: the parallel state, the stand-ins),
+# imported once by the fork server that forks the CPU ranks (rank_harness.spawn_ranks' ``preload``).
+# None of the SGLang modules rocm-vit's hooks wait for (integrations/sglang/hooks.py) is among them
+# or their imports: each rank still imports those after its plugins load, as a fresh process does.
+CPU_PRELOAD = (
+    "parallel",
+    "custom_all_reduce",
+    "test_graph_runner",
+    "scenario",
+    "sglang.srt.distributed.parallel_state",
+    "sglang.srt.layers.dp_attention",
+    "sglang.srt.layers.rotary_embedding.base",
+    "sglang.srt.runtime_context",
+    "sglang.srt.server_args",
+    "sglang.srt.plugins",
+)
 _DEVICE = "cpu"  # this rank's: "cpu" (gloo, stand-in graphs) or "cuda" (NCCL, CUDA graphs); set by worker
 
 
