@@ -1,6 +1,6 @@
 """Nothing compiles after the server started: SGLang's towers under the plugin, per configuration.
 
-Runs tests/sglang_support/compiles.py in a process of its own (the plugin patches SGLang for the life
+Runs tests/sglang_support/compiles.py in processes of their own (the plugin patches SGLang for the life
 of a process) and reads its report: per configuration (graphs on and off, padding on and off,
 Qwen3-VL and Qwen2.5-VL, requests under ``no_grad`` and ``inference_mode``, bf16 and fp16), the graphs
 Dynamo compiled during 30 random requests after the plugin's start, with ROCm's compiled rotary.
@@ -27,17 +27,36 @@ pytestmark = [
 ]
 
 
+# compiles.py processes side by side, each running every SHARDS-th configuration (~0.7 s each after
+# ~5 s of imports): one per core, at most 2.
+SHARDS = max(1, min(2, os.cpu_count() or 1))
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    path = tmp_path_factory.mktemp("compiles") / "report.json"
+    directory = tmp_path_factory.mktemp("compiles")
     env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
     env.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", ROCM_VIT_PROFILE="off")
     env.update(SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS="256")  # the toy towers' staging
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(path)], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0 and path.exists(), f"compiles.py failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
-    return json.loads(path.read_text())
+    env.update(OMP_NUM_THREADS="1")  # one thread a shard: two of two threads each thrash 2 cores (48 s)
+    paths = [directory / f"report{index}.json" for index in range(SHARDS)]
+    logs = [directory / f"output{index}.txt" for index in range(SHARDS)]  # files: no pipe fills up
+    shards = []
+    for index, (path, log) in enumerate(zip(paths, logs, strict=True)):
+        command = [sys.executable, str(SCRIPT), str(path), "--shard", str(index), str(SHARDS)]
+        with log.open("w") as output:
+            shards.append(subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT))
+    report = []
+    try:
+        for shard, path, log in zip(shards, paths, logs, strict=True):
+            shard.wait(timeout=900)
+            assert shard.returncode == 0 and path.exists(), f"compiles.py failed:\n{log.read_text()[-8000:]}"
+            report += json.loads(path.read_text())
+    finally:
+        for shard in shards:
+            shard.kill()  # a no-op on those that exited
+            shard.wait()
+    return report
 
 
 def test_every_configuration_is_covered(report: list[dict[str, Any]]) -> None:

@@ -43,6 +43,20 @@ def _hang_in_episode(rank: int, errors_dir: str) -> None:
             time.sleep(0.05)
 
 
+def test_a_fork_server_serves_only_the_preload_and_environment_it_started_with(monkeypatch) -> None:
+    """Ranks forked by the server inherit what it imported and the environment it started under: a
+    call that asks for other modules or another environment is refused, not served with the first's.
+    (No server is started here: the context is only asked for.)"""
+    monkeypatch.setattr(rank_harness, "_fork_server_started", None)
+    first = rank_harness._fork_server_context(("json",), {"GLOO_SOCKET_IFNAME": "lo"})
+    assert first.get_start_method() == "forkserver"
+    assert rank_harness._fork_server_context(("json",), {"GLOO_SOCKET_IFNAME": "lo"}) is first
+    with pytest.raises(ValueError, match="the fork server runs with"):
+        rank_harness._fork_server_context(("json",), {"GLOO_SOCKET_IFNAME": "eth0"})
+    with pytest.raises(ValueError, match="the fork server runs with"):
+        rank_harness._fork_server_context(("json", "csv"), {"GLOO_SOCKET_IFNAME": "lo"})
+
+
 def test_every_spawned_rank_runs_with_nvlink_multicast_off(tmp_path: Path) -> None:
     """NCCL, torch's symmetric memory and NVSHMEM read these as they start: they are in each
     rank's environment from its first instruction, and the parent's is left as it was."""

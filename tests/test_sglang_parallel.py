@@ -51,10 +51,11 @@ def ranks(request: pytest.FixtureRequest, weights: Path, tmp_path_factory: pytes
 
 
 def _spawn(target: Any, args: tuple, nprocs: int, errors_dir: Path) -> None:
-    """``target(rank, *args)`` in ``nprocs`` spawned processes; a hang past the deadline fails."""
+    """``target(rank, *args)`` in ``nprocs`` processes forked by a server that imported SGLang once
+    (``parallel.CPU_PRELOAD``: 25 ranks, each ~5 s of imports on a CPU); a hang past the deadline fails."""
     environment = rank_harness.rank_environment("cpu")
     try:
-        rank_harness.spawn_ranks(target, args, nprocs, DEADLINE_S, environment, errors_dir)
+        rank_harness.spawn_ranks(target, args, nprocs, DEADLINE_S, environment, errors_dir, parallel.CPU_PRELOAD)
     except rank_harness.RanksHung as hung:
         pytest.fail(str(hung))
 
@@ -128,12 +129,13 @@ def test_buckets_captured_at_start_on_every_rank_serve_the_first_requests(ranks:
 
 
 def test_churn_registers_nothing_with_the_all_reduce(ranks: list[dict]) -> None:
-    """5,000 calls of ever new layouts at capacity 8, the all-reduce's table scaled to hold as many of
+    """2,000 calls of ever new layouts at capacity 8, the all-reduce's table scaled to hold as many of
     this tower's captures as aiter's 131,072 entries hold of Qwen3-VL-8B's: no registration (captured
-    inside the all-reduce's capture context, each capture took 8 entries for good), no overflow."""
+    inside the all-reduce's capture context, each capture took 8 entries for good), no overflow. The
+    cache is filled at least twice over and has evicted at least as many graphs as it holds."""
     for report in _episode(ranks, "churn"):
         assert report["error"] is None and report["failures"] == 0, report
-        assert report["captures"] >= 50 and report["evictions"] > 0, report
+        assert report["captures"] >= 2 * report["capacity"] and report["evictions"] >= report["capacity"], report
         assert report["all_reduce"]["captured_copy_in"] == 8 * report["captures"], report
         assert report["all_reduce"]["registered"] == 0 and report["all_reduce"]["exchanges"] == 0
 

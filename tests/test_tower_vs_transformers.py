@@ -64,15 +64,28 @@ CONFIGS = {
 }
 
 
+@pytest.fixture(scope="module")
+def qwen3_models() -> dict[str, tuple[Qwen3VLVisionModel, Qwen3VLVisionTower, torch.Tensor]]:
+    """Each config's transformers model and our tower with its weights, built at its first layout and
+    kept for the others (the 8B widths take seconds), with the generator's state after its weights."""
+    return {}
+
+
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 @pytest.mark.parametrize("layout_name", list(LAYOUTS))
 @torch.no_grad()
-def test_tower_matches_transformers(config_name: str, layout_name: str, generator: torch.Generator) -> None:
+def test_tower_matches_transformers(
+    config_name: str, layout_name: str, qwen3_models: dict, generator: torch.Generator
+) -> None:
     config = CONFIGS[config_name]
     grid_thw = LAYOUTS[layout_name]
-    hf = _hf_model(config, generator)
-    ours = Qwen3VLVisionTower(config, attention_backend="sdpa").eval()
-    ours.load_state_dict(hf.state_dict(), strict=True)
+    if config_name not in qwen3_models:  # the weights are the seeded generator's first draws
+        hf = _hf_model(config, generator)
+        ours = Qwen3VLVisionTower(config, attention_backend="sdpa").eval()
+        ours.load_state_dict(hf.state_dict(), strict=True)
+        qwen3_models[config_name] = (hf, ours, generator.get_state())
+    hf, ours, after_weights = qwen3_models[config_name]
+    generator.set_state(after_weights)  # every layout's pixels drawn after the same weights
     num_patches = sum(t * h * w for t, h, w in grid_thw)
     patch_width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     pixel_values = torch.randn(num_patches, patch_width, generator=generator)

@@ -1,7 +1,8 @@
 """What SGLang's vision towers compile after the server started, under the plugin, per configuration.
 
-Run by tests/test_compiles_after_start.py as ``python compiles.py REPORT.json`` (a process of its own:
-the plugin patches SGLang for the life of a process). ROCm's rotary (``ROCM_VIT_ROTARY=compiled``)
+Run by tests/test_compiles_after_start.py as ``python compiles.py REPORT.json [--shard INDEX COUNT]``
+(a process of its own: the plugin patches SGLang for the life of a process; each of COUNT processes
+runs every COUNT-th configuration from INDEX, side by side). ROCm's rotary (``ROCM_VIT_ROTARY=compiled``)
 on a CPU, rocm-vit's ``aiter_attn`` slot over a stand-in kernel, stand-in graphs. Each configuration
 builds a fresh tower with nothing compiled, runs the plugin's start (``capture_vit_buckets``, as
 ``ModelRunner.init_cuda_graphs`` does), then 30 random requests, and counts the graphs Dynamo
@@ -11,6 +12,7 @@ recompiles exactly as under Inductor, without minutes of C++ builds on a CPU.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -29,6 +31,10 @@ REQUESTS = 30
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("report", type=Path)
+    parser.add_argument("--shard", type=int, nargs=2, default=(0, 1), metavar=("INDEX", "COUNT"))
+    args = parser.parse_args()
     os.environ.update(ROCM_VIT_ROTARY="compiled", SGLANG_VIT_CUDA_GRAPH_MIN_HITS="2")
     os.environ.pop("TORCHDYNAMO_DISABLE", None)
     _compile_with_the_eager_backend()
@@ -46,8 +52,10 @@ def main() -> None:
         {"model": "qwen2_5_vl", "graphs": graphs, "padding": False, "mode": mode, "dtype": "bfloat16"}
         for graphs, mode in itertools.product((False, True), ("no_grad", "inference_mode"))
     ]
-    report = [{**configuration, **_compiles_after_start(scenario, **configuration)} for configuration in configurations]
-    Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
+    index, count = args.shard
+    mine = configurations[index::count]  # each resets Dynamo and the rotary's cache: none sees another's
+    report = [{**configuration, **_compiles_after_start(scenario, **configuration)} for configuration in mine]
+    args.report.write_text(json.dumps(report, indent=1))
 
 
 def _compiles_after_start(

@@ -79,14 +79,22 @@ def spawn_ranks(
     deadline_s: float,
     environment: dict[str, str],
     errors_dir: Path,
+    preload: Sequence[str] = (),
 ) -> None:
     """``target(rank, *args)`` in ``nprocs`` spawned processes under ``environment`` (set before each
     starts, so NCCL and torch read it at their first import); returns once all exit.
 
+    ``preload``: modules imported once, by a fork server that then forks each rank (``forkserver``
+    start method), instead of by every fresh rank: on a CPU a rank's start is mostly SGLang's
+    imports. The server starts at the first such call, under ``environment``, and serves every later
+    one: those must pass the same ``preload`` and ``environment`` (else ``ValueError``). Name only
+    modules a rank would import before anything it tests (a module imported before a hook that
+    waits for it would meet the hook differently).
+
     Raises ``RanksHung`` naming the ranks still running at ``deadline_s`` (every one of them killed),
     else ``RanksFailed`` with each failed rank's traceback (written to ``errors_dir``)."""
     errors_dir.mkdir(parents=True, exist_ok=True)
-    context = multiprocessing.get_context("spawn")
+    context = _fork_server_context(tuple(preload), environment) if preload else multiprocessing.get_context("spawn")
     saved = {name: os.environ.get(name) for name in environment}
     os.environ.update(environment)
     try:
@@ -116,6 +124,23 @@ def spawn_ranks(
     if failed:
         tracebacks = "\n".join(_error_of(errors_dir, rank, code) for rank, code in failed.items())
         raise RanksFailed(f"ranks {sorted(failed)} of {nprocs} failed:\n{tracebacks}")
+
+
+# The (preload, environment) the fork server of this process was started with (``spawn_ranks``).
+_fork_server_started: tuple[tuple[str, ...], dict[str, str]] | None = None
+
+
+def _fork_server_context(preload: tuple[str, ...], environment: dict[str, str]) -> Any:
+    """The ``forkserver`` context, its server preloading ``preload``; refuses a server that started
+    with other modules or another environment (its ranks would inherit those)."""
+    global _fork_server_started
+    if _fork_server_started is None:
+        _fork_server_started = (preload, dict(environment))
+    elif _fork_server_started != (preload, environment):
+        raise ValueError(f"the fork server runs with {_fork_server_started}, not {(preload, environment)}")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    return context
 
 
 # The exit code of a rank whose episode passed its deadline (``episode_deadline``).
