@@ -64,7 +64,10 @@ TUNED_MARGIN = 0.03
 # Tile size whose multiples attention kernels handle without a ragged last tile (a nearness feature).
 ALIGNMENT_TOKENS = 128
 ROTARY_IMPLS = ("triton", "compiled", "native")
-_DEFAULT_ROTARY = {"cuda": "triton", "rocm": "compiled", "cpu": "native"}
+# ROCm takes the Triton kernel too: one launch for q and k, AOT-checked for gfx942/gfx950, where the compiled
+# helper launched four (two kernels, two copies) behind ~0.25 ms of Dynamo and Inductor host work a block
+# (docs/benchmarks.md, "Eager cost before and after").
+_DEFAULT_ROTARY = {"cuda": "triton", "rocm": "triton", "cpu": "native"}
 
 
 @dataclass(frozen=True)

@@ -312,6 +312,13 @@ def on_platform(fake_platform):
 
 
 @pytest.fixture
+def compiled_rotary(fake_platform, monkeypatch) -> None:
+    """A ROCm platform whose rotary is the compiled helper (a ``tune`` or ``ROCM_VIT_ROTARY`` choice)."""
+    fake_platform("rocm")
+    monkeypatch.setenv("ROCM_VIT_ROTARY", "compiled")
+
+
+@pytest.fixture
 def recorded_kernel(monkeypatch) -> list[Args]:
     """Replace the Triton launch by a recorder that computes the native result; CPU tensors pass
     the device check as they do under the interpreter."""
@@ -327,7 +334,7 @@ def recorded_kernel(monkeypatch) -> list[Args]:
     return calls
 
 
-@pytest.mark.parametrize(("platform", "expected"), [("cuda", "triton"), ("rocm", "compiled"), ("cpu", "native")])
+@pytest.mark.parametrize(("platform", "expected"), [("cuda", "triton"), ("rocm", "triton"), ("cpu", "native")])
 def test_default_implementation_per_platform(on_platform, platform, expected):
     pytest.importorskip("triton")
     on_platform(platform)
@@ -337,7 +344,7 @@ def test_default_implementation_per_platform(on_platform, platform, expected):
 @pytest.mark.parametrize("value", ["triton", "compiled", "native", "Native"])
 def test_env_override_wins_over_platform(monkeypatch, on_platform, value):
     pytest.importorskip("triton")
-    on_platform("rocm" if value != "compiled" else "cuda")
+    on_platform("cpu" if value.lower() == "triton" else "cuda")  # a platform whose default differs
     monkeypatch.setenv("ROCM_VIT_ROTARY", value)
     assert rotary.rotary_impl_name() == value.lower()
 
@@ -398,12 +405,11 @@ def _fused_qkv_args(generator: torch.Generator, num_tokens: int, heads: int, hea
 
 @pytest.mark.slow
 @pytest.mark.parametrize("grad_mode", [torch.inference_mode, torch.no_grad])
-def test_compiled_helper_rotates_fused_qkv_views_in_place(generator, on_platform, grad_mode):
+def test_compiled_helper_rotates_fused_qkv_views_in_place(generator, compiled_rotary, grad_mode):
     """Real torch.compile (Inductor on the CPU): the views the towers pass, under both grad modes.
 
     The in-place compiled helper failed exactly here on an H200 (torch 2.11, inference_mode).
     """
-    on_platform("rocm")
     assert rotary.rotary_impl_name() == "compiled"
     for num_tokens, head_dim in ((13, 72), (29, 72), (7, 80)):  # new token counts and head dims reuse the compile
         qkv, cos, sin = _fused_qkv_args(generator, num_tokens, 4, head_dim, torch.bfloat16)
@@ -419,11 +425,10 @@ def test_compiled_helper_rotates_fused_qkv_views_in_place(generator, on_platform
 
 
 @pytest.mark.slow
-def test_compiled_helper_compiles_once_for_no_grad_and_inference_mode(generator, on_platform, monkeypatch):
+def test_compiled_helper_compiles_once_for_no_grad_and_inference_mode(generator, compiled_rotary, monkeypatch):
     """SGLang's server starts (and captures) under ``no_grad`` and may serve under
     ``inference_mode``: one compile must serve both, with the same bits, or the first request of
     such a server compiles (seconds, on ROCm's default rotary)."""
-    on_platform("rocm")
     compiles = _dynamo_compiles()
     qkv, cos, sin = _fused_qkv_args(generator, 11, 4, 72, torch.bfloat16)
     rotated = []
@@ -451,12 +456,11 @@ def _dynamo_compiles() -> Callable[[], int]:
 
 @pytest.mark.slow
 def test_a_first_call_whose_token_count_equals_the_head_count_compiles_for_every_token_count(
-    generator, on_platform
+    generator, compiled_rotary
 ) -> None:
     """Dynamo's duck sizing gave 16 tokens through 16 heads one symbol, guarded them equal, and the
     first request of another size compiled again (the SGLang plugin's warm-up image has 16 tokens,
     Qwen3-VL 16 heads: 1.5 s inside the first request on the H200 under ROCm emulation)."""
-    on_platform("rocm")
     compiles = _dynamo_compiles()
     with torch.no_grad():
         for num_tokens in (16, 24, 300):
@@ -467,12 +471,11 @@ def test_a_first_call_whose_token_count_equals_the_head_count_compiles_for_every
 
 
 @pytest.mark.slow
-def test_inference_tensors_trace_without_duck_sizing_too(generator, on_platform) -> None:
+def test_inference_tensors_trace_without_duck_sizing_too(generator, compiled_rotary) -> None:
     """Tensors made under inference mode carry other dispatch keys, so Dynamo traces again for them,
     and that trace too must keep the token count its own symbol: the SGLang plugin's start warms up
     with 16 tokens under ``no_grad`` and under ``inference_mode``, Qwen3-VL has 16 heads, and the first
     inference-mode request of another size compiled again. One compile per kind of tensor."""
-    on_platform("rocm")
     compiles = _dynamo_compiles()
     for grad_mode, num_tokens in ((torch.no_grad, 16), (torch.inference_mode, 16), (torch.inference_mode, 300)):
         with grad_mode():  # the tensors too: made under inference mode, they are inference tensors
@@ -483,8 +486,7 @@ def test_inference_tensors_trace_without_duck_sizing_too(generator, on_platform)
 
 
 @pytest.mark.slow
-def test_compiled_helper_keeps_each_dtype_for_mixed_q_and_k(generator, on_platform):
-    on_platform("rocm")
+def test_compiled_helper_keeps_each_dtype_for_mixed_q_and_k(generator, compiled_rotary):
     args = _random_args(generator, 9, 4, 2, 80, torch.float16, torch.bfloat16)
     q, k, cos, sin = (t.clone() for t in args)
     with torch.inference_mode():
@@ -495,8 +497,7 @@ def test_compiled_helper_keeps_each_dtype_for_mixed_q_and_k(generator, on_platfo
     torch.testing.assert_close(k.float(), k_expected.float(), atol=0, rtol=2**-7)
 
 
-def test_compile_failure_is_logged_once_and_served_natively(generator, monkeypatch, on_platform, caplog):
-    on_platform("rocm")
+def test_compile_failure_is_logged_once_and_served_natively(generator, monkeypatch, compiled_rotary, caplog):
     attempts: list[tuple] = []
 
     compiled_names: list[str] = []
@@ -526,13 +527,12 @@ def test_compile_failure_is_logged_once_and_served_natively(generator, monkeypat
 
 
 @pytest.mark.slow
-def test_compiled_helper_compiles_each_call_pattern_apart(generator, on_platform, caplog):
+def test_compiled_helper_compiles_each_call_pattern_apart(generator, compiled_rotary, caplog):
     """More patterns than Dynamo's recompile limit (8 per code object): each still compiles.
 
     Sharing one compiled function, the ninth pattern failed (FailOnRecompileLimitHit) or, without
     fullgraph, silently ran uncompiled.
     """
-    on_platform("rocm")
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     with torch.inference_mode():
         for q_dtype in dtypes:

@@ -436,8 +436,8 @@ def test_padded_buckets_captured_at_server_start_serve_the_first_requests_bit_fo
 def test_with_vit_graphs_off_the_server_start_runs_one_eager_call_that_compiles_what_requests_use(
     report: dict[str, Any],
 ) -> None:
-    """Graphs off, SGLang's eager forward serves the tower, and a compiled rotary (ROCm's default)
-    compiled in the first request: the start's eager call must make every rotary call pattern the
+    """Graphs off, SGLang's eager forward serves the tower, and a compiled rotary (where chosen)
+    would compile in the first request: the start's eager call must make every rotary call pattern the
     requests use, under ``no_grad`` and ``inference_mode`` alike, and capture nothing."""
     warm_up = report["eager_warm_up_at_start"]
     assert warm_up["captured"] == 0 and warm_up["patterns_at_start"] >= 1

@@ -233,7 +233,7 @@ def test_kernel_graph_replay_with_new_contents_matches_eager(triton_rope, device
 
 
 def test_apply_rotary_graph_replay_matches_eager(device_generator, selection):
-    """The platform default (Triton on CUDA, the compiled helper on ROCm) under capture."""
+    """The platform default (the Triton kernel on CUDA and ROCm) under capture."""
     selection(None)
 
     def make_args(generator):

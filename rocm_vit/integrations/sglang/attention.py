@@ -115,8 +115,8 @@ def rotary_pos_emb(
     """SGLang's ``apply_rotary_pos_emb`` contract on rocm-vit's rotary: returns the rotated ``(q, k)``.
 
     ``VisionAttention`` passes q ``[N, H, D]``, k ``[N, KH, D]`` and cos/sin ``[N, D]``: those are
-    rotated in place by ``apply_rotary`` (the compiled helper on ROCm, the Triton kernel on CUDA,
-    the same function with and without graphs). Other shapes keep SGLang's eager native helper.
+    rotated in place by ``apply_rotary`` (the Triton kernel on CUDA and ROCm, the same function
+    with and without graphs). Other shapes keep SGLang's eager native helper.
     """
     if unsqueeze_dim != 1 or q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
         return apply_rotary_pos_emb_native_eager(q, k, cos, sin, unsqueeze_dim)

@@ -33,8 +33,8 @@ def capture_tower_buckets(vit: nn.Module, runner: Any, still_serving: Callable[[
 
 def warm_up_tower(vit: nn.Module, max_tokens: int | None) -> None:
     """An eager call of a random image through SGLang's own ``forward`` under ``no_grad`` and one
-    under ``inference_mode``: what a request's eager call compiles (rocm-vit's compiled rotary on
-    ROCm: seconds) compiles here instead. Dynamo compiles once per kind of tensor (an inference
+    under ``inference_mode``: what a request's eager call compiles (rocm-vit's compiled rotary where
+    it is chosen: seconds) compiles here instead. Dynamo compiles once per kind of tensor (an inference
     tensor's dispatch keys differ) and for every token count (no duck sizing); captures at start
     compile the ``no_grad`` kind only. With ``max_tokens`` (a runner serves the tower) the image is
     larger, so nothing is captured or counted towards a capture; else two merge blocks square."""
