@@ -33,7 +33,7 @@ def test_the_default_model_on_a_13_6_ms_host_takes_what_the_h200_measured(name, 
 
 def test_eager_time_is_a_soft_maximum_where_launch_bound_and_the_device_time_where_not() -> None:
     """Launch-bound, the soft maximum: the H200's eager calls sat 10-50 % above the larger time where
-    the two approach (docs/benchmarks.md, "The cost model's eager time"). Past 0.8 L it stays at the
+    the two approach (docs/cost-model.md, "The cost model's eager time"). Past 0.8 L it stays at the
     soft maximum there until the device time is larger, so a device-bound call saves nothing;
     continuous and never falling as the device time grows."""
     model = CostModel(blocks=1, launch_ms=10.0, device_base_ms=0.0, device_ms_per_token=1.0, device_ms_per_square=0.0)

@@ -3,12 +3,12 @@
 A replay costs the device time D plus a little host work. Eager costs at least max(L, D), L the host's
 launch time. Where the call is launch-bound (D up to 0.8 L) the host and the device wait on each
 other, and eager calls sat well above max(L, D): there eager is the soft maximum (L^3 + D^3)^(1/3)
-(docs/benchmarks.md, "The cost model's eager time"). Where D reaches L the measurements disagree
+(docs/cost-model.md, "The cost model's eager time"). Where D reaches L the measurements disagree
 from host to host (docs/benchmarks.md, "Figures behind constants"), so the model is conservative:
 past D = 0.8 L eager stays at the soft maximum reached there, (1 + 0.8^3)^(1/3) L = 1.15 L, until D
 itself is larger. A call with D over about 1.1 L is predicted to save under the 5 % margin, one past
 1.15 L nothing. D is linear in tokens and in the sum
-of squared segment lengths. Defaults: a fit of Qwen3-VL-8B replays on an H200 (docs/benchmarks.md,
+of squared segment lengths. Defaults: a fit of Qwen3-VL-8B replays on an H200 (docs/cost-model.md,
 "Eager against replay by patch count"); L is measured by the runner.
 """
 
@@ -30,7 +30,7 @@ MIN_SAVING_SHARE = 0.05
 # times of 10-22 ms (docs/benchmarks.md, History, round 21). The runner applies it to exact
 # layouts; a padded graph is captured at its bucket's first call, as it serves a whole bucket.
 PAYBACK_SHARE = 0.2
-# Qwen3-VL-8B on an H200, 27 blocks (docs/benchmarks.md, "Eager against replay by patch count").
+# Qwen3-VL-8B on an H200, 27 blocks (docs/cost-model.md, "Eager against replay by patch count").
 _H200_8B_BLOCKS = 27
 _SOFT_MAX_POWER = 3  # of the eager time's soft maximum of launch and device time
 # Device over launch time up to which eager is the soft maximum of the two.
