@@ -8,6 +8,7 @@ loaded by path, so a tree whose ``bench`` lacks these columns is measured the sa
     PYTHONPATH=.base python tests/gpu_launch_bench.py measure --label before --out before.json
     PYTHONPATH=. python tests/gpu_launch_bench.py measure --label after --out after.json
     python tests/gpu_launch_bench.py compare before.json after.json
+    PYTHONPATH=. python tests/gpu_launch_bench.py host-profile --layouts 1x224,1x1024
 
 (A script, not ``-m tests.gpu_launch_bench``: run from the repository root of either tree.)
 """
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     measure_parser.add_argument(
         "--slow-launches", action="store_true", help="every Triton launch through JITFunction.run (fast_launch off)"
     )
+    profile_parser = commands.add_parser("host-profile", help="where one eager call's host time goes, by op")
+    profile_parser.add_argument("--preset", default="qwen3-vl-8b")
+    profile_parser.add_argument("--layouts", default="1x224,1x1024")
+    profile_parser.add_argument("--top", type=int, default=22, help="ops listed per layout")
     launches_parser = commands.add_parser("launches", help="host us per launch of single kernels, this tree")
     launches_parser.add_argument("--out", type=Path, required=True)
     compare_parser = commands.add_parser("compare", help="one table of measure's JSON files")
@@ -50,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(report, indent=2))
         print(format_comparison([report]))
         return 1 if any(row["check"] != "exact" for row in report["rows"]) else 0
+    if args.command == "host-profile":
+        print(host_profile(args.preset, args.layouts, args.top))
+        return 0
     if args.command == "launches":
         rows = launch_floors()
         args.out.write_text(json.dumps(rows, indent=2))
@@ -107,6 +115,55 @@ def measure(label: str, preset_name: str, layouts: str, repeats: int, slow_launc
         "repeats": repeats,
         "rows": rows,
     }
+
+
+def host_profile(preset_name: str, layouts: str, top: int, repeats: int = 5) -> str:
+    """Per layout: the host time of one eager call (median of ``repeats``, the device kept busy ahead so
+    the host never waits), then the ``top`` ops by self CPU time of one profiled call (CPU activities:
+    aten ops and driver calls; what is left of the host time is Python and Triton's launch path)."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from rocm_vit.workloads.workload import build_tower, parse_layouts, random_pixels
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tower = build_tower(preset_name, device, dtype, None, seed=0)
+    mode = "rocm" if os.environ.get("ROCM_VIT_EMULATE") else "native"
+    lines = []
+    with torch.inference_mode():
+        for index, workload in enumerate(parse_layouts(layouts, tower.config)):
+            pixels = random_pixels(workload, tower.config, device, index).to(dtype)
+            grid = list(workload.grid_thw)
+
+            def eager(pixels=pixels, grid=grid):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    torch.cuda._sleep(200_000_000)  # the device busy ahead: the host never waits on it
+                started = time.perf_counter()
+                tower(pixels, grid, use_graphs=False)
+                return (time.perf_counter() - started) * 1e3
+
+            for _ in range(3):
+                eager()
+            host_ms = sorted(eager() for _ in range(repeats))[repeats // 2]
+            with profile(activities=[ProfilerActivity.CPU]) as profiler:
+                profiled_ms = eager()
+            events = profiler.key_averages()
+            self_ms = sum(event.self_cpu_time_total for event in events) / 1e3
+            lines.append(
+                f"== {mode} {workload.spec}: host {host_ms:.2f} ms (median of {repeats}); profiled call "
+                f"{profiled_ms:.2f} ms, ops' self CPU {self_ms:.2f} ms"
+            )
+            for event in sorted(events, key=lambda event: -event.self_cpu_time_total)[:top]:
+                per_call = event.self_cpu_time_total / max(event.count, 1)
+                lines.append(
+                    f"  {event.key[:60]:60s} {event.count:5d} calls {event.self_cpu_time_total / 1e3:7.2f} ms"
+                    f" {per_call:7.1f} us a call"
+                )
+    return "\n".join(lines)
 
 
 def _aiter_standin_serves() -> bool:

@@ -49,3 +49,12 @@ def test_measure_runs_against_the_tree_on_the_path(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert (report["label"], report["mode"], report["rows"][0]["check"]) == ("here", "native", "exact")
     assert report["rows"][0]["host_ms"] > 0 and report["rows"][0]["kernels"] is None  # a CPU: no device columns
+
+
+def test_host_profile_lists_the_ops_of_one_eager_call() -> None:
+    command = [sys.executable, str(_SCRIPT), "host-profile", "--preset", "tiny", "--layouts", "1x64", "--top", "4"]
+    done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+    header, *ops = done.stdout.strip().splitlines()
+    assert header.startswith("== native 1x64: host ") and "ops' self CPU" in header
+    assert len(ops) == 4 and all(" calls " in op and op.endswith(" us a call") for op in ops)
+    assert any("aten::" in op for op in ops)
