@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from env_vars import set_env  # tests/, on the path of every importer (pytest's rootdir, the scripts')
+
 # NVLink multicast (NVLS) off in every rank, whatever the device: NCCL's NVLS algorithms, torch's
 # symmetric memory and NVSHMEM each create multicast objects (cuMulticastCreate) where it is on, and
 # the GPU machines we are lent must never have one made.
@@ -95,21 +97,13 @@ def spawn_ranks(
     else ``RanksFailed`` with each failed rank's traceback (written to ``errors_dir``)."""
     errors_dir.mkdir(parents=True, exist_ok=True)
     context = _fork_server_context(tuple(preload), environment) if preload else multiprocessing.get_context("spawn")
-    saved = {name: os.environ.get(name) for name in environment}
-    os.environ.update(environment)
-    try:
+    with set_env(environment):
         processes = [
             context.Process(target=_rank_main, args=(target, rank, args, str(errors_dir)), daemon=False)
             for rank in range(nprocs)
         ]
         for process in processes:
             process.start()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     deadline = time.monotonic() + deadline_s
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
