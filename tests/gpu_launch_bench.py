@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "launches":
         rows = launch_floors()
         args.out.write_text(json.dumps(rows, indent=2))
-        print("\n".join(f"{name:>44}  {us:8.1f} us/launch" for name, us in rows.items()))
+        print("\n".join(f"{name:>56}  {us:8.1f} us a call" for name, us in rows.items()))
         return 0
     missing = [str(path) for path in args.files if not path.is_file()]
     reports = [json.loads(path.read_text()) for path in args.files if path.is_file()]
@@ -198,27 +198,47 @@ def _standin_kernels(tower, workload, device, dtype, launch_cost) -> int:
 
 
 def launch_floors(calls: int = 200) -> dict[str, float]:
-    """Host microseconds per call of single launches, each enqueued behind a busy device."""
+    """Host microseconds per call of single launches and of one 8B block, each enqueued behind a busy
+    device: the floor any eager forward built from these launches pays, and what the block's Python adds."""
     import torch
     import torch.nn.functional as F
     from rocm_vit.backends import fast_launch, triton_add_norm
     from rocm_vit.backends.launch_math import next_power_of_2
 
+    from rocm_vit.rotary import apply_rotary
+    from rocm_vit.workloads.workload import build_tower
+
     launch_cost = _load_launch_cost()
-    device = torch.device("cuda")
-    x = torch.randn(196, 1152, device=device, dtype=torch.bfloat16)
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    tower = build_tower("qwen3-vl-8b", device, dtype, None, seed=0)
+    hidden, width = tower.config.hidden_size, tower.config.intermediate_size
+    x = torch.randn(196, hidden, device=device, dtype=dtype)
     update, weight, bias = torch.randn_like(x), torch.randn_like(x[0]), torch.randn_like(x[0])
     summed, normed = torch.empty_like(x), torch.empty_like(x)
-    linear = torch.nn.Linear(1152, 3456, device=device, dtype=torch.bfloat16)
-    qkv = torch.randn(2116, 3, 16, 72, device=device, dtype=torch.bfloat16)
+    block = tower.blocks[0]
+    qkv, proj, fc1, fc2 = block.attn.qkv, block.attn.proj, block.mlp.linear_fc1, block.mlp.linear_fc2
+    wide = torch.randn(196, width, device=device, dtype=dtype)
+    fused_qkv = torch.randn(2116, 3, 16, 72, device=device, dtype=dtype)
     offsets = torch.tensor([0, 2116], dtype=torch.int32, device=device)
-    kernel, block = triton_add_norm._add_norm_kernel, next_power_of_2(1152)
-    args = (x, update, weight, bias, summed, normed, 1e-6, 1152, block, True, True, False)
-    fast = fast_launch.launcher(kernel, num_warps=triton_add_norm._num_warps(block), enable_fp_fusion=False)
+    kernel, norm_block = triton_add_norm._add_norm_kernel, next_power_of_2(hidden)
+    args = (x, update, weight, bias, summed, normed, 1e-6, hidden, norm_block, True, True, False)
+    fast = fast_launch.launcher(kernel, num_warps=triton_add_norm._num_warps(norm_block), enable_fp_fusion=False)
     named = dict(zip(("HIDDEN", "BLOCK", "HAS_UPDATE", "HAS_BIAS", "RMS"), args[7:], strict=True))
+    prepared = tower._prepare([[1, 14, 14]], 196)
+    layer_args = tower.attention.layout_args(prepared.layout, prepared.layout.cu_seqlens_tensors(device))["full"]
+    q196, k196, _ = torch.randn(196, 3, 16, 72, device=device, dtype=dtype).unbind(1)
     cases = {
         "torch add (one kernel)": lambda: torch.add(x, update),
-        "F.linear 196x1152x3456 (one GEMM)": lambda: F.linear(x, linear.weight, linear.bias),
+        "torch.empty_like (no kernel)": lambda: torch.empty_like(x),
+        "qkv view + unbind (no kernel)": lambda: fused_qkv[:196].view(196, 3, 16, 72).unbind(1),
+        "F.linear qkv 196x1152x3456 (cuBLASLt, bias epilogue)": lambda: F.linear(x, qkv.weight, qkv.bias),
+        "torch.mm qkv 196x1152x3456 (no bias)": lambda: torch.mm(x, qkv.weight.t()),
+        "F.linear proj 196x1152x1152": lambda: F.linear(x, proj.weight, proj.bias),
+        "addmm + GELU epilogue fc1 196x1152x4304": lambda: torch._addmm_activation(
+            fc1.bias, x, fc1.weight.t(), use_gelu=True
+        ),
+        "F.linear fc2 196x4304x1152": lambda: F.linear(wide, fc2.weight, fc2.bias),
+        "nn.Linear module call qkv": lambda: qkv(x),
         "add_norm kernel[grid] (JITFunction.run)": lambda: kernel[(196,)](
             *args[:7], **named, num_warps=fast._options["num_warps"], enable_fp_fusion=False
         ),
@@ -226,30 +246,44 @@ def launch_floors(calls: int = 200) -> dict[str, float]:
         "add_norm wrapper (2 allocations + launch)": lambda: triton_add_norm.add_norm(
             x, update, weight, bias, 1e-6, "layer_norm"
         ),
+        "rotary: rocm_vit.rotary.apply_rotary 1x196": lambda: apply_rotary(q196, k196, prepared.cos, prepared.sin),
+        "attention: the tower's backend 1x196": lambda: tower.attention(q196, k196, q196, layer_args, 72**-0.5),
+        "one 8B block 1x196 (8 launches, its Python)": lambda: block(
+            x, update, layer_args, prepared.cos, prepared.sin, tower.blocks[1].norm1
+        ),
     }
     if torch.cuda.get_device_capability() == (9, 0) and torch.version.hip is None:
         from rocm_vit.backends import gluon_attn
 
-        q, k, v = qkv.unbind(1)
+        q, k, v = fused_qkv.unbind(1)
         cases["gluon_attn 1x2116 wrapper (3 launches)"] = lambda: gluon_attn.gluon_varlen_attention(
             q, k, v, offsets, 2116, 0.1
         )
     floors = {}
     with torch.inference_mode():
         for name, call in cases.items():
-
-            def repeated(call=call):
-                for _ in range(calls):
-                    call()
-
-            floors[name] = launch_cost.eager_cost(repeated, device, 3).host_ms * 1e3 / calls
+            floors[name] = _host_us(launch_cost, device, call, calls)
+        previous = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        floors["torch.mm qkv, cuBLASLt preferred"] = _host_us(
+            launch_cost, device, cases["torch.mm qkv 196x1152x3456 (no bias)"], calls
+        )
+        torch.backends.cuda.preferred_blas_library(previous)
         if "gluon_attn 1x2116 wrapper (3 launches)" in cases:
             _slow_launches()
             call = cases["gluon_attn 1x2116 wrapper (3 launches)"]
-            floors["gluon_attn 1x2116 wrapper, fast_launch off"] = (
-                launch_cost.eager_cost(lambda: [call() for _ in range(calls)], device, 3).host_ms * 1e3 / calls
-            )
+            floors["gluon_attn 1x2116 wrapper, fast_launch off"] = _host_us(launch_cost, device, call, calls)
     return floors
+
+
+def _host_us(launch_cost, device, call, calls: int) -> float:
+    """Host microseconds a call of ``call``, ``calls`` of them enqueued behind a busy device."""
+
+    def repeated():
+        for _ in range(calls):
+            call()
+
+    return launch_cost.eager_cost(repeated, device, 3).host_ms * 1e3 / calls
 
 
 def _slow_launches() -> None:
