@@ -262,7 +262,9 @@ def launch_floors(calls: int = 200) -> dict[str, float]:
     floors = {}
     with torch.inference_mode():
         for name, call in cases.items():
-            floors[name] = _host_us(launch_cost, device, call, calls)
+            # A block is 8 launches: 16 calls stay within the driver's launch queue (~1,000 entries),
+            # which, once full, holds the host until the device drains it.
+            floors[name] = _host_us(launch_cost, device, call, 16 if "block" in name else calls)
         previous = torch.backends.cuda.preferred_blas_library()
         torch.backends.cuda.preferred_blas_library("cublaslt")
         floors["torch.mm qkv, cuBLASLt preferred"] = _host_us(
