@@ -98,15 +98,21 @@ def qkv_rotary(
 
 
 @triton.jit
+def _tile(rows, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's row and column indices. Row tiles innermost: the programs that read one weight tile
+    run together, so it is read from HBM once."""
+    pid = tl.program_id(0)
+    row_tiles = tl.cdiv(rows, BLOCK_M)
+    row = (pid % row_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return row, (pid // row_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, rows, WIDTH: tl.constexpr, DEPTH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    # Row tiles innermost: the programs that read one weight tile run together (it is read once from HBM).
-    tile_m, tile_n = pid % tl.cdiv(rows, BLOCK_M), pid // tl.cdiv(rows, BLOCK_M)
-    row = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    col = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row, col = _tile(rows, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, DEPTH, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -124,10 +130,7 @@ def _qkv_rotary_kernel(
     ROTATED_PAIRS: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_PAIRS: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    tile_m, tile_p = pid % tl.cdiv(rows, BLOCK_M), pid // tl.cdiv(rows, BLOCK_M)
-    row = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tile_p * BLOCK_PAIRS + tl.arange(0, BLOCK_PAIRS)
+    row, pair = _tile(rows, BLOCK_M, BLOCK_PAIRS)
     # Pair p: head p // HALF of q, k, v in turn, dimension p % HALF and its partner HALF later.
     head = pair // HALF
     dim = pair - head * HALF
