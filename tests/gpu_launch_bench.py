@@ -248,9 +248,7 @@ def launch_floors(calls: int = 200) -> dict[str, float]:
         ),
         "rotary: rocm_vit.rotary.apply_rotary 1x196": lambda: apply_rotary(q196, k196, prepared.cos, prepared.sin),
         "attention: the tower's backend 1x196": lambda: tower.attention(q196, k196, q196, layer_args, 72**-0.5),
-        "one 8B block 1x196 (8 launches, its Python)": lambda: block(
-            x, update, layer_args, prepared.cos, prepared.sin, tower.blocks[1].norm1
-        ),
+        _BLOCK_CASE: lambda: block(x, update, layer_args, prepared.cos, prepared.sin, tower.blocks[1].norm1),
     }
     if torch.cuda.get_device_capability() == (9, 0) and torch.version.hip is None:
         from rocm_vit.backends import gluon_attn
@@ -262,9 +260,7 @@ def launch_floors(calls: int = 200) -> dict[str, float]:
     floors = {}
     with torch.inference_mode():
         for name, call in cases.items():
-            # A block is 8 launches: 16 calls stay within the driver's launch queue (~1,000 entries),
-            # which, once full, holds the host until the device drains it.
-            floors[name] = _host_us(launch_cost, device, call, 16 if "block" in name else calls)
+            floors[name] = _host_us(launch_cost, device, call, calls // 8 if name == _BLOCK_CASE else calls)
         previous = torch.backends.cuda.preferred_blas_library()
         torch.backends.cuda.preferred_blas_library("cublaslt")
         floors["torch.mm qkv, cuBLASLt preferred"] = _host_us(
@@ -276,6 +272,11 @@ def launch_floors(calls: int = 200) -> dict[str, float]:
             call = cases["gluon_attn 1x2116 wrapper (3 launches)"]
             floors["gluon_attn 1x2116 wrapper, fast_launch off"] = _host_us(launch_cost, device, call, calls)
     return floors
+
+
+# A block is 8 launches, so it repeats an eighth as often: 200 launches stay within the driver's launch
+# queue (~1,000 entries), which, once full, holds the host until the device drains it.
+_BLOCK_CASE = "one 8B block 1x196 (8 launches, its Python)"
 
 
 def _host_us(launch_cost, device, call, calls: int) -> float:
