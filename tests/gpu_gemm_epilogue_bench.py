@@ -18,7 +18,9 @@ weight copies larger than L2 together (in a forward each block's weights arrive 
 Floors, H100 bf16 (3.35 TB/s, ~680 TFLOP/s dense): qkv 196x1152x3456 reads 8.0 MB of weight, 2.4 µs,
 and does 1.56 GFLOP, 2.3 µs; cuBLAS ran the block's four GEMMs at 196 rows in ~8 µs each (benchmarks.md,
 "Floors"). Prediction: a Triton GEMM within 20 % of cuBLAS at 196-2,116 rows, the fused qkv at or under
-cuBLAS + rotary; if the plain GEMM loses by more, epilogues cannot pay on this GPU.
+cuBLAS + rotary; if the plain GEMM loses by more, epilogues cannot pay on this GPU. Run on an H100 on
+2026-12-07: it lost by 21-68 %, the fused qkv by 29-76 % (docs/benchmarks.md, "GEMM epilogues and GEMM
+launches"), so no epilogue ships and the prototypes stay here.
 """
 
 from __future__ import annotations
