@@ -1,12 +1,12 @@
 """What does a GEMM's host cost come down to when cuBLASLt is called with its plan kept?
 
 The experiment behind the launch goals after ``tests/gpu_gemm_epilogue_bench.py`` (docs/benchmarks.md,
-"GEMM epilogues and GEMM launches"): Triton GEMMs lose 1.2-1.7x of device time to cuBLAS at the 8B block's shapes, so the
-block keeps cuBLAS's four GEMMs, and through torch each costs 20-28 µs of host. torch's ``addmm``
-builds a matmul descriptor, three layouts and a preference, and asks cuBLASLt's heuristic for an
-algorithm at every call (aten/src/ATen/cuda/CUDABlas.cpp, ``gemm_and_bias``). This keeps all of that
-per (rows, shape, epilogue) and calls ``cublasLtMatmul`` through ctypes: per call, one attribute set
-(the bias pointer) and the matmul.
+"GEMM epilogues and GEMM launches"): Triton GEMMs lose 1.2-1.7x of device time to cuBLAS at the 8B
+block's shapes, so the block keeps cuBLAS's four GEMMs, and through torch each costs 20-28 µs of host.
+torch's ``addmm`` (its cuBLASLt path, ``gemm_and_bias``) builds a matmul descriptor, three layouts and
+a preference, and asks cuBLASLt's heuristic for an algorithm at every call. This keeps all of that per
+(rows, shape, epilogue) and calls ``cublasLtMatmul`` through ctypes: per call, one attribute set (the
+bias pointer) and the matmul.
 
     python tests/gpu_cublaslt_host_bench.py   # on an NVIDIA GPU: the table prints last
 
@@ -136,7 +136,7 @@ class KeptLinear:
         set_preference.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
         workspace = ctypes.c_uint64(_WORKSPACE_BYTES)
         self._check(set_preference(preference, _PREF_MAX_WORKSPACE_BYTES, ctypes.addressof(workspace), 8), "Pref")
-        # torch passes the bias's alignment as D's (CUDABlas.cpp); kept here so the heuristic answers alike.
+        # torch passes the bias's alignment as D's (``gemm_and_bias``); kept here so the heuristic answers alike.
         for attribute, tensor in zip(_PREF_MIN_ALIGNMENT_BYTES, (weight, x, out, bias), strict=True):
             value = ctypes.c_uint32(alignment(tensor.data_ptr()))
             self._check(set_preference(preference, attribute, ctypes.addressof(value), 4), "Pref")
