@@ -9,6 +9,7 @@ loaded by path, so a tree whose ``bench`` lacks these columns is measured the sa
     PYTHONPATH=. python tests/gpu_launch_bench.py measure --label after --out after.json
     python tests/gpu_launch_bench.py compare before.json after.json
     PYTHONPATH=. python tests/gpu_launch_bench.py host-profile --layouts 1x224,1x1024
+    PYTHONPATH=. python tests/gpu_launch_bench.py python-profile --layouts 1x224
 
 (A script, not ``-m tests.gpu_launch_bench``: run from the repository root of either tree.)
 """
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     profile_parser.add_argument("--preset", default="qwen3-vl-8b")
     profile_parser.add_argument("--layouts", default="1x224,1x1024")
     profile_parser.add_argument("--top", type=int, default=22, help="ops listed per layout")
+    python_parser = commands.add_parser("python-profile", help="where one eager call's host time goes, by function")
+    python_parser.add_argument("--preset", default="qwen3-vl-8b")
+    python_parser.add_argument("--layouts", default="1x224")
+    python_parser.add_argument("--top", type=int, default=40, help="functions listed per layout and order")
     launches_parser = commands.add_parser("launches", help="host us per launch of single kernels, this tree")
     launches_parser.add_argument("--out", type=Path, required=True)
     compare_parser = commands.add_parser("compare", help="one table of measure's JSON files")
@@ -57,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if any(row["check"] != "exact" for row in report["rows"]) else 0
     if args.command == "host-profile":
         print(host_profile(args.preset, args.layouts, args.top))
+        return 0
+    if args.command == "python-profile":
+        print(python_profile(args.preset, args.layouts, args.top))
         return 0
     if args.command == "launches":
         rows = launch_floors()
@@ -164,6 +172,46 @@ def host_profile(preset_name: str, layouts: str, top: int, repeats: int = 5) -> 
                     f" {per_call:7.1f} us a call"
                 )
     return "\n".join(lines)
+
+
+def python_profile(preset_name: str, layouts: str, top: int, calls: int = 20) -> str:
+    """Per layout, ``cProfile`` over ``calls`` eager calls, each behind a busy device (so the host never
+    waits on a full launch queue): the ``top`` functions by own time and by time including callees.
+    The profiler's own cost per function call inflates small functions; rank, do not add up."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    from rocm_vit.workloads.workload import build_tower, parse_layouts, random_pixels
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tower = build_tower(preset_name, device, dtype, None, seed=0)
+    mode = "rocm" if os.environ.get("ROCM_VIT_EMULATE") else "native"
+    sections = []
+    with torch.inference_mode():
+        for index, workload in enumerate(parse_layouts(layouts, tower.config)):
+            pixels = random_pixels(workload, tower.config, device, index).to(dtype)
+            grid = list(workload.grid_thw)
+            for _ in range(3):
+                tower(pixels, grid, use_graphs=False)
+            profiler = cProfile.Profile()
+            for _ in range(calls):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    torch.cuda._sleep(200_000_000)
+                profiler.enable()
+                tower(pixels, grid, use_graphs=False)
+                profiler.disable()
+            for order in ("tottime", "cumulative"):
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
+                body = text.getvalue()
+                table = body[body.find("   ncalls") :]
+                sections.append(f"== {mode} {workload.spec}, {calls} calls, by {order}\n{table}")
+    return "\n".join(sections)
 
 
 def _aiter_standin_serves() -> bool:

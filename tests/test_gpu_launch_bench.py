@@ -58,3 +58,12 @@ def test_host_profile_lists_the_ops_of_one_eager_call() -> None:
     assert header.startswith("== native 1x64: host ") and "ops' self CPU" in header
     assert len(ops) == 4 and all(" calls " in op and op.endswith(" us a call") for op in ops)
     assert any("aten::" in op for op in ops)
+
+
+def test_python_profile_ranks_the_towers_functions_both_ways() -> None:
+    command = [sys.executable, str(_SCRIPT), "python-profile", "--preset", "tiny", "--layouts", "1x64", "--top", "5"]
+    done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+    by_own, by_cumulative = done.stdout.split("== native 1x64, 20 calls, by ")[1:]
+    assert by_own.startswith("tottime") and by_cumulative.startswith("cumulative")
+    # The tower's forward is among the functions with the most time including callees.
+    assert "(forward)" in by_cumulative and by_cumulative.count("\n") >= 6
