@@ -19,4 +19,3 @@ def test_product_and_plain_rows_for_both_rounds() -> None:
     assert header.startswith("tiny blocks + merger, 1x64, cpu") and columns.split()[:2] == ["variant", "round"]
     assert [row.split()[:2] for row in rows] == [["product", "1"], ["product", "2"], ["plain", "1"], ["plain", "2"]]
     assert all(float(row.split()[-1]) == 0 for row in rows)  # each process's output equals its eager reference
-
