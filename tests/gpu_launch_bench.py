@@ -131,46 +131,34 @@ def host_profile(preset_name: str, layouts: str, top: int, repeats: int = 5) -> 
     aten ops and driver calls; what is left of the host time is Python and Triton's launch path)."""
     import time
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from rocm_vit.workloads.workload import build_tower, parse_layouts, random_pixels
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    tower = build_tower(preset_name, device, dtype, None, seed=0)
-    mode = "rocm" if os.environ.get("ROCM_VIT_EMULATE") else "native"
     lines = []
-    with torch.inference_mode():
-        for index, workload in enumerate(parse_layouts(layouts, tower.config)):
-            pixels = random_pixels(workload, tower.config, device, index).to(dtype)
-            grid = list(workload.grid_thw)
+    for mode, workload, call, busy_ahead in _eager_calls(preset_name, layouts):
 
-            def eager(pixels=pixels, grid=grid):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                    torch.cuda._sleep(200_000_000)  # the device busy ahead: the host never waits on it
-                started = time.perf_counter()
-                tower(pixels, grid, use_graphs=False)
-                return (time.perf_counter() - started) * 1e3
+        def eager(call=call, busy_ahead=busy_ahead):
+            busy_ahead()
+            started = time.perf_counter()
+            call()
+            return (time.perf_counter() - started) * 1e3
 
-            for _ in range(3):
-                eager()
-            host_ms = sorted(eager() for _ in range(repeats))[repeats // 2]
-            with profile(activities=[ProfilerActivity.CPU]) as profiler:
-                profiled_ms = eager()
-            events = profiler.key_averages()
-            self_ms = sum(event.self_cpu_time_total for event in events) / 1e3
+        for _ in range(3):
+            eager()
+        host_ms = sorted(eager() for _ in range(repeats))[repeats // 2]
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            profiled_ms = eager()
+        events = profiler.key_averages()
+        self_ms = sum(event.self_cpu_time_total for event in events) / 1e3
+        lines.append(
+            f"== {mode} {workload.spec}: host {host_ms:.2f} ms (median of {repeats}); profiled call "
+            f"{profiled_ms:.2f} ms, ops' self CPU {self_ms:.2f} ms"
+        )
+        for event in sorted(events, key=lambda event: -event.self_cpu_time_total)[:top]:
+            per_call = event.self_cpu_time_total / max(event.count, 1)
             lines.append(
-                f"== {mode} {workload.spec}: host {host_ms:.2f} ms (median of {repeats}); profiled call "
-                f"{profiled_ms:.2f} ms, ops' self CPU {self_ms:.2f} ms"
+                f"  {event.key[:60]:60s} {event.count:5d} calls {event.self_cpu_time_total / 1e3:7.2f} ms"
+                f" {per_call:7.1f} us a call"
             )
-            for event in sorted(events, key=lambda event: -event.self_cpu_time_total)[:top]:
-                per_call = event.self_cpu_time_total / max(event.count, 1)
-                lines.append(
-                    f"  {event.key[:60]:60s} {event.count:5d} calls {event.self_cpu_time_total / 1e3:7.2f} ms"
-                    f" {per_call:7.1f} us a call"
-                )
     return "\n".join(lines)
 
 
@@ -182,6 +170,29 @@ def python_profile(preset_name: str, layouts: str, top: int, calls: int = 20) ->
     import io
     import pstats
 
+    sections = []
+    for mode, workload, call, busy_ahead in _eager_calls(preset_name, layouts):
+        for _ in range(3):
+            call()
+        profiler = cProfile.Profile()
+        for _ in range(calls):
+            busy_ahead()
+            profiler.enable()
+            call()
+            profiler.disable()
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
+            body = text.getvalue()
+            table = body[body.find("   ncalls") :]
+            sections.append(f"== {mode} {workload.spec}, {calls} calls, by {order}\n{table}")
+    return "\n".join(sections)
+
+
+def _eager_calls(preset_name: str, layouts: str):
+    """Per layout, under inference mode: ``(mode, workload, call, busy_ahead)``; ``call`` runs the tower
+    eagerly on random pixels, ``busy_ahead`` keeps the device busy so the host never waits on it (a CPU
+    runs the scripts' own tests: fp32, nothing to wait on)."""
     import torch
 
     from rocm_vit.workloads.workload import build_tower, parse_layouts, random_pixels
@@ -190,28 +201,17 @@ def python_profile(preset_name: str, layouts: str, top: int, calls: int = 20) ->
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tower = build_tower(preset_name, device, dtype, None, seed=0)
     mode = "rocm" if os.environ.get("ROCM_VIT_EMULATE") else "native"
-    sections = []
+
+    def busy_ahead() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda._sleep(200_000_000)
+
     with torch.inference_mode():
         for index, workload in enumerate(parse_layouts(layouts, tower.config)):
             pixels = random_pixels(workload, tower.config, device, index).to(dtype)
             grid = list(workload.grid_thw)
-            for _ in range(3):
-                tower(pixels, grid, use_graphs=False)
-            profiler = cProfile.Profile()
-            for _ in range(calls):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                    torch.cuda._sleep(200_000_000)
-                profiler.enable()
-                tower(pixels, grid, use_graphs=False)
-                profiler.disable()
-            for order in ("tottime", "cumulative"):
-                text = io.StringIO()
-                pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
-                body = text.getvalue()
-                table = body[body.find("   ncalls") :]
-                sections.append(f"== {mode} {workload.spec}, {calls} calls, by {order}\n{table}")
-    return "\n".join(sections)
+            yield mode, workload, lambda pixels=pixels, grid=grid: tower(pixels, grid, use_graphs=False), busy_ahead
 
 
 def _aiter_standin_serves() -> bool:
