@@ -67,7 +67,8 @@ def measure(variants: list[str], preset: str, layout: str, repeats: int) -> list
     # The policy held as a constant: Dynamo would otherwise trace into its resolution.
     with torch.inference_mode(), use_policy(active_policy()):
         reference = stack(x)
-        calls = {"product": stack, "plain": stack}
+        # One function for both eager variants: this process's policy (product's, or _PLAIN_POLICY) decides.
+        calls = dict.fromkeys(("product", "plain"), stack)
         compile_s = {}
         for name, options in COMPILED.items():
             if name in variants:

@@ -46,6 +46,16 @@ _PREF_MIN_ALIGNMENT_BYTES = (5, 6, 7, 8)  # A, B, C, D
 _HEURISTIC_RESULT_BYTES = 96  # cublasLtMatmulAlgo_t (64), workspaceSize, state, wavesCount, reserved[4]
 _WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation from Hopper on
 
+_POINTER, _SIZE = ctypes.c_void_p, ctypes.c_size_t
+# Each cuBLASLt entry point's argument types, declared once when the library is loaded.
+_ARGTYPES = {
+    "cublasLtMatmul": [_POINTER] * 14 + [_SIZE, _POINTER],
+    "cublasLtMatmulDescSetAttribute": [_POINTER, ctypes.c_int, _POINTER, _SIZE],
+    "cublasLtMatmulPreferenceSetAttribute": [_POINTER, ctypes.c_int, _POINTER, _SIZE],
+    "cublasLtMatrixLayoutCreate": [_POINTER, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64],
+    "cublasLtMatmulAlgoGetHeuristic": [_POINTER] * 7 + [ctypes.c_int, _POINTER, _POINTER],
+}
+
 HIDDEN, WIDTH = 1152, 4304
 SHAPES = {"qkv": (HIDDEN, 3 * HIDDEN), "proj": (HIDDEN, HIDDEN), "fc1": (HIDDEN, WIDTH), "fc2": (WIDTH, HIDDEN)}
 
@@ -75,12 +85,8 @@ class KeptLinear:
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._plans: dict[tuple, tuple] = {}
         self._bias = ctypes.c_uint64()
-        matmul = library.cublasLtMatmul
-        matmul.argtypes = [ctypes.c_void_p] * 13 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        self._matmul = matmul
-        set_attribute = library.cublasLtMatmulDescSetAttribute
-        set_attribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
-        self._set_attribute = set_attribute
+        self._matmul = library.cublasLtMatmul
+        self._set_attribute = library.cublasLtMatmulDescSetAttribute
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gelu: bool = False, out=None
@@ -126,14 +132,11 @@ class KeptLinear:
             (problem["m"], problem["n"], problem["ldd"]),
         ):
             layout = ctypes.c_void_p()
-            create = lib.cublasLtMatrixLayoutCreate
-            create.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
-            self._check(create(ctypes.byref(layout), data_type, rows, cols, ld), "LayoutCreate")
+            self._check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), data_type, rows, cols, ld), "Layout")
             layouts.append(layout)
         preference = ctypes.c_void_p()
         self._check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(preference)), "PreferenceCreate")
         set_preference = lib.cublasLtMatmulPreferenceSetAttribute
-        set_preference.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
         workspace = ctypes.c_uint64(_WORKSPACE_BYTES)
         self._check(set_preference(preference, _PREF_MAX_WORKSPACE_BYTES, ctypes.addressof(workspace), 8), "Pref")
         # torch passes the bias's alignment as D's (``gemm_and_bias``); kept here so the heuristic answers alike.
@@ -142,9 +145,7 @@ class KeptLinear:
             self._check(set_preference(preference, attribute, ctypes.addressof(value), 4), "Pref")
         result = ctypes.create_string_buffer(_HEURISTIC_RESULT_BYTES)
         found = ctypes.c_int()
-        heuristic = lib.cublasLtMatmulAlgoGetHeuristic
-        heuristic.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        status = heuristic(
+        status = lib.cublasLtMatmulAlgoGetHeuristic(
             self._handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], preference, 1, result,
             ctypes.byref(found),
         )  # fmt: skip
@@ -169,7 +170,10 @@ def load_cublaslt() -> ctypes.CDLL:
         paths = {line.split()[-1] for line in maps if "libcublasLt.so" in line}
     if not paths:
         raise RuntimeError("torch loaded no libcublasLt")
-    return ctypes.CDLL(sorted(paths)[0])
+    library = ctypes.CDLL(sorted(paths)[0])
+    for name, argtypes in _ARGTYPES.items():
+        getattr(library, name).argtypes = argtypes
+    return library
 
 
 def measure(kept: KeptLinear, row_counts: list[int], calls: int) -> list[dict]:
