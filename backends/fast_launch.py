@@ -41,9 +41,8 @@ VERIFY = False
 _CONSTEXPR, _SPECIALISED, _UNSPECIALISED = 0, 1, 2
 _INT32 = (-(2**31), 2**31)
 _INT64_MAX = 2**63
-# Constexprs whose equal values Triton tells apart by their text (its cache key is the text of the
-# specialisation): -0.0 and 0.0; (1,) and (True,).
-_CONSTEXPR_BY_TEXT = (float, tuple)
+# Constexprs keyed as they are: no value of one equals a value of another type (1 == True == 1.0 does).
+_PLAIN_CONSTEXPRS = frozenset((int, str))
 
 # A PEP 440 version as packaging reads it; only the release segment decides, the pre, post, dev and
 # local parts (3.6.0rc1, 3.6.0.post1, 3.6.0+rocm7, 3.9.0+git1a2b3c) do not.
@@ -73,7 +72,7 @@ def launcher(kernel: Any, **options: Any) -> FastLaunch:
 def fast_path_state() -> tuple[bool, str]:
     """Whether Triton launches in this process may bypass ``run``, and why (``rocm-vit doctor``)."""
     reason = _process_off_reason()
-    if reason is None and getattr(knobs.runtime, "interpret", False):
+    if reason is None and getattr(getattr(knobs, "runtime", None), "interpret", False):
         reason = "TRITON_INTERPRET=1: kernels are interpreted"
     if reason is not None:
         return False, reason
@@ -237,7 +236,10 @@ def key_mismatch(
             key = _bind(kinds, aligned, tensor_spec, device, trial)[0]
             if key is None:
                 continue
-            specialisation = binder(*trial)[1]
+            try:
+                specialisation = binder(*trial)[1]
+            except Exception:  # run raises for this value too (an int over 64 bits): it never launches
+                continue
             first_probe, first_text = seen.setdefault(key, (probe, str(specialisation)))
             if first_text != str(specialisation):
                 return (
@@ -257,8 +259,8 @@ def _bind(
     for index, arg in enumerate(args):
         kind = kinds[index]
         if kind == _CONSTEXPR:
-            # By type and value: run compiles True, 1 and 1.0 apart.
-            key.append((arg.__class__, repr(arg) if isinstance(arg, _CONSTEXPR_BY_TEXT) else arg))
+            # By type and value, as the text of run's key: True, 1 and 1.0 compile apart, as do -0.0 and 0.0.
+            key.append(arg if arg.__class__ in _PLAIN_CONSTEXPRS else (arg.__class__, repr(arg)))
         elif isinstance(arg, torch.Tensor):
             pointer = values[index] = arg.data_ptr()
             if tensor_spec is _BASE_RULE:

@@ -148,6 +148,23 @@ def test_a_triton_that_specialises_on_more_is_caught_by_the_probes(name: str, fo
 
 
 @_mirrored
+def test_a_probe_the_binder_rejects_is_no_mismatch() -> None:
+    """A value Triton's binder raises for never launches (run raises too): the check skips it rather
+    than turning the fast path off."""
+    backend = _backend("cuda")
+    binder = _binder(_copy_kernel, backend)
+
+    def rejecting(*args, **options):
+        if any(type(arg) is int and arg < 0 for arg in args):
+            raise ValueError("negative")
+        return binder(*args, **options)
+
+    fast = FastLaunch(_copy_kernel, {})
+    args = [torch.empty(64), torch.empty(64), 40, 3, 64]
+    assert key_mismatch(rejecting, fast._kinds, fast._aligned, backend.get_tensor_specialization, 0, args) is None
+
+
+@_mirrored
 def test_constexprs_are_keyed_by_type_and_value_as_triton_compiles_them() -> None:
     """True, 1 and 1.0 are equal in Python, but Triton's cache key is the specialisation's text: three
     kernels. So are -0.0 and 0.0, (1,) and (True,)."""
