@@ -166,8 +166,8 @@ def test_a_probe_the_binder_rejects_is_no_mismatch() -> None:
 
 @_mirrored
 def test_constexprs_are_keyed_by_type_and_value_as_triton_compiles_them() -> None:
-    """True, 1 and 1.0 are equal in Python, but Triton's cache key is the specialisation's text: three
-    kernels. So are -0.0 and 0.0, (1,) and (True,)."""
+    """True, 1 and 1.0 are equal in Python, but the text of Triton's specialisation, which names the
+    kernel it compiles, differs: three kernels. So do -0.0 and 0.0, (1,) and (True,)."""
     spec = _backend("cuda").get_tensor_specialization
     binder = _binder(_one_of_each, _backend("cuda"))
     for alike in ([True, 1, 1.0], [0.0, -0.0], [(1,), (True,)]):
