@@ -10,6 +10,8 @@ source "$(dirname "$0")/common.sh"
 
 choose_gpu_python cuda
 install_sglang_wheelhouse
+# The fast launch's key against this image's own Triton binder (a CPU test the GPU tests rely on).
+REQUIRE_EXECUTED=1 run_pytest tests/test_fast_launch.py
 echo "== native CUDA"
 REQUIRE_EXECUTED=1 run_pytest -m "gpu and not rocm" tests
 run_verify --grad-mode inference

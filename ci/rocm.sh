@@ -30,6 +30,8 @@ trap _report_on_exit EXIT
 aiter_error=$("$PY" -c 'import aiter' 2>&1 | tail -n 1) ||
   die "aiter is not importable in $PY ($aiter_error): install AMD's aiter (pip install 'rocm-vit[aiter]', or the ROCm image's build)"
 
+# The fast launch's key against this image's own Triton binder (a CPU test the GPU tests rely on).
+REQUIRE_EXECUTED=1 run_pytest tests/test_fast_launch.py
 REQUIRE_EXECUTED=1 run_pytest -m "gpu or rocm" tests
 run_verify --grad-mode inference
 run_verify --grad-mode inference --padded

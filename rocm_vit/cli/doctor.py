@@ -68,6 +68,7 @@ def collect() -> dict[str, Any]:
         "policy": _section("policy", _policy, problems),
         "settings": _section("settings", _settings, problems),
         "sglang": _section("sglang", _sglang, problems),
+        "launches": _section("launches", _launches, problems),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
     }
     report["problems"] = problems
@@ -78,7 +79,7 @@ def format_report(report: dict[str, Any]) -> str:
     """The report as aligned text sections."""
     rocm_vit = report["rocm_vit"]
     lines = [f"rocm-vit {rocm_vit['version']}  commit {rocm_vit['commit']}", f"python   {report['python']}"]
-    for section in ("platform", "versions", "policy", "settings", "sglang", "environment"):
+    for section in ("platform", "versions", "policy", "settings", "sglang", "launches", "environment"):
         values = report[section]
         lines.append(f"\n{section}:")
         if not values:
@@ -224,6 +225,16 @@ def _sglang() -> dict[str, Any]:
     from rocm_vit.integrations.sglang.status import plugin_status
 
     return plugin_status()
+
+
+def _launches() -> dict[str, Any]:
+    """Whether Triton launches bypass ``JITFunction.run`` here (``backends/fast_launch.py``), and why."""
+    try:
+        from rocm_vit.backends.fast_launch import fast_path_state
+    except ImportError as err:  # no Triton: nothing to launch fast, not a problem
+        return {"fast_path": "off", "why": f"Triton cannot be imported: {err}"}
+    on, why = fast_path_state()
+    return {"fast_path": "on" if on else "off", "why": why}
 
 
 def _rocm_vit_version() -> dict[str, str]:

@@ -109,6 +109,9 @@ def _doctor(document: dict[str, Any]) -> list[str]:
         why = values.get("why", values.get("in_force", ""))
         value = ", ".join(f"{k}={v}" for k, v in values.items() if k not in ("why", "known", "in_force"))
         rows.append([choice, value or "-", str(why)])
+    launches = doctor.get("launches") or {}
+    if "fast_path" in launches:
+        rows.append(["triton fast launch", launches["fast_path"], launches.get("why", "")])
     lines = _table(["choice", "value", "why"], rows)
     if doctor.get("problems"):
         lines += ["", "Doctor's problems:", *(f"- {problem}" for problem in doctor["problems"])]

@@ -1,12 +1,15 @@
 """backends/fast_launch.py against Triton on the device: after a kernel's first launch, launches skip
 ``JITFunction.run``; each keeps the kernel ``run`` would pick (``VERIFY``), and outputs equal the slow
-path's bit for bit, per kernel and for whole towers, eager and replayed. Also: bench's eager cost
-columns count a known number of kernels."""
+path's bit for bit, per kernel and for whole towers, eager and replayed, and for one kernel launched
+across every edge ``run`` specialises on (ints equal to 1 and 16, unaligned pointers, storages over
+2 GiB). Also: bench's eager cost columns count a known number of kernels."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from rocm_vit.backends import fast_launch, triton_add_norm, triton_attn, triton_pos_embed, triton_rope, triton_silu_mul
 from triton.runtime.jit import JITFunction
 
@@ -109,6 +112,62 @@ def test_a_kernel_after_its_first_launch_skips_run_and_equals_the_slow_path(
         # Its kept launches reuse the descriptors' encoded tensor maps.
         entries = fast_launch.launcher(gluon_attn._attn_fwd, num_warps=4)._entries.values()
         assert any(isinstance(entry[0], fast_launch._DescriptorLaunch) for entry in entries)
+
+
+@triton.jit
+def _gather_kernel(src_ptr, dst_ptr, n, src_offset, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(dst_ptr + offsets, tl.load(src_ptr + src_offset + offsets, mask=mask), mask=mask)
+
+
+@torch.inference_mode()
+def test_launches_across_every_specialisation_edge_equal_run(monkeypatch: pytest.MonkeyPatch, runs: list) -> None:
+    """One kernel launched in turn with ints equal to 1 and 16 (and not), 16-byte aligned and unaligned
+    pointers, in storages within and over 2 GiB (AMD's buffer ops: 32-bit offsets from the pointer): a
+    kernel kept for one of these and launched for another would read wrong elements or fault; VERIFY
+    checks each launch kept run's kernel, and the outputs equal run's."""
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    small = torch.randn(4096, generator=generator, device=DEVICE)
+    big = torch.empty(2**29 + 4096, device=DEVICE)  # 2 GiB + 16 KiB
+    big[2**29 - 4096 :] = torch.randn(8192, generator=generator, device=DEVICE)
+    cases = [  # src, dst offset, n, src_offset, BLOCK
+        (small, 0, 16, 0, 64),
+        (small, 0, 1, 0, 64),
+        (small, 0, 17, 1, 64),
+        (small, 0, 16, 16, 64),
+        (small[1:], 1, 16, 16, 64),
+        (small[1:], 0, 1, 17, 64),
+        (small[4:], 4, 33, 1, 64),
+        (small, 0, 64, 32, 128),
+        (big, 0, 64, 2**29, 64),  # 2 GiB past the pointer
+        (big[1:], 1, 17, 2**29 - 17, 64),
+        (big[2**29 :], 0, 16, 16, 64),  # near its end, in a storage over 2 GiB
+        (big[-4096:].clone(), 0, 16, 16, 64),  # the same values, in a storage of its own
+    ]
+    fast = fast_launch.launcher(_gather_kernel, num_warps=4)
+
+    def launch(case, through_run: bool) -> torch.Tensor:
+        src, dst_offset, n, src_offset, block = case
+        dst = torch.zeros(256, device=DEVICE)[dst_offset:]
+        if through_run:
+            _gather_kernel[(1,)](src, dst, n, src_offset, BLOCK=block, num_warps=4)
+        else:
+            fast((1,), src, dst, n, src_offset, block)
+        return dst
+
+    expected = [launch(case, through_run=True) for case in cases]
+    first = [launch(case, through_run=False) for case in cases]  # misses keep run's kernels
+    runs.clear()
+    second = [launch(case, through_run=False) for case in cases]  # hits
+    torch.cuda.synchronize()
+    for case, want, got_first, got_second in zip(cases, expected, first, second, strict=True):
+        assert torch.equal(got_first, want) and torch.equal(got_second, want), case[1:]
+    if fast_launch._process_off_reason() is None:
+        assert fast.off_reason is None  # this Triton's binder agreed with the key at the first launch
+        assert runs == []
+    else:
+        assert not fast.enabled and len(runs) == len(cases)
 
 
 @torch.inference_mode()
