@@ -32,7 +32,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 GRAPHS_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH"
-_FROM_SGLANG = "max_difference_from_sglang_eager"
 _STARTED = time.monotonic()
 
 
@@ -190,7 +189,7 @@ class _Bench:
             if self.rocm_vit_runner:  # and how far rocm-vit's serving is from SGLang's own eager forward
                 with _environ(**{GRAPHS_ENV: "0"}):
                     sglang_eager = self._timed(pixels, grid, self.sglang_tower)[1].cpu()
-                row[_FROM_SGLANG] = _max_difference(row["output"], sglang_eager)
+                row["max_difference_from_sglang_eager"] = _max_difference(row["output"], sglang_eager)
             del row["output"]
             if breakdown:
                 row["breakdown"] = self._breakdown(pixels, grid)
