@@ -1,6 +1,7 @@
 """``rocm-vit bench-sglang``: its tables from workers' reports, the workers' command lines and
-environments, and one real run on this CPU (SGLang's eager tower; the graph configurations skip).
-The measurement itself needs a GPU: docs/sglang.md, "Side by side with SGLang's own ViT graphs"."""
+environments, SGLang's kernel names in the breakdown's classes, and real runs on this CPU (SGLang's
+eager tower; rocm-vit's own tower on its weights and kernel). The measurement itself needs a GPU:
+docs/sglang.md, "Side by side with SGLang's own ViT graphs"."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from rocm_vit.cli import bench_sglang
 from rocm_vit.cli.bench_sglang import (
     CONFIGS,
+    OWN_LIMIT,
     format_report,
     skip_reason,
     worker_command,
@@ -25,6 +27,7 @@ from rocm_vit.cli.bench_sglang import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+SUPPORT = ROOT / "tests" / "sglang_support"
 
 
 def _row(layout: str, warm: float, first: float, equal: bool | None = None) -> dict:
@@ -102,7 +105,7 @@ def test_graph_configurations_skip_on_a_cpu_and_run_on_a_gpu() -> None:
 def test_worker_gets_its_configuration_and_no_other(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SGLANG_USE_AITER", "1")  # left over from an earlier ROCm run
     monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
-    args = argparse.Namespace(preset="qwen3-vl-8b", layouts="1x224", seed=0, stream_max_pixels=None)
+    args = argparse.Namespace(preset="qwen3-vl-8b", layouts="1x224", seed=0, stream_max_pixels=None, breakdown=False)
     b, d = (worker_command(key, CONFIGS[key], "cuda", args, 20, 1000, tmp_path / "r.json", 240) for key in "bd")
     assert b[b.index("--attention") + 1] == "triton_attn" and "--graphs" in b and "--plugin" not in b
     assert d[d.index("--attention") + 1] == "aiter_attn" and {"--graphs", "--plugin"} <= set(d)
@@ -126,6 +129,7 @@ def test_a_cpu_run_measures_sglangs_eager_tower_and_skips_the_graph_configuratio
     env["TORCHDYNAMO_DISABLE"] = "1"  # SGLang's compiled helpers eager: plumbing, not speed, is checked here
     command = [sys.executable, "-m", "rocm_vit", "bench-sglang", "--device", "cpu", "--preset", "tiny"]
     command += ["--layouts", "1x64,2x96", "--warm", "1", "--calls", "2", "--stream-max-pixels", "65536", "--json"]
+    command += ["--breakdown"]
     command += ["--save", str(tmp_path / "saved.json")]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -138,6 +142,9 @@ def test_a_cpu_run_measures_sglangs_eager_tower_and_skips_the_graph_configuratio
     assert a["stream"]["served"] == a["stream"]["calls"] == 2 and a["stream"]["p90_ms"] > 0
     assert all("needs a GPU" in report["configs"][key]["skipped"] for key in "bcd")
     assert "Layouts: warm median ms" in done.stderr and "a: SGLang eager" in done.stderr
+    for row in a["layouts"]["rows"]:  # SGLang's eager forward by kernel class: its linears and its sdpa
+        assert row["breakdown"]["gemm"] > 0 and row["breakdown"]["attention"] > 0 and row["breakdown"]["kernels"] > 0
+    assert "kernel time per forward" in done.stderr and "1x64 a" in done.stderr
 
 
 def test_a_budget_is_shared_by_the_configurations_left() -> None:
@@ -154,3 +161,106 @@ def test_unknown_configuration_is_refused(capsys: pytest.CaptureFixture[str]) ->
     bench_sglang.add_arguments(parser)
     assert bench_sglang.run(parser.parse_args(["--configs", "ax", "--device", "cpu"])) == 2
     assert "unknown configurations ['x']" in capsys.readouterr().err
+
+
+# rocm-vit's own tower beside SGLang's, and the breakdown ----------------------------------------
+
+
+def test_own_tower_configurations_run_in_their_twins_process(tmp_path: Path) -> None:
+    args = argparse.Namespace(preset="qwen3-vl-8b", layouts="1x224", seed=0, stream_max_pixels=None, breakdown=True)
+    commands = {
+        key: worker_command(key, CONFIGS[key], "cuda", args, 20, 1000, tmp_path / "r.json", 240) for key in "cor"
+    }
+    for key, twin in (("o", "c"), ("r", "d")):
+        own, sglang = (
+            commands[key],
+            worker_command(twin, CONFIGS[twin], "cuda", args, 20, 1000, tmp_path / "r.json", 240),
+        )
+        assert "--own" in own and "--own" not in sglang
+        assert own[own.index("--attention") + 1] == sglang[sglang.index("--attention") + 1]
+        assert {"--graphs", "--plugin", "--breakdown"} <= set(own)
+        assert own[own.index("--stream-calls") + 1] == sglang[sglang.index("--stream-calls") + 1]
+        assert worker_environ(CONFIGS[key]) == worker_environ(CONFIGS[twin])
+    assert "--own" not in commands["c"] and commands["o"][commands["o"].index("--attention") + 1] == "triton_attn"
+    assert all(skip_reason(CONFIGS[key], "cpu") and not skip_reason(CONFIGS[key], "cuda") for key in "or")
+
+
+def _breakdown(gemm: float, attention: float, other: float, kernels: float) -> dict:
+    classes = {"gemm": gemm, "attention": attention, "norm": 0.1, "rotary": 0.05, "memory": 0.02, "other": other}
+    return {**classes, "total": sum(classes.values()), "kernels": kernels}
+
+
+def test_tables_set_sglangs_tower_under_the_plugin_against_rocm_vits_own() -> None:
+    def with_breakdown(row: dict, breakdown: dict) -> dict:
+        return {**row, "breakdown": breakdown}
+
+    c_rows = [_row("1x224", 3.72, 6.0, True), _row("1x512", 4.2, 5.0, True)]
+    o_rows = [_row("1x224", 1.82, 3.0, True), _row("1x512", 4.0, 5.0, True)]
+    report = {**_report(), "configs": {}}
+    report["configs"]["c"] = _result("rocm-vit", [with_breakdown(c_rows[0], _breakdown(1.2, 0.3, 0.9, 690))])
+    report["configs"]["c"]["layouts"]["rows"].append(c_rows[1])
+    report["configs"]["o"] = _result(
+        "rocm-vit's own tower", [with_breakdown(o_rows[0], _breakdown(1.0, 0.3, 0.1, 300))]
+    )
+    report["configs"]["o"]["layouts"]["rows"].append(o_rows[1])
+    report["configs"]["r"] = {"label": "rocm-vit's own tower, ROCm decisions", "skipped": "needs a GPU"}
+    text = "\n".join(format_report(report))
+    header = next(line for line in text.splitlines() if line.startswith("layout"))
+    assert "c/o" in header and "o/b" not in header and "d/r" not in header  # no b, and r did not run
+    assert "2.044" in text and "1.050" in text  # c / o on warm medians
+    assert "c slower than o on 1x224: 3.72 vs 1.82 ms" in text and "slower than o on 1x512" not in text
+    assert 4.2 / 4.0 <= OWN_LIMIT < 3.72 / 1.82
+    breakdown = [line.strip() for line in text.split("kernel time per forward")[1].splitlines()]
+    difference = next(line for line in breakdown if line.startswith("1x224 c-o"))
+    # c less o: 1.0 ms more in all (0.2 GEMMs, 0.8 other), 390 kernels more.
+    assert difference.split()[2:4] == ["1.000", "390"] and "0.800 (80%)" in difference
+    assert any(line.startswith("1x224 o ") for line in breakdown) and not any("1x512" in line for line in breakdown)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        # SGLang's eager and graph forwards on CUDA: its Triton attention (context_attention_fwd) ...
+        ("_fwd_kernel", "attention"),
+        # ... its LayerNorm modules, residual adds and GELU (torch's own kernels) ...
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, true>", "norm"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+         "std::array<char*, 3ul> >", "other"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+         "at::native::GeluType)::{lambda()#3}::operator()() const", "other"),
+        # ... the rotary SGLang compiles with Inductor (rotate-half: a cat of a negation), rocm-vit's ...
+        ("triton_poi_fused__to_copy_add_cat_mul_neg_slice_0", "rotary"),
+        ("_rotary_kernel", "rotary"),
+        ("triton_poi_fused_add_mul_0", "other"),
+        # ... and its copies: the merger's cat, host offsets to the device, dtype casts.
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::"
+         "OpaqueType<2u>, unsigned int, 2, 128, 1>", "memory"),
+        ("Memcpy HtoD (Pageable -> Device)", "memory"),
+        ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
+         "at::TensorIteratorBase&)", "memory"),
+    ],
+)  # fmt: skip
+def test_sglangs_kernel_names_land_in_their_classes(name: str, kind: str) -> None:
+    from rocm_vit.cli.breakdown import kernel_class
+
+    assert kernel_class(name) == kind
+
+
+@pytest.mark.slow
+def test_own_tower_on_a_cpu_runs_sglangs_kernel_on_sglangs_weights_and_equals_its_eager_forward(tmp_path: Path) -> None:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.update(TORCHDYNAMO_DISABLE="1", TRITON_INTERPRET="1")  # SGLang's Triton kernel on this CPU
+    out = tmp_path / "o.json"
+    command = [sys.executable, "-m", "rocm_vit.cli.bench_sglang_worker", "--config", "o", "--own", "--out", str(out)]
+    command += ["--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--attention", "triton_attn"]
+    command += ["--layouts", "1x64,2x96", "--warm", "1", "--path", str(SUPPORT)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    report = json.loads(out.read_text())
+    assert done.returncode == 0 and "error" not in report, report.get("traceback", done.stderr[-4000:])
+    assert report["backend"] == "sglang_triton_attn" and report["runner"] == "none (eager)"
+    rows = report["layouts"]["rows"]
+    assert [row["layout"] for row in rows] == ["1x64", "2x96"]
+    # The same weights and kernel: SGLang's tower and rocm-vit's agree to fp32 rounding.
+    assert all(row["max_difference_from_sglang_eager"] <= 1e-5 for row in rows), rows

@@ -1,23 +1,21 @@
-"""``rocm-vit bench-sglang``: SGLang's own Qwen3-VL tower, side by side with SGLang's own ViT graphs.
+"""``rocm-vit bench-sglang``: SGLang's own Qwen3-VL tower with and without rocm-vit, side by side.
 
-What a SGLang user compares before installing rocm-vit: SGLang 0.5.23's ``Qwen3VLMoeVisionModel`` at a
-preset's sizes (default qwen3-vl-8b), random weights, bf16, in four configurations (``CONFIGS``), each
-in a process of its own (``rocm_vit.cli.bench_sglang_worker``; the plugin patches SGLang for the life
-of a process), back to back on one GPU. Per layout: the median of warm calls, the first call (capture
-included), each graph path against its own eager bit for bit, the graph memory held. Then the chat
-stream of ``bench-traffic`` (same seed, 1.3 MP cap) through the configurations marked ``stream``:
-mean, p50, p90, p99, captures made and the time spent capturing inside calls, graph memory at the end.
-Prints the tables last (``--json``: one JSON object on stdout, the tables on stderr).
+What a SGLang user compares before installing rocm-vit (``CONFIGS``): SGLang 0.5.23's
+``Qwen3VLMoeVisionModel`` at a preset's sizes, random weights, bf16, eager, under SGLang's ViT graphs
+and under the plugin; and rocm-vit's own tower on the same weights and attention kernel, which tells
+how much of what is left is SGLang's block rather than the runner. Each configuration runs in a
+process of its own (``bench_sglang_worker``: the plugin patches SGLang for the life of a process),
+back to back on one GPU. Tables last (``--json``: one JSON object on stdout, the tables on stderr).
 
-In a checkout, the workers see tests/sglang_support: its ``sgl_kernel`` stand-in where the package is
-missing (a GPU image without ``sglang-kernel``: every call of it raises, so SGLang's own code runs or
-fails), and its CPU torchvision stand-in where none is installed. Without a GPU (``--device cpu``)
-only SGLang's eager configuration runs, with ``sdpa``: a check of the plumbing, not a measurement.
+In a checkout the workers see tests/sglang_support: its ``sgl_kernel`` stand-in where the package is
+missing (every call of it raises, so SGLang's own code runs or fails) and its CPU torchvision
+stand-in. Without a GPU only the eager configuration runs, with ``sdpa``: plumbing, not a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -34,13 +32,18 @@ import rocm_vit
 # 6 x 640x360 in one call, a 4-frame 720p video (HxW, as rocm-vit bench writes layouts).
 DEFAULT_LAYOUTS = "1x224,1x512,4x512,1x1024x1280,1x1600x2048,6x360x640,1x720x1280f4"
 SLOWER_LIMIT = 1.02  # the plugin against SGLang's own graphs on a warm layout
+OWN_LIMIT = 1.10  # SGLang's tower under the plugin against rocm-vit's own tower on a warm layout
 _REPORT_MARGIN_S = 20  # a worker's stream stops this long before --worker-timeout
 _FROM_SGLANG = "max_difference_from_sglang_eager"  # a plugin configuration's graphs against SGLang's eager
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """How one worker serves: SGLang's graph path or not, rocm-vit's plugin or not, the attention backend."""
+    """How one worker serves: SGLang's graph path or not, rocm-vit's plugin or not, the attention backend.
+
+    ``twin``: for rocm-vit's own tower (``own``), the configuration of SGLang's tower it is timed
+    against, whose process it repeats (plugin, attention kernel, environment).
+    """
 
     label: str
     graphs: bool
@@ -48,6 +51,11 @@ class Configuration:
     attention: str
     environ: dict[str, str] = field(default_factory=dict)
     stream: bool = True
+    twin: str | None = None
+
+    @property
+    def own(self) -> bool:
+        return self.twin is not None
 
 
 CONFIGS: dict[str, Configuration] = {
@@ -63,13 +71,21 @@ CONFIGS: dict[str, Configuration] = {
         stream=False,
     ),
 }
+# rocm-vit's own tower on SGLang's weights, each in its twin's process: SGLang's Triton kernel for c's
+# triton_attn, the plugin's pick for d's aiter_attn slot; served as the plugin serves (padded buckets first).
+CONFIGS["o"] = dataclasses.replace(CONFIGS["c"], label="rocm-vit's own tower", twin="c")
+CONFIGS["r"] = dataclasses.replace(CONFIGS["d"], label="rocm-vit's own tower, ROCm decisions", twin="d")
 # What a worker's environment never inherits: each configuration sets its own.
 _CONTROLLED = ("SGLANG_VIT_ENABLE_CUDA_GRAPH", "ROCM_VIT_EMULATE", "SGLANG_USE_AITER", "ROCM_VIT_DISABLE")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="qwen3-vl-8b", help="the tower's sizes (default qwen3-vl-8b)")
-    parser.add_argument("--configs", default="abcd", help="which of a b c d to run, in order (default abcd)")
+    parser.add_argument(
+        "--configs",
+        default="abcd",
+        help="which of a b c d o r to run, in order (default abcd; o, r: rocm-vit's own tower)",
+    )
     parser.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="layout specs, as rocm-vit bench takes them")
     parser.add_argument("--warm", type=int, default=None, help="warm calls per layout (default 20; --quick 5)")
     parser.add_argument(
@@ -87,6 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="seconds for every configuration together, shared by those left (a stream ends where its share does)",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="per layout, one eager forward's kernel time by class (as rocm-vit bench --breakdown) and kernels",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout; the tables go to stderr")
     parser.add_argument(
@@ -113,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         "warm": warm,
         "stream_calls": calls,
         "seed": args.seed,
+        "breakdown": args.breakdown,
         "rocm_vit": rocm_vit.__version__,
         "configs": {},
     }
@@ -183,6 +205,8 @@ def worker_command(
         command += ["--stream-max-pixels", str(args.stream_max_pixels)]
     command += ["--graphs"] if config.graphs else []
     command += ["--plugin"] if config.plugin else []
+    command += ["--own"] if config.own else []
+    command += ["--breakdown"] if args.breakdown else []
     support = _checkout_support()
     if support is not None:
         command += ["--path", str(support), "--sgl-kernel-standin", str(support / "sgl_kernel_standin")]
@@ -238,6 +262,8 @@ def format_report(report: dict[str, Any]) -> list[str]:
         header, cells = layout_cells(ran)
         lines += table_lines(header, cells)
         lines += [f"  {line}" for line in layout_notes(ran)]
+    if any("breakdown" in row for result in ran.values() for row in result["layouts"]["rows"]):
+        lines += ["", *breakdown_lines(ran)]
     streamed = {key: result for key, result in configs.items() if "stream" in result}
     if streamed:
         name = next(iter(streamed.values()))["stream"]["name"]
@@ -264,12 +290,14 @@ def _config_line(result: dict[str, Any]) -> str:
 
 
 def layout_cells(ran: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """One row per layout, one column per configuration, then each plugin configuration against
-    SGLang's graphs (b) on warm medians."""
+    """One row per layout, one column per configuration, then on warm medians each plugin
+    configuration against SGLang's graphs (b) and each twin against rocm-vit's own tower."""
     keys = list(ran)
-    against_b = [key for key in keys if "b" in ran and key in CONFIGS and CONFIGS[key].plugin]
+    against_b = [key for key in keys if "b" in ran and _plugin_on_sglang(key)]
+    twins = _twins(ran)
     header = ["layout", "patches", *(f"{key}: {ran[key]['label']}" for key in keys)]
     header += [f"{key}/b" for key in against_b]
+    header += [f"{twin}/{own}" for twin, own in twins]
     rows_by_key = {key: {row["layout"]: row for row in ran[key]["layouts"]["rows"]} for key in keys}
     cells = []
     for spec, first in rows_by_key[keys[0]].items():
@@ -279,13 +307,24 @@ def layout_cells(ran: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[s
             line.append("-" if row is None else f"{_ms(row['warm_ms'])} ({_ms(row['first_ms'])})")
         for key in against_b:
             line.append(_ratio(rows_by_key[key].get(spec), rows_by_key["b"].get(spec)))
+        for twin, own in twins:
+            line.append(_ratio(rows_by_key[twin].get(spec), rows_by_key[own].get(spec)))
         cells.append(line)
     return header, cells
 
 
+def _plugin_on_sglang(key: str) -> bool:
+    return key in CONFIGS and CONFIGS[key].plugin and not CONFIGS[key].own
+
+
+def _twins(ran: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(twin, own)`` for each of rocm-vit's own towers that ran beside its twin."""
+    return [(CONFIGS[key].twin, key) for key in ran if key in CONFIGS and CONFIGS[key].own and CONFIGS[key].twin in ran]
+
+
 def layout_notes(ran: dict[str, dict[str, Any]]) -> list[str]:
     """Graph memory and bit-for-bit results per graph configuration; layouts where the plugin is
-    slower than SGLang's own graphs past ``SLOWER_LIMIT``."""
+    slower than SGLang's own graphs past ``SLOWER_LIMIT``, or than rocm-vit's own tower past ``OWN_LIMIT``."""
     notes = []
     for key, result in ran.items():
         layouts = result["layouts"]
@@ -308,14 +347,52 @@ def layout_notes(ran: dict[str, dict[str, Any]]) -> list[str]:
         notes.append(note)
     if "b" in ran:
         rows_b = {row["layout"]: row for row in ran["b"]["layouts"]["rows"]}
-        for key in (k for k in ran if k in CONFIGS and CONFIGS[k].plugin):
-            for row in ran[key]["layouts"]["rows"]:
-                base = rows_b.get(row["layout"])
-                if base and row["warm_ms"] and base["warm_ms"] and row["warm_ms"] > SLOWER_LIMIT * base["warm_ms"]:
-                    notes.append(
-                        f"{key} slower than b on {row['layout']}: {_ms(row['warm_ms'])} vs {_ms(base['warm_ms'])} ms"
-                    )
+        for key in filter(_plugin_on_sglang, ran):
+            notes += _slower_notes(key, ran[key]["layouts"]["rows"], "b", rows_b, SLOWER_LIMIT)
+    for twin, own in _twins(ran):
+        rows_own = {row["layout"]: row for row in ran[own]["layouts"]["rows"]}
+        notes += _slower_notes(twin, ran[twin]["layouts"]["rows"], own, rows_own, OWN_LIMIT)
     return notes
+
+
+def _slower_notes(
+    key: str, rows: list[dict[str, Any]], base_key: str, base_rows: dict[str, dict[str, Any]], limit: float
+) -> list[str]:
+    notes = []
+    for row in rows:
+        base = base_rows.get(row["layout"])
+        if base and row["warm_ms"] and base["warm_ms"] and row["warm_ms"] > limit * base["warm_ms"]:
+            notes.append(
+                f"{key} slower than {base_key} on {row['layout']}: {_ms(row['warm_ms'])} vs {_ms(base['warm_ms'])} ms"
+            )
+    return notes
+
+
+def breakdown_lines(ran: dict[str, dict[str, Any]]) -> list[str]:
+    """``rocm-vit bench --breakdown``'s table over every configuration's eager forward, layout by
+    layout, then each twin less rocm-vit's own tower: where SGLang's block spends the difference."""
+    from rocm_vit.cli.breakdown import KERNEL_CLASSES, format_breakdown
+
+    by_key = {
+        key: {row["layout"]: row for row in result["layouts"]["rows"] if "breakdown" in row}
+        for key, result in ran.items()
+    }
+    twins = _twins(ran)
+    rows = []
+    for spec in dict.fromkeys(spec for rows_of_key in by_key.values() for spec in rows_of_key):
+        rows += [
+            {"layout": f"{spec} {key}", "breakdown": by_key[key][spec]["breakdown"]}
+            for key in by_key
+            if spec in by_key[key]
+        ]
+        for twin, own in twins:
+            if spec in by_key[twin] and spec in by_key[own]:
+                twin_breakdown, own_breakdown = by_key[twin][spec]["breakdown"], by_key[own][spec]["breakdown"]
+                difference = {
+                    name: twin_breakdown[name] - own_breakdown[name] for name in (*KERNEL_CLASSES, "total", "kernels")
+                }
+                rows.append({"layout": f"{spec} {twin}-{own}", "breakdown": difference})
+    return format_breakdown(rows).splitlines()
 
 
 def stream_cells(streamed: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[str]]]:

@@ -1,29 +1,21 @@
-"""One configuration of ``rocm-vit bench-sglang``, in a process of its own; writes one JSON report.
+"""One configuration of ``rocm-vit bench-sglang`` in a process of its own; writes one JSON report.
 
-Run by ``rocm_vit.cli.bench_sglang`` as ``python -m rocm_vit.cli.bench_sglang_worker --config KEY
---out REPORT.json ...`` with the configuration's environment already set (``SGLANG_VIT_ENABLE_CUDA_GRAPH``,
-``ROCM_VIT_EMULATE``, ``SGLANG_USE_AITER``): the plugin patches SGLang for the life of a process and
-SGLang reads its environment as it imports. SGLang's own tower (``rocm_vit.integrations.sglang.standalone``)
-serves every call through SGLang's ``forward``: eager with graphs off; with them on, SGLang's
-``forward_with_cuda_graph`` and whatever runner the tower holds (SGLang's ``ViTCudaGraphRunner``, or
-rocm-vit's adapter where the plugin is loaded). Two phases, each from fresh runners:
-
-First one eager call of a small layout no phase uses, timed apart: what a process compiles once is
-not charged to any layout's first call.
-
-- layouts: per layout, the first call (capture included), the median of warm calls, the graph path
-  against its own eager bit for bit (SGLang's: its eager ``forward``; rocm-vit's: its runner with
-  no graphs, padded alike), and the graph memory held after every layout (reserved bytes over those
-  before the first graph call, the caching allocator's free blocks released on both sides);
-- stream: the calls of a stream, each timed alone; captures made, time spent capturing inside the
-  calls, graph memory at the end. A failure (out of memory, most likely) ends the stream, recorded
-  with the call it hit and the bytes reserved then.
+A process of its own: the plugin patches SGLang for the life of a process, and SGLang reads its
+environment (``SGLANG_VIT_ENABLE_CUDA_GRAPH``, ``ROCM_VIT_EMULATE``, ``SGLANG_USE_AITER``) as it
+imports, so the parent sets it per configuration. Every call goes through a tower's ``forward``, as
+a server's would: SGLang's tower (graphs off, SGLang's runner, or the plugin's adapter), or with
+``--own`` rocm-vit's own tower on SGLang's weights and attention kernel, which tells the cost of
+SGLang's block from that of the runner. One eager call of a layout no phase uses comes first, so what
+a process compiles once is charged to no layout. Per layout: first call, warm median, graphs against
+their own eager bit for bit, the graph memory held, with ``--breakdown`` one eager forward's kernels
+by class. A stream's calls are timed alone; a failure (out of memory, most likely) ends it, recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import importlib.util
 import json
@@ -33,7 +25,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention", required=True, help="SGLang's --mm-attention-backend")
     parser.add_argument("--graphs", action="store_true", help="serve through SGLang's graph path")
     parser.add_argument("--plugin", action="store_true", help="load rocm-vit's SGLang plugin first")
+    parser.add_argument("--own", action="store_true", help="time rocm-vit's own tower on the SGLang tower's weights")
+    parser.add_argument("--breakdown", action="store_true", help="profile one eager forward's kernels per layout")
     parser.add_argument("--layouts", default="", help="bench layout specs (rocm_vit.workloads.workload)")
     parser.add_argument("--warm", type=int, default=20, help="warm calls per layout")
     parser.add_argument("--stream-calls", type=int, default=0, help="calls of the chat stream (0: none)")
@@ -107,15 +101,25 @@ def _measure(args: argparse.Namespace, report: dict[str, Any]) -> None:
         report["plugin_by_entry_point"] = standalone.load_plugin()
     os.environ[GRAPHS_ENV] = "1" if args.graphs else "0"  # as the server was started
     tower = standalone.build_tower(config, args.device, getattr(torch, args.dtype), args.attention)
-    report["backend"] = tower.blocks[0].attn.qkv_backend_name
-    report["runner"] = standalone.qualified_name(tower.graph_runners)
     report["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report["torch"] = torch.__version__
-    bench = _Bench(tower, device, _patch_width(config), args.graphs, args.plugin)
+    if args.own:
+        from rocm_vit.graphs import ViTGraphRunner
+        from rocm_vit.integrations.sglang.own_tower import own_tower
+
+        own = own_tower(tower, config, args.attention)
+        report["backend"] = own.attention.name
+        report["runner"] = standalone.qualified_name(ViTGraphRunner) if args.graphs else "none (eager)"
+        bench: _Bench = _OwnBench(own, tower, device, _patch_width(config), args.graphs)
+    else:
+        report["backend"] = tower.blocks[0].attn.qkv_backend_name
+        report["runner"] = standalone.qualified_name(tower.graph_runners)
+        bench = _Bench(tower, device, _patch_width(config), args.graphs, args.plugin)
     report["warm_up_seconds"] = bench.warm_up()
     if args.layouts:
         workloads = parse_layouts(args.layouts, config)
-        report["layouts"] = bench.layouts([(w.spec, w.grid_thw) for w in workloads], args.warm, args.seed)
+        layouts = [(w.spec, w.grid_thw) for w in workloads]
+        report["layouts"] = bench.layouts(layouts, args.warm, args.seed, args.breakdown)
         _write(args.out, report)  # kept if the stream runs past the parent's timeout
     if args.stream_calls:
         stream = chat_stream(args.stream_calls, args.seed, args.stream_max_pixels or OPERATOR_CAP_PIXELS)
@@ -141,6 +145,8 @@ class _Bench:
 
         self.torch = torch
         self.tower, self.device, self.patch_width, self.graphs, self.plugin = tower, device, patch_width, graphs, plugin
+        self.sglang_tower = tower  # what "max difference from SGLang's eager forward" runs
+        self.rocm_vit_runner = plugin  # whose graphs: rocm-vit's runner, or SGLang's
         self.capture_seconds = 0.0  # SGLang's runner: its create_graph, timed here
         self.start: dict[str, Any] = {}
 
@@ -154,7 +160,9 @@ class _Bench:
         with _environ(**{GRAPHS_ENV: "0"}):
             return self._timed(self._pixels(grid, self._generator(1 << 20)), grid)[0] / 1e3
 
-    def layouts(self, layouts: list[tuple[str, tuple]], warm: int, seed: int) -> dict[str, Any]:
+    def layouts(
+        self, layouts: list[tuple[str, tuple]], warm: int, seed: int, breakdown: bool = False
+    ) -> dict[str, Any]:
         inputs = [(spec, grid, self._pixels(grid, self._generator(seed + i))) for i, (spec, grid) in enumerate(layouts)]
         base = self._fresh_runner()
         rows = []
@@ -173,17 +181,18 @@ class _Bench:
                 }
             )
         result: dict[str, Any] = {"graph_bytes": self._held_since(base), **self._runner_counts()}
-        if self.graphs:
-            for row, (_, grid, pixels) in zip(rows, inputs, strict=True):
+        for row, (_, grid, pixels) in zip(rows, inputs, strict=True):
+            if self.graphs:
                 reference = self._own_eager(pixels, grid).cpu()
                 row["bitwise_equal"] = bool(self.torch.equal(row["output"], reference))
                 row["max_difference"] = _max_difference(row["output"], reference)
-                if self.plugin:  # and how far the plugin's graphs are from SGLang's own eager forward
-                    with _environ(**{GRAPHS_ENV: "0"}):
-                        sglang_eager = self._timed(pixels, grid)[1].cpu()
-                    row["max_difference_from_sglang_eager"] = _max_difference(row["output"], sglang_eager)
-        for row in rows:
+            if self.rocm_vit_runner:  # and how far rocm-vit's serving is from SGLang's own eager forward
+                with _environ(**{GRAPHS_ENV: "0"}):
+                    sglang_eager = self._timed(pixels, grid, self.sglang_tower)[1].cpu()
+                row["max_difference_from_sglang_eager"] = _max_difference(row["output"], sglang_eager)
             del row["output"]
+            if breakdown:
+                row["breakdown"] = self._breakdown(pixels, grid)
         result["rows"] = rows
         return result
 
@@ -222,28 +231,44 @@ class _Bench:
 
     # One call -------------------------------------------------------------------------------------
 
-    def _timed(self, pixels: Any, grid: tuple) -> tuple[float, Any]:
-        """Wall ms of one call through SGLang's ``forward``, the device idle before and after, under
+    def _timed(self, pixels: Any, grid: tuple, forward: Callable[..., Any] | None = None) -> tuple[float, Any]:
+        """Wall ms of one call of ``forward`` (the tower's), the device idle before and after, under
         ``inference_mode`` as SGLang's scheduler serves requests (its ``DynamicGradMode``)."""
         grid_thw = self.torch.tensor(grid, dtype=self.torch.int32)
         self._synchronize()
         started = time.perf_counter()
         with self.torch.inference_mode():
-            output = self.tower(pixels, grid_thw)
+            output = (forward or self.tower)(pixels, grid_thw)
         self._synchronize()
         return (time.perf_counter() - started) * 1e3, output
 
     def _own_eager(self, pixels: Any, grid: tuple) -> Any:
-        """What the graph path is held to: SGLang's eager ``forward`` for SGLang's runner; for
-        rocm-vit's, its runner with no graphs (capacity 0), padded as its graphs are."""
+        """What the graph path is held to: its eager twin (``_eager_path``)."""
+        with self._eager_path() as forward:
+            return self._timed(pixels, grid, forward)[1]
+
+    def _breakdown(self, pixels: Any, grid: tuple) -> dict[str, float]:
+        """Device time by kernel class and kernels of one eager forward with the graph path's kernels."""
+        from rocm_vit.cli.breakdown import kernel_breakdown
+
+        grid_thw = self.torch.tensor(grid, dtype=self.torch.int32)
+        with self._eager_path() as forward, self.torch.inference_mode():
+            return kernel_breakdown(lambda: forward(pixels, grid_thw), self.device)
+
+    @contextlib.contextmanager
+    def _eager_path(self) -> Iterator[Callable[..., Any]]:
+        """The tower's eager forward with the kernels its graphs run: SGLang's eager ``forward``
+        where SGLang's runner serves; where rocm-vit's does, its runner with no graphs (capacity 0),
+        padded as its graphs are."""
         if not self.plugin:
             with _environ(**{GRAPHS_ENV: "0"}):
-                return self._timed(pixels, grid)[1]
+                yield self.tower
+            return
         runner = self.tower.graph_runners
         with _environ(SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="0", SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS="0"):
             self.tower.graph_runners = type(runner)(self.tower)
         try:
-            return self._timed(pixels, grid)[1]
+            yield self.tower
         finally:
             self.tower.graph_runners = runner
 
@@ -300,11 +325,10 @@ class _Bench:
         runner.create_graph = timed
 
     def _runner_counts(self) -> dict[str, Any]:
-        runner = self.tower.graph_runners
         if not self.graphs:
             return {"graphs": 0, "captures": 0, "capture_seconds": 0.0}
-        if self.plugin:
-            stats = runner.stats()
+        if self.rocm_vit_runner:
+            stats = self._runner_stats()
             counts = {key: stats.get(key) for key in ("graphs", "captures", "replays", "capture_seconds")}
             counts["eager_runs"] = stats.get("eager_runs")
             counts["plugin_bytes_held"] = stats.get("bytes_held")
@@ -317,7 +341,7 @@ class _Bench:
                 start.get("capture_seconds") or 0.0
             )
             return counts
-        graphs = len(runner.block_graphs)
+        graphs = len(self.tower.graph_runners.block_graphs)
         return {
             "graphs": graphs,
             "captures": graphs,
@@ -325,6 +349,9 @@ class _Bench:
             "captures_in_calls": graphs,
             "capture_seconds_in_calls": self.capture_seconds,
         }
+
+    def _runner_stats(self) -> dict[str, Any]:
+        return self.tower.graph_runners.stats()
 
     def _held_since(self, base: int | None) -> int | None:
         reserved = self._reserved()
@@ -340,6 +367,40 @@ class _Bench:
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
+
+
+class _OwnBench(_Bench):
+    """Times rocm-vit's own tower as the plugin serves SGLang's: its runner at the serving defaults,
+    the padded buckets captured before the first call; ``sglang_tower`` (same weights) is the reference."""
+
+    def __init__(self, tower: Any, sglang_tower: Any, device: Any, patch_width: int, graphs: bool) -> None:
+        super().__init__(tower, device, patch_width, graphs, plugin=False)
+        self.sglang_tower = sglang_tower
+        self.rocm_vit_runner = True
+
+    def _fresh_runner(self) -> int | None:
+        self.tower.disable_graphs()
+        gc.collect()
+        base = self._reserved()
+        self.capture_seconds = 0.0
+        self.start = {}
+        if self.graphs:
+            runner = self.tower.enable_graphs()
+            self._synchronize()
+            started = time.perf_counter()
+            with self.torch.no_grad():  # as the plugin captures at a server's start
+                self.start["captured"] = self.tower.capture_padded_buckets()
+            self._synchronize()
+            self.start["seconds"] = time.perf_counter() - started
+            self.start["stats"] = runner.stats()
+        return base
+
+    @contextlib.contextmanager
+    def _eager_path(self) -> Iterator[Callable[..., Any]]:
+        yield functools.partial(self.tower, use_graphs=False)
+
+    def _runner_stats(self) -> dict[str, Any]:
+        return self.tower.graph_runner.stats()
 
 
 def _max_difference(left: Any, right: Any) -> float:
