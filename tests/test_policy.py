@@ -217,6 +217,23 @@ def test_reasons_name_what_decided():
     assert "tiles" not in bare.attention.reason
 
 
+@pytest.mark.parametrize("facts", [ROCM, CUDA], ids=["rocm", "cuda"])
+@pytest.mark.parametrize("setting", [None, "triton", "compiled"])
+def test_without_triton_a_gpu_rotary_is_the_native_helper_and_says_why(facts, setting):
+    """torch.compile's Inductor generates Triton kernels for GPU tensors (TritonMissing without it): a
+    compiled rotary there would trace, fail and serve the native helper at every new call pattern."""
+    bare = resolve_policy(dataclasses.replace(facts, modules=frozenset()), Settings(rotary=setting))
+    assert bare.rotary.value == "native"
+    assert "Triton is not importable" in bare.rotary.reason
+    timed = _profile(rotary_ms={"compiled": 0.01, "native": 0.05})
+    assert resolve_policy(dataclasses.replace(facts, modules=frozenset()), Settings(), timed).rotary.value == "native"
+
+
+def test_on_a_cpu_the_compiled_rotary_needs_no_triton():
+    """Inductor generates C++ for CPU tensors (the CPU tests of the compiled helper run so)."""
+    assert resolve_policy(CPU, Settings(rotary="compiled")).rotary.value == "compiled"
+
+
 def test_unknown_rotary_setting_names_the_variable():
     with pytest.raises(ValueError, match=r"ROCM_VIT_ROTARY = 'fast' is not one of triton, compiled, native"):
         resolve_policy(CUDA, Settings(rotary="fast"))
