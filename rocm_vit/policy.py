@@ -67,7 +67,7 @@ ROTARY_IMPLS = ("triton", "compiled", "native")
 # ROCm takes the Triton kernel too: one launch for q and k, AOT-checked for gfx942/gfx950, where the compiled
 # helper launched four (two kernels, two copies) behind ~0.25 ms of Dynamo and Inductor host work a block
 # (docs/benchmarks.md, "Eager cost before and after"). Without Triton, GPUs take the native helper: the
-# compiled one is no choice there (``_rotary_unavailable_reason``).
+# compiled one is no choice there (``rotary_unavailable_reason``).
 _DEFAULT_ROTARY = {"cuda": "triton", "rocm": "triton", "cpu": "native"}
 _ROTARY_WHY = {
     "triton": "the Triton kernel, one launch for q and k, rounding as transformers bit for bit",
@@ -453,7 +453,7 @@ def _runnable(facts: Facts, names: Sequence[str]) -> tuple[str, ...]:
 
 
 def _rotary(facts: Facts, settings: Settings, profile: TunedProfile | None) -> Choice:
-    available = [name for name in ROTARY_IMPLS if _rotary_unavailable_reason(name, facts) is None]
+    available = [name for name in ROTARY_IMPLS if rotary_unavailable_reason(name, facts) is None]
     if facts.platform == "cpu":
         available = [name for name in available if name != "triton" or facts.triton_interpret]
     if settings.rotary is not None:
@@ -465,12 +465,12 @@ def _rotary(facts: Facts, settings: Settings, profile: TunedProfile | None) -> C
     else:
         name = _DEFAULT_ROTARY[facts.platform]
         choice = Choice(name, f"default on {facts.platform}: {_ROTARY_WHY[name]}")
-    if missing := _rotary_unavailable_reason(choice.value, facts):
+    if missing := rotary_unavailable_reason(choice.value, facts):
         return Choice("native", f"{choice.reason}, but {missing}: the native helper")
     return choice
 
 
-def _rotary_unavailable_reason(name: str, facts: Facts) -> str | None:
+def rotary_unavailable_reason(name: str, facts: Facts) -> str | None:
     """Why the rotary ``name`` cannot run here, or None. Without Triton there is no ``compiled`` on a GPU
     either: Inductor generates Triton kernels for GPU tensors (it raises ``TritonMissing``)."""
     if "triton" in facts.modules or name == "native":
