@@ -70,8 +70,14 @@ ROTARY_IMPLS = ("triton", "compiled", "native")
 # compiled one is no choice there (``rotary_unavailable_reason``).
 _DEFAULT_ROTARY = {"cuda": "triton", "rocm": "triton", "cpu": "native"}
 _ROTARY_WHY = {
-    "triton": "the Triton kernel, one launch for q and k, rounding as transformers bit for bit",
+    "triton": "the Triton kernel, one launch for q and k where the compiled helper launches four",
     "native": "the native helper, transformers' own operations",
+}
+# How each rotary's results compare with transformers' ``apply_rotary_pos_emb_vision`` (docs/numerics.md).
+ROTARY_ROUNDING = {
+    "triton": "as transformers, bit for bit (shapes the kernel does not cover run the native helper)",
+    "compiled": "within one rounding of transformers, not bit for bit: Inductor may fuse a product into its sum",
+    "native": "as transformers, bit for bit",
 }
 
 
@@ -206,7 +212,11 @@ class Policy:
                 "why": self.attention.reason,
                 "for_aiter": {"backend": self.attention.for_aiter.value, "why": self.attention.for_aiter.reason},
             },
-            "rotary": {"implementation": self.rotary.value, "why": self.rotary.reason},
+            "rotary": {
+                "implementation": self.rotary.value,
+                "rounding": ROTARY_ROUNDING[self.rotary.value],
+                "why": self.rotary.reason,
+            },
             "fused_ops": {"block_ops": "fused" if self.fused_ops.value else "plain", "why": self.fused_ops.reason},
             "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},
             "side_stream": {"on": self.side_stream.value, "why": self.side_stream.reason},

@@ -234,6 +234,22 @@ def test_on_a_cpu_the_compiled_rotary_needs_no_triton():
     assert resolve_policy(CPU, Settings(rotary="compiled")).rotary.value == "compiled"
 
 
+@pytest.mark.parametrize(
+    ("facts", "settings", "implementation", "why", "bit_for_bit"),
+    [
+        (ROCM, Settings(), "triton", "default on rocm: the Triton kernel, one launch", True),
+        (ROCM, Settings(rotary="compiled"), "compiled", "ROCM_VIT_ROTARY=compiled", False),
+        (dataclasses.replace(ROCM, modules=frozenset()), Settings(), "native", "default on rocm: the Triton", True),
+        (CPU, Settings(), "native", "default on cpu: the native helper", True),
+    ],
+    ids=["rocm", "rocm-compiled", "rocm-without-triton", "cpu"],
+)
+def test_doctor_says_which_rotary_runs_why_and_how_it_rounds(facts, settings, implementation, why, bit_for_bit):
+    rotary = resolve_policy(facts, settings).report()["rotary"]
+    assert rotary["implementation"] == implementation and rotary["why"].startswith(why)
+    assert rotary["rounding"].startswith("as transformers, bit for bit") == bit_for_bit
+
+
 def test_unknown_rotary_setting_names_the_variable():
     with pytest.raises(ValueError, match=r"ROCM_VIT_ROTARY = 'fast' is not one of triton, compiled, native"):
         resolve_policy(CUDA, Settings(rotary="fast"))
