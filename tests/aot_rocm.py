@@ -256,7 +256,7 @@ def _recorded_launches() -> Iterator[tuple[str, Case, tuple, str | None]]:
                         )
                         label = f"H{heads} d{head_dim}, 1x{tokens}, {_qkv_text(fused)}"
                         yield "triton_attn", Case(dtype_name, label), _record_one(call), arch
-            # RoPE (ROCM_VIT_ROTARY=triton on ROCm): q and k in place, fp32 cos/sin as Qwen-VL passes.
+            # RoPE (ROCm's default rotary): q and k in place, fp32 cos/sin as Qwen-VL passes.
             for fused in (True, False):
                 q, k, _ = _qkv(8, heads, head_dim, dtype, fused)
                 cos = torch.empty(8, head_dim, dtype=torch.float32)
