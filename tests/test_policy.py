@@ -217,7 +217,7 @@ def test_reasons_name_what_decided():
     assert "tiles" not in bare.attention.reason
 
 
-@pytest.mark.parametrize("facts", [ROCM, CUDA], ids=["rocm", "cuda"])
+@pytest.mark.parametrize("facts", [ROCM, CUDA], ids=["on-rocm", "on-cuda"])
 @pytest.mark.parametrize("setting", [None, "triton", "compiled"])
 def test_without_triton_a_gpu_rotary_is_the_native_helper_and_says_why(facts, setting):
     """torch.compile's Inductor generates Triton kernels for GPU tensors (TritonMissing without it): a
@@ -242,7 +242,7 @@ def test_on_a_cpu_the_compiled_rotary_needs_no_triton():
         (dataclasses.replace(ROCM, modules=frozenset()), Settings(), "native", "default on rocm: the Triton", True),
         (CPU, Settings(), "native", "default on cpu: the native helper", True),
     ],
-    ids=["rocm", "rocm-compiled", "rocm-without-triton", "cpu"],
+    ids=["rocm-default", "rocm-compiled", "rocm-without-triton", "cpu-default"],
 )
 def test_doctor_says_which_rotary_runs_why_and_how_it_rounds(facts, settings, implementation, why, bit_for_bit):
     rotary = resolve_policy(facts, settings).report()["rotary"]
