@@ -9,9 +9,9 @@
 # fails, saying why, on a machine without one. The CPU suite is `make test`.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-# What runs a tower, the runner or SGLang's towers end to end, each rotary call included.
-COMPILED_ROTARY_TESTS=(tests/gpu/test_rotary_gpu.py tests/gpu/test_graphs_gpu.py tests/gpu/test_serving_loop_gpu.py
-  tests/gpu/test_sglang_gpu.py)
+# What runs a tower, the runner or SGLang's towers end to end under the rotary in force
+# (tests/gpu/test_rotary_gpu.py names each rotary itself).
+COMPILED_ROTARY_TESTS=(tests/gpu/test_graphs_gpu.py tests/gpu/test_serving_loop_gpu.py tests/gpu/test_sglang_gpu.py)
 
 choose_gpu_python cuda
 install_sglang_wheelhouse

@@ -11,9 +11,9 @@
 # CPU suite is `make test`; docs/rocm.md says what each step proves.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-# What runs a tower, the runner or SGLang's towers end to end, each rotary call included.
-COMPILED_ROTARY_TESTS=(tests/gpu/test_rotary_gpu.py tests/gpu/test_graphs_gpu.py tests/gpu/test_serving_loop_gpu.py
-  tests/gpu/test_sglang_gpu.py)
+# What runs a tower, the runner or SGLang's towers end to end under the rotary in force
+# (tests/gpu/test_rotary_gpu.py names each rotary itself).
+COMPILED_ROTARY_TESTS=(tests/gpu/test_graphs_gpu.py tests/gpu/test_serving_loop_gpu.py tests/gpu/test_sglang_gpu.py)
 export SGLANG_USE_AITER=1
 unset ROCM_VIT_EMULATE
 

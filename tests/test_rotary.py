@@ -597,6 +597,6 @@ def test_gpu_tiers_run_towers_runner_and_verify_with_the_compiled_rotary_too(tmp
     verified = [args for args in compiled if "--grad-mode" in args]
     assert sorted(args[args.index("--grad-mode") + 1] for args in verified) == ["inference", "no_grad"]
     files = {arg for args in compiled for arg in args if arg.startswith("tests/")}
-    towers_and_runner = ("test_rotary_gpu.py", "test_graphs_gpu.py", "test_serving_loop_gpu.py", "test_sglang_gpu.py")
+    towers_and_runner = ("test_graphs_gpu.py", "test_serving_loop_gpu.py", "test_sglang_gpu.py")
     assert files == {f"tests/gpu/{name}" for name in towers_and_runner}
     assert all((_REPO / name).is_file() for name in files)
