@@ -1,7 +1,7 @@
 """NEOX (rotate-half) vision RoPE in plain torch: the reference, the CPU path and the fallback.
 
 Invariant: transformers' ``apply_rotary_pos_emb_vision`` operations, so bit-identical to it on a CPU and
-to ``triton_rope`` on a GPU. ``rotated_native`` is the pure form ROCm compiles (see ``rotary.py``).
+to ``triton_rope`` on a GPU. ``rotated_native`` is the pure form the compiled rotary compiles (``rotary.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # AMD Instinct tier (`make rocm-test`): gpu- and rocm-marked tests with SGLANG_USE_AITER=1, then
-# `rocm-vit verify` under inference_mode (as serving runs; also --padded) and under no_grad, then
+# `rocm-vit verify` under inference_mode (as serving runs; also --padded) and under no_grad, the towers,
+# the runner and `verify` again with the compiled rotary (ROCM_VIT_ROTARY=compiled, a tune choice), then
 # `rocm-vit report --quick` into build/rocm-vit-report-<time> (ROCM_VIT_REPORT_DIR), whose report.md
 # a first MI355X user attaches to an issue. The report runs last even when a step before it failed
 # (that is when it is needed most) and prints its path; the tier's status is the first failure's.
@@ -10,6 +11,9 @@
 # CPU suite is `make test`; docs/rocm.md says what each step proves.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
+# What runs a tower, the runner or SGLang's towers end to end under the rotary in force
+# (tests/gpu/test_rotary_gpu.py names each rotary itself).
+COMPILED_ROTARY_TESTS=(tests/gpu/test_graphs_gpu.py tests/gpu/test_serving_loop_gpu.py tests/gpu/test_sglang_gpu.py)
 export SGLANG_USE_AITER=1
 unset ROCM_VIT_EMULATE
 
@@ -36,3 +40,11 @@ REQUIRE_EXECUTED=1 run_pytest -m "gpu or rocm" tests
 run_verify --grad-mode inference
 run_verify --grad-mode inference --padded
 run_verify --grad-mode no_grad
+
+echo "== the compiled rotary (ROCM_VIT_ROTARY=compiled)"
+(
+  export ROCM_VIT_ROTARY=compiled
+  REQUIRE_EXECUTED=1 run_pytest -m "gpu or rocm" "${COMPILED_ROTARY_TESTS[@]}"
+  run_verify --grad-mode inference
+  run_verify --grad-mode no_grad
+)

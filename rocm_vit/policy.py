@@ -66,8 +66,19 @@ ALIGNMENT_TOKENS = 128
 ROTARY_IMPLS = ("triton", "compiled", "native")
 # ROCm takes the Triton kernel too: one launch for q and k, AOT-checked for gfx942/gfx950, where the compiled
 # helper launched four (two kernels, two copies) behind ~0.25 ms of Dynamo and Inductor host work a block
-# (docs/benchmarks.md, "Eager cost before and after").
+# (docs/benchmarks.md, "Eager cost before and after"). Without Triton, GPUs take the native helper: the
+# compiled one is no choice there (``rotary_unavailable_reason``).
 _DEFAULT_ROTARY = {"cuda": "triton", "rocm": "triton", "cpu": "native"}
+_ROTARY_WHY = {
+    "triton": "the Triton kernel, one launch for q and k where the compiled helper launches four",
+    "native": "the native helper, transformers' own operations",
+}
+# How each rotary's results compare with transformers' ``apply_rotary_pos_emb_vision`` (docs/numerics.md).
+ROTARY_ROUNDING = {
+    "triton": "as transformers, bit for bit (shapes the kernel does not cover run the native helper)",
+    "compiled": "within one rounding of transformers, not bit for bit: Inductor may fuse a product into its sum",
+    "native": "as transformers, bit for bit",
+}
 
 
 @dataclass(frozen=True)
@@ -201,7 +212,11 @@ class Policy:
                 "why": self.attention.reason,
                 "for_aiter": {"backend": self.attention.for_aiter.value, "why": self.attention.for_aiter.reason},
             },
-            "rotary": {"implementation": self.rotary.value, "why": self.rotary.reason},
+            "rotary": {
+                "implementation": self.rotary.value,
+                "rounding": ROTARY_ROUNDING[self.rotary.value],
+                "why": self.rotary.reason,
+            },
             "fused_ops": {"block_ops": "fused" if self.fused_ops.value else "plain", "why": self.fused_ops.reason},
             "gelu_epilogue": {"on": self.gelu_epilogue.value, "why": self.gelu_epilogue.reason},
             "side_stream": {"on": self.side_stream.value, "why": self.side_stream.reason},
@@ -448,7 +463,7 @@ def _runnable(facts: Facts, names: Sequence[str]) -> tuple[str, ...]:
 
 
 def _rotary(facts: Facts, settings: Settings, profile: TunedProfile | None) -> Choice:
-    available = [name for name in ROTARY_IMPLS if name != "triton" or "triton" in facts.modules]
+    available = [name for name in ROTARY_IMPLS if rotary_unavailable_reason(name, facts) is None]
     if facts.platform == "cpu":
         available = [name for name in available if name != "triton" or facts.triton_interpret]
     if settings.rotary is not None:
@@ -458,10 +473,23 @@ def _rotary(facts: Facts, settings: Settings, profile: TunedProfile | None) -> C
         fastest = min(timed, key=timed.__getitem__)
         choice = Choice(fastest, f"tuned: {_timings(timed)}")
     else:
-        choice = Choice(_DEFAULT_ROTARY[facts.platform], f"default on {facts.platform}")
-    if choice.value == "triton" and "triton" not in facts.modules:
-        return Choice("native", f"{choice.reason}, but Triton is not importable: the native helper")
+        name = _DEFAULT_ROTARY[facts.platform]
+        choice = Choice(name, f"default on {facts.platform}: {_ROTARY_WHY[name]}")
+    if missing := rotary_unavailable_reason(choice.value, facts):
+        return Choice("native", f"{choice.reason}, but {missing}: the native helper")
     return choice
+
+
+def rotary_unavailable_reason(name: str, facts: Facts) -> str | None:
+    """Why the rotary ``name`` cannot run here, or None. Without Triton there is no ``compiled`` on a GPU
+    either: Inductor generates Triton kernels for GPU tensors (it raises ``TritonMissing``)."""
+    if "triton" in facts.modules or name == "native":
+        return None
+    if name == "triton":
+        return "Triton is not importable"
+    if facts.platform != "cpu":  # on a CPU Inductor generates C++
+        return "Triton is not importable (torch.compile needs it on a GPU)"
+    return None
 
 
 def _check_rotary_name(name: str | None) -> None:

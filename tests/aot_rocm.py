@@ -3,7 +3,9 @@
 Nobody on the project has an MI300X or MI355X, but Triton's AMD backend compiles without a GPU and
 the AMDGPU code object states what the device would allocate: VGPRs (AGPRs included), SGPRs, spills,
 scratch and LDS. tests/test_aot_rocm.py asserts on these numbers in the CPU suite, so a tile that
-spills or starves occupancy on an Instinct GPU fails here first.
+spills or starves occupancy on an Instinct GPU fails here first. The kernels that round as eager torch
+(``ROUNDS_AS_EAGER``) are also compiled for sm_90a, and each record counts the fused multiply-adds in
+the AMDGCN or PTX: the wrapper's ``enable_fp_fusion=False`` is what keeps them out.
 
 Launches are not described twice. Each kernel's real wrapper (``triton_varlen_attention``,
 ``add_norm``, ``triton_rotary_``, ``add_position_embedding_``) is called on small CPU tensors shaped
@@ -36,7 +38,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +47,10 @@ sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # its siblings, run
 from env_vars import set_env
 
 KERNEL_NAMES = ("triton_attn", "triton_add_norm", "triton_rope", "triton_pos_embed", "triton_silu_mul")
+# Kernels whose module promises eager torch's roundings (products and sums rounded apart): their code
+# must hold no multiply-add the compiler contracted. Not read from the wrappers' flags, which it checks.
+ROUNDS_AS_EAGER = ("triton_add_norm", "triton_rope", "triton_pos_embed", "triton_silu_mul")
+PTX_ARCH = "sm_90a"  # H100/H200: Triton's NVIDIA backend compiles without a GPU too (ptxas ships in the wheel)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WAVE_SIZE = 64
 
@@ -64,9 +70,29 @@ class ArchLimits:
 ARCHS = {"gfx942": ArchLimits(lds_bytes=65_536), "gfx950": ArchLimits(lds_bytes=163_840)}
 
 
+# One rounding for a * b + c in AMDGCN: VOP2/VOP3, packed, mixed-precision, legacy and dot forms (integer
+# v_mad_u32_u24 and the like are address arithmetic), then the destination and up to three sources.
+_AMDGCN_FUSED = re.compile(
+    r"^\s*(v_(?:pk_)?(?:fma|fmac|mad|mac)(?:ak|mk)?(?:_mix(?:lo|hi)?|_legacy)?_f(?:16|32|64)|v_div_fmas_f(?:32|64)"
+    r"|v_dot\w*_f\d+)\S*\s+([^,\s]+),\s*([^,\s]+),\s*([^,\s]+)(?:,\s*([^,\s]+))?",
+    re.MULTILINE,
+)
+# gfx950 multiplies an fp16 by an fp32 as v_fma_mix_f32 with a -0 addend, and adds as one with a factor
+# 1.0: one operation, one rounding, exact as the separate op.
+_NEGATIVE_ZERO, _ONE = ("neg(0)", "-0"), "1.0"
+# PTX: fma and mad on floating-point types.
+_PTX_FUSED = re.compile(
+    r"^\s*(?:@!?%\w+\s+)?((?:fma|mad)(?:\.\w+)*?\.(?:f16|f32|f64|bf16|f16x2|bf16x2))\s", re.MULTILINE
+)
+# A correctly rounded fp32 division on AMDGPU (LLVM's SITargetLowering::LowerFDIV32) refines its
+# reciprocal with five FMAs and one v_div_fmas_f32 and ends in v_div_fixup_f32: fused by design, exact.
+_AMDGCN_DIVISION = re.compile(r"^\s*v_div_fixup_f32\b", re.MULTILINE)
+FUSED_OPS_PER_DIVISION = 6
+
+
 @dataclass
-class Record:
-    """One compiled specialisation and what the code object says it needs."""
+class Compiled:
+    """One compiled specialisation: the launches behind it and the fused multiply-adds in its code."""
 
     kernel: str
     arch: str
@@ -74,6 +100,25 @@ class Record:
     cases: list[str]  # the preset shapes that launch this specialisation
     config: str  # constexprs and launch options, as passed by the wrapper
     num_warps: int
+    enable_fp_fusion: bool = True  # as the wrapper's launch passed it (Triton's default when it passed none)
+    fused_ops: dict[str, int] = field(default_factory=dict)  # fused multiply-add mnemonic -> count
+    precise_divisions: int = 0  # AMDGCN's correctly rounded fp32 divisions (PTX has div.rn.f32)
+
+    @property
+    def label(self) -> str:
+        """Kernel, arch, dtype, shapes and config: what a failing check names."""
+        return f"{self.kernel} {self.arch} {self.dtype} [{merged_cases(self.cases)}] ({self.config})"
+
+    @property
+    def contracted_ops(self) -> int:
+        """Fused multiply-adds outside the precise divisions: a product and a sum the compiler contracted."""
+        return sum(self.fused_ops.values()) - FUSED_OPS_PER_DIVISION * self.precise_divisions
+
+
+@dataclass
+class Record(Compiled):
+    """One specialisation compiled for an AMD arch and what the code object says it needs."""
+
     vgprs: int = 0  # .vgpr_count: VGPRs plus AGPRs on gfx90a and later (unified file)
     agprs: int = 0
     sgprs: int = 0
@@ -85,11 +130,6 @@ class Record:
     waves_per_simd: int = 0  # ours, from the VGPRs: checked against compiler_occupancy
     workgroups_by_lds: int | None = None  # None: no LDS, LDS sets no limit
     workgroups_by_vgpr: int = 0
-
-    @property
-    def label(self) -> str:
-        """Kernel, arch, dtype, shapes and config: what a failing check names."""
-        return f"{self.kernel} {self.arch} {self.dtype} [{merged_cases(self.cases)}] ({self.config})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,30 +143,39 @@ def main(argv: list[str] | None = None) -> int:
     # Triton 3.9's own default for kernels that do not pass enable_fp_fusion (triton_attn), set
     # explicitly to silence its warning that 3.10 will change it.
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    records = compile_all(jobs=args.jobs)
+    records, ptx_records = compile_all(jobs=args.jobs)
     if args.json:
+        document = {"amd": records, PTX_ARCH: ptx_records}
         with open(args.json, "w") as handle:
-            json.dump([dataclasses.asdict(record) for record in records], handle, indent=1)
+            json.dump({key: list(map(dataclasses.asdict, value)) for key, value in document.items()}, handle, indent=1)
     else:
         print(markdown_table(records))
     return 0
 
 
-def compile_all(jobs: int = 1) -> list[Record]:
-    """Every kernel specialisation the shipped presets launch on a ROCm build, compiled for each arch."""
-    specialised: dict[str, tuple[Record, dict]] = {}
+def compile_all(jobs: int = 1) -> tuple[list[Record], list[Compiled]]:
+    """Every kernel specialisation the shipped presets launch on a ROCm build, compiled for each arch;
+    and those of ``ROUNDS_AS_EAGER`` compiled for ``PTX_ARCH``."""
+    specialised: dict[str, tuple[Compiled, dict]] = {}
     for kernel, case, launch_args, arch in _recorded_launches():
         fn, args, kwargs = launch_args
-        for target_arch in ARCHS if arch is None else (arch,):
-            job = _specialise(fn, args, kwargs, target_arch)
+        targets = [*ARCHS] if arch is None else [arch]
+        if kernel in ROUNDS_AS_EAGER:
+            targets.append(PTX_ARCH)
+        for target_arch in targets:
+            job = _specialise(fn, args, kwargs, target_arch, _target(target_arch))
             key = repr((kernel, job))
             if key in specialised:
                 cases = specialised[key][0].cases
                 if case.label not in cases:
                     cases.append(case.label)
                 continue
-            num_warps = job["options"]["num_warps"]
-            record = Record(kernel, target_arch, case.dtype, [case.label], _config_text(fn, kwargs), num_warps)
+            options = job["options"]
+            record_type = Compiled if target_arch == PTX_ARCH else Record
+            config = _config_text(fn, kwargs)
+            record = record_type(
+                kernel, target_arch, case.dtype, [case.label], config, options["num_warps"], options["enable_fp_fusion"]
+            )
             specialised[key] = (record, job)
     jobs_list = [job for _, job in specialised.values()]
     # Nothing is reused across runs: every run compiles from source into a fresh cache.
@@ -137,10 +186,17 @@ def compile_all(jobs: int = 1) -> list[Record]:
             context = multiprocessing.get_context("spawn")  # the workers inherit the environment above
             with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
                 results = list(pool.map(_compile, jobs_list))
-    records = []
-    for (record, _), resources in zip(specialised.values(), results, strict=True):
-        records.append(_with_occupancy(dataclasses.replace(record, **resources)))
-    return sorted(records, key=lambda r: (KERNEL_NAMES.index(r.kernel), r.arch, list(DTYPES).index(r.dtype)))
+    records, ptx_records = [], []
+    for (record, _), found in zip(specialised.values(), results, strict=True):
+        if isinstance(record, Record):
+            records.append(_with_occupancy(dataclasses.replace(record, **found)))
+        else:
+            ptx_records.append(dataclasses.replace(record, **found))
+
+    def order(r: Compiled) -> tuple:
+        return KERNEL_NAMES.index(r.kernel), r.arch, list(DTYPES).index(r.dtype)
+
+    return sorted(records, key=order), sorted(ptx_records, key=order)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +256,7 @@ def _recorded_launches() -> Iterator[tuple[str, Case, tuple, str | None]]:
                         )
                         label = f"H{heads} d{head_dim}, 1x{tokens}, {_qkv_text(fused)}"
                         yield "triton_attn", Case(dtype_name, label), _record_one(call), arch
-            # RoPE (ROCM_VIT_ROTARY=triton on ROCm): q and k in place, fp32 cos/sin as Qwen-VL passes.
+            # RoPE (ROCm's default rotary): q and k in place, fp32 cos/sin as Qwen-VL passes.
             for fused in (True, False):
                 q, k, _ = _qkv(8, heads, head_dim, dtype, fused)
                 cos = torch.empty(8, head_dim, dtype=torch.float32)
@@ -305,15 +361,45 @@ def _config_text(fn: Any, kwargs: dict) -> str:
 # Compiling and reading the code object
 
 
-def _compile(job: dict) -> dict[str, int]:
-    import triton
+def _target(arch: str) -> Any:
     from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", 90, 32) if arch == PTX_ARCH else GPUTarget("hip", arch, WAVE_SIZE)
+
+
+def _compile(job: dict) -> dict[str, Any]:
+    import triton
     from triton.compiler import ASTSource
 
     fn = getattr(importlib.import_module(job["module"]), job["name"])
     source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
-    kernel = triton.compile(source, target=GPUTarget("hip", job["arch"], WAVE_SIZE), options=job["options"])
-    return _resources(kernel.asm["amdgcn"], kernel.metadata.shared)
+    kernel = triton.compile(source, target=_target(job["arch"]), options=job["options"])
+    if job["arch"] == PTX_ARCH:
+        return {"fused_ops": ptx_fused_ops(kernel.asm["ptx"])}
+    amdgcn = kernel.asm["amdgcn"]
+    return {
+        **_resources(amdgcn, kernel.metadata.shared),
+        "fused_ops": amdgcn_fused_ops(amdgcn),
+        "precise_divisions": len(_AMDGCN_DIVISION.findall(amdgcn)),
+    }
+
+
+def amdgcn_fused_ops(amdgcn: str) -> dict[str, int]:
+    """Fused multiply-add mnemonic -> count in AMDGCN, less those that are one plain product or sum."""
+    counts: dict[str, int] = {}
+    for mnemonic, _, first, second, addend in _AMDGCN_FUSED.findall(amdgcn):
+        if addend in _NEGATIVE_ZERO or _ONE in (first, second):
+            continue
+        counts[mnemonic] = counts.get(mnemonic, 0) + 1
+    return counts
+
+
+def ptx_fused_ops(ptx: str) -> dict[str, int]:
+    """Fused multiply-add mnemonic -> count in PTX."""
+    counts: dict[str, int] = {}
+    for mnemonic in _PTX_FUSED.findall(ptx):
+        counts[mnemonic] = counts.get(mnemonic, 0) + 1
+    return counts
 
 
 def _resources(amdgcn: str, triton_shared_bytes: int) -> dict[str, int]:

@@ -3,7 +3,7 @@
 Runs tests/sglang_support/compiles.py in processes of their own (the plugin patches SGLang for the life
 of a process) and reads its report: per configuration (graphs on and off, padding on and off,
 Qwen3-VL and Qwen2.5-VL, requests under ``no_grad`` and ``inference_mode``, bf16 and fp16), the graphs
-Dynamo compiled during 30 random requests after the plugin's start, with ROCm's compiled rotary.
+Dynamo compiled during 30 random requests after the plugin's start, with the compiled rotary.
 Triton's compiles are a GPU matter: tests/gpu/test_graphs_gpu.py.
 """
 

@@ -217,6 +217,39 @@ def test_reasons_name_what_decided():
     assert "tiles" not in bare.attention.reason
 
 
+@pytest.mark.parametrize("facts", [ROCM, CUDA], ids=["on-rocm", "on-cuda"])
+@pytest.mark.parametrize("setting", [None, "triton", "compiled"])
+def test_without_triton_a_gpu_rotary_is_the_native_helper_and_says_why(facts, setting):
+    """torch.compile's Inductor generates Triton kernels for GPU tensors (TritonMissing without it): a
+    compiled rotary there would trace, fail and serve the native helper at every new call pattern."""
+    bare = resolve_policy(dataclasses.replace(facts, modules=frozenset()), Settings(rotary=setting))
+    assert bare.rotary.value == "native"
+    assert "Triton is not importable" in bare.rotary.reason
+    timed = _profile(rotary_ms={"compiled": 0.01, "native": 0.05})
+    assert resolve_policy(dataclasses.replace(facts, modules=frozenset()), Settings(), timed).rotary.value == "native"
+
+
+def test_on_a_cpu_the_compiled_rotary_needs_no_triton():
+    """Inductor generates C++ for CPU tensors (the CPU tests of the compiled helper run so)."""
+    assert resolve_policy(CPU, Settings(rotary="compiled")).rotary.value == "compiled"
+
+
+@pytest.mark.parametrize(
+    ("facts", "settings", "implementation", "why", "bit_for_bit"),
+    [
+        (ROCM, Settings(), "triton", "default on rocm: the Triton kernel, one launch", True),
+        (ROCM, Settings(rotary="compiled"), "compiled", "ROCM_VIT_ROTARY=compiled", False),
+        (dataclasses.replace(ROCM, modules=frozenset()), Settings(), "native", "default on rocm: the Triton", True),
+        (CPU, Settings(), "native", "default on cpu: the native helper", True),
+    ],
+    ids=["rocm-default", "rocm-compiled", "rocm-without-triton", "cpu-default"],
+)
+def test_doctor_says_which_rotary_runs_why_and_how_it_rounds(facts, settings, implementation, why, bit_for_bit):
+    rotary = resolve_policy(facts, settings).report()["rotary"]
+    assert rotary["implementation"] == implementation and rotary["why"].startswith(why)
+    assert rotary["rounding"].startswith("as transformers, bit for bit") == bit_for_bit
+
+
 def test_unknown_rotary_setting_names_the_variable():
     with pytest.raises(ValueError, match=r"ROCM_VIT_ROTARY = 'fast' is not one of triton, compiled, native"):
         resolve_policy(CUDA, Settings(rotary="fast"))
@@ -460,10 +493,35 @@ def test_tune_on_a_cpu_writes_a_profile_the_policy_reads(tmp_path: Path, capsys)
     names = [(timing.head_dim, timing.name) for timing in profile.attention]
     assert names == [(64, "1x196"), (64, "4x196"), (64, "1x576"), (32, "1x196"), (32, "4x196"), (32, "1x576")]
     assert all(set(timing.ms) == {"sdpa"} and timing.ms["sdpa"] > 0 for timing in profile.attention)
-    assert set(profile.rotary_ms) == {"native"} and profile.graphs == ()
+    assert profile.rotary_ms == {} and profile.graphs == ()  # one rotary on a CPU: nothing to pick
     assert profile.gluon_consumers == () and profile.three_consumer_waves is None  # no Hopper GPU
     tuned = resolve_policy(dataclasses.replace(CUDA, modules=frozenset()), Settings(), profile)
     assert tuned.attention.pick((196,), 64)[0] == "sdpa"
+
+
+def test_tune_times_each_rotary_inside_the_tower_and_the_policy_takes_the_faster(monkeypatch):
+    """The kernels' own time is not what separates the rotaries: the compiled one's host work and four
+    launches a block are. Each is timed as the tower's eager calls and graph replays under a policy
+    that names it, where both can run."""
+    from rocm_vit.cli import tune
+
+    timed = []
+
+    def eager_and_graph(preset_name, layouts, dtype, device, repeats, eager):
+        name = policy.active_policy().rotary.value
+        timed.append((name, layouts, eager))
+        ms = {"triton": 3.0, "compiled": 1.0}[name]
+        return (GraphTiming(196, ms, ms / 2), GraphTiming(16384, 10 * ms, 10 * ms))
+
+    monkeypatch.setattr(tune, "_eager_and_graph", eager_and_graph)
+    cuda = torch.device("cuda")
+    rotary_ms = tune._tune_rotary(ROCM, Settings(), _profile(), "qwen3-vl-8b", torch.bfloat16, cuda, 1)
+    assert timed == [("triton", tune.ROTARY_LAYOUTS, True), ("compiled", tune.ROTARY_LAYOUTS, True)]
+    assert rotary_ms == {"triton": 64.5, "compiled": 21.5}
+    tuned = resolve_policy(ROCM, Settings(), _profile(rotary_ms=rotary_ms))
+    assert tuned.rotary.value == "compiled" and tuned.rotary.reason.startswith("tuned")
+    bare = dataclasses.replace(ROCM, modules=frozenset())  # native alone: nothing to time
+    assert tune._tune_rotary(bare, Settings(), _profile(), "qwen3-vl-8b", torch.bfloat16, cuda, 1) == {}
 
 
 def test_check_settings_finds_without_a_gpu_what_would_fail_the_policy(tmp_path):

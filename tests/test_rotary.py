@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import shutil
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -428,7 +432,7 @@ def test_compiled_helper_rotates_fused_qkv_views_in_place(generator, compiled_ro
 def test_compiled_helper_compiles_once_for_no_grad_and_inference_mode(generator, compiled_rotary, monkeypatch):
     """SGLang's server starts (and captures) under ``no_grad`` and may serve under
     ``inference_mode``: one compile must serve both, with the same bits, or the first request of
-    such a server compiles (seconds, on ROCm's default rotary)."""
+    such a server compiles (seconds, on ROCm)."""
     compiles = _dynamo_compiles()
     qkv, cos, sin = _fused_qkv_args(generator, 11, 4, 72, torch.bfloat16)
     rotated = []
@@ -564,3 +568,35 @@ def test_cpu_apply_rotary_is_transformers(generator, on_platform):
     q_expected, k_expected, _, _ = _transformers(*args)
     _assert_equal_bits(q, q_expected)
     _assert_equal_bits(k, k_expected)
+
+
+# The GPU scripts' helpers replaced by recorders: each pytest and verify call, with the rotary in force.
+_CI_STUB = """
+ROOT=$(pwd)
+die() { echo "$*" >&2; exit 1; }
+choose_gpu_python() { PY=true; }
+install_sglang_wheelhouse() { :; }
+run_pytest() { echo "pytest ${ROCM_VIT_ROTARY:-default} ${ROCM_VIT_EMULATE:-native} $*" >> "$CALLS"; }
+run_verify() { echo "verify ${ROCM_VIT_ROTARY:-default} ${ROCM_VIT_EMULATE:-native} $*" >> "$CALLS"; }
+"""
+_REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("script", "platform"), [("cuda.sh", "rocm"), ("rocm.sh", "native")])
+def test_gpu_tiers_run_towers_runner_and_verify_with_the_compiled_rotary_too(tmp_path, script, platform):
+    """The default rotary is Triton's; the compiled one (a tune or ROCM_VIT_ROTARY choice) keeps a pass
+    of its own: the towers, the runner, SGLang's towers and ``verify`` in both grad modes, on ROCm or
+    emulating it."""
+    (tmp_path / "ci").mkdir()
+    shutil.copy(_REPO / "ci" / script, tmp_path / "ci" / script)
+    (tmp_path / "ci" / "common.sh").write_text(_CI_STUB)
+    calls = tmp_path / "calls"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROCM_VIT_", "SGLANG_"))}
+    subprocess.run(["bash", tmp_path / "ci" / script], cwd=_REPO, env={**env, "CALLS": str(calls)}, check=True)
+    compiled = [line.split()[3:] for line in calls.read_text().splitlines() if f" compiled {platform} " in line]
+    verified = [args for args in compiled if "--grad-mode" in args]
+    assert sorted(args[args.index("--grad-mode") + 1] for args in verified) == ["inference", "no_grad"]
+    files = {arg for args in compiled for arg in args if arg.startswith("tests/")}
+    towers_and_runner = ("test_graphs_gpu.py", "test_serving_loop_gpu.py", "test_sglang_gpu.py")
+    assert files == {f"tests/gpu/{name}" for name in towers_and_runner}
+    assert all((_REPO / name).is_file() for name in files)

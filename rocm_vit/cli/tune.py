@@ -1,8 +1,9 @@
 """``rocm-vit tune``: measure this GPU and write the profile every later process on it loads.
 
 Times, for one preset: every attention backend that can run here over single images, batches and
-ragged mixes; each rotary; ``gluon_attn``'s two against three consumers (Hopper); fused block ops on
-and off; eager against graph replay per patch count, which the policy fits its graph cost model to.
+ragged mixes; each rotary inside the tower; ``gluon_attn``'s two against three consumers (Hopper); fused
+block ops on and off; eager against graph replay per patch count, which the policy fits its graph cost
+model to.
 Under ``inference_mode`` with random weights; each graph's output is checked bitwise against eager
 before it is timed. The profile (``rocm_vit.profile``) is keyed by device, arch and library versions.
 """
@@ -13,7 +14,6 @@ import argparse
 import dataclasses
 import functools
 import math
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +33,7 @@ from rocm_vit.policy import (
     backend_unavailable_reason,
     current_facts,
     resolve_policy,
+    rotary_unavailable_reason,
     use_policy,
 )
 from rocm_vit.profile import (
@@ -70,8 +71,10 @@ ATTENTION_LAYOUTS: dict[str, list[GridTHW]] = {
     "1x5184": [(1, 72, 72)],
 }
 CPU_ATTENTION_LAYOUTS = ("1x196", "4x196", "1x576")
-ROTARY_TOKENS = (196, 1024, 4096, 16384)
-CPU_ROTARY_TOKENS = (64, 256)
+# Rotaries a GPU may pick between (native is the compiled one's math uncompiled: never faster) and the
+# tower layouts they are timed in: small images, which graphs replay, and a large one that runs eagerly.
+TUNED_ROTARIES = ("triton", "compiled")
+ROTARY_LAYOUTS = "1x224,1x1024,1x2048"
 # Tower layouts timed with fused ops on and off (graph replays: what fusion changes is device work).
 FUSED_LAYOUTS = "1x224,1x512,1x1024"
 # Patch counts 196 .. 9216 for eager against graph replay.
@@ -95,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated head dims whose attention to time (default: the preset's; e.g. 72,80 for "
         "Qwen3-VL and Qwen2.5-VL on one GPU)",
     )
-    parser.add_argument("--rep-ms", type=int, default=25, help="timing window per attention/rotary cell (default 25)")
+    parser.add_argument("--rep-ms", type=int, default=25, help="timing window per attention cell (default 25)")
     parser.add_argument("--repeats", type=int, default=10, help="timed tower calls per cell (default 10)")
 
 
@@ -123,8 +126,9 @@ def run(args: argparse.Namespace) -> int:
                 for head_dim in head_dims
                 for timing in _tune_attention(timer, facts, config.num_heads, head_dim, dtype, device)
             )
-        rotary_ms = _tune_rotary(timer, facts, config.num_heads, config.head_dim, dtype, device)
-        draft = dataclasses.replace(draft, attention=attention, rotary_ms=rotary_ms)
+        draft = dataclasses.replace(draft, attention=attention)
+        rotary_ms = _tune_rotary(facts, settings, draft, preset_name, dtype, device, args.repeats)
+        draft = dataclasses.replace(draft, rotary_ms=rotary_ms)
         fused_ms = {}
         if defaults.fused_ops.value:  # nothing to compare where fused ops cannot run
             fused_ms = _tune_fused_ops(facts, settings, draft, preset_name, dtype, device, args.repeats)
@@ -213,29 +217,30 @@ def three_consumer_waves(timings: Sequence[ConsumerTiming]) -> float | None:
 
 
 def _tune_rotary(
-    timer: KernelTimer, facts: Facts, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    facts: Facts,
+    settings: Settings,
+    draft: TunedProfile,
+    preset_name: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
 ) -> dict[str, float]:
-    """Geometric mean over token counts of each implementation's time on fused-qkv views."""
-    from rocm_vit.rotary import implementation
+    """Tower milliseconds per rotary that can run here: eager calls plus graph replays, summed over
+    ``ROTARY_LAYOUTS``; nothing where there is one candidate (a CPU, a GPU without Triton).
 
-    on_gpu = facts.platform != "cpu"
-    # On a CPU only the native helper is a serving candidate (tests run tune there).
-    names = [
-        name
-        for name in ("triton", "compiled", "native")
-        if (on_gpu or name == "native") and (name != "triton" or "triton" in facts.modules)
-    ]
-    token_counts = ROTARY_TOKENS if on_gpu else CPU_ROTARY_TOKENS
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for tokens in progress(list(token_counts), "rotary", "size"):
-        generator = torch.Generator(device=device).manual_seed(tokens)
-        qkv = torch.randn(tokens, 3, heads, head_dim, generator=generator, device=device).to(dtype)
-        cos = torch.randn(tokens, head_dim, generator=generator, device=device)
-        sin = torch.randn(tokens, head_dim, generator=generator, device=device)
-        q, k, _ = qkv.unbind(1)
-        for name in names:
-            samples[name].append(timer(functools.partial(implementation(name), q, k, cos, sin)))
-    return {name: round(math.exp(statistics.fmean(map(math.log, ms))), 5) for name, ms in samples.items()}
+    Inside the tower, because the kernels' own time is not what separates them: the compiled helper's
+    Dynamo and Inductor host work (docs/benchmarks.md, "Eager cost before and after") shows in eager
+    calls, its four launches a block against the Triton kernel's one in the replays.
+    """
+    names = [name for name in TUNED_ROTARIES if rotary_unavailable_reason(name, facts) is None]
+    if device.type != "cuda" or len(names) < 2:
+        return {}
+    totals = {}
+    for name in progress(names, "rotary", "implementation"):
+        with use_policy(resolve_policy(facts, dataclasses.replace(settings, rotary=name), draft)):
+            rows = _eager_and_graph(preset_name, ROTARY_LAYOUTS, dtype, device, repeats, eager=True)
+        totals[name] = round(sum(row.eager_ms + row.graph_ms for row in rows), 4)
+    return totals
 
 
 def _tune_fused_ops(
@@ -347,8 +352,9 @@ def _report(profile: TunedProfile, defaults: Policy, tuned: Policy, out: Path, s
             )
             cells.append(f"{timing.ms[name]:>16.4f} {marks:<3}" if name in timing.ms else f"{'-':>20}")
         lines.append(f"  {f'd{timing.head_dim} {timing.name}':<14}" + "".join(cells))
-    lines.append("\nrotary (geometric mean ms over token counts, fused-qkv views)")
-    lines.extend(f"  {name:<10}{ms:.4f}" for name, ms in sorted(profile.rotary_ms.items(), key=lambda i: i[1]))
+    if profile.rotary_ms:
+        lines.append(f"\nrotary (tower ms, eager calls plus graph replays, summed over {ROTARY_LAYOUTS})")
+        lines.extend(f"  {name:<10}{ms:.3f}" for name, ms in sorted(profile.rotary_ms.items(), key=lambda i: i[1]))
     if profile.gluon_consumers:
         lines.append(
             f"\ngluon_attn, two against three consumer warpgroups (ms); three from {profile.three_consumer_waves} waves"

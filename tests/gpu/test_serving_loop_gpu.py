@@ -238,7 +238,7 @@ class _TritonCompiles:
 def test_nothing_compiles_in_thirty_requests_after_the_start(padded: bool) -> None:
     """After the tower's start (its attention kernels compiled, its buckets captured; without padding,
     one eager call of an image over the runner's guard), 30 random requests compile nothing: no Dynamo
-    graph (the compiled rotary, ROCm's default), no new Triton kernel."""
+    graph (the compiled rotary, where chosen), no new Triton kernel."""
     from torch._dynamo.utils import counters
 
     tower = _tower()

@@ -2,7 +2,7 @@
 
 Run by tests/test_compiles_after_start.py as ``python compiles.py REPORT.json [--shard INDEX COUNT]``
 (a process of its own: the plugin patches SGLang for the life of a process; each of COUNT processes
-runs every COUNT-th configuration from INDEX, side by side). ROCm's rotary (``ROCM_VIT_ROTARY=compiled``)
+runs every COUNT-th configuration from INDEX, side by side). The compiled rotary (``ROCM_VIT_ROTARY=compiled``)
 on a CPU, rocm-vit's ``aiter_attn`` slot over a stand-in kernel, stand-in graphs. Each configuration
 builds a fresh tower with nothing compiled, runs the plugin's start (``capture_vit_buckets``, as
 ``ModelRunner.init_cuda_graphs`` does), then 30 random requests, and counts the graphs Dynamo

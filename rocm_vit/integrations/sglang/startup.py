@@ -3,7 +3,7 @@ server, after its weights load), then eager warm-up calls.
 
 Without this, the first request that lands in each bucket waits for that bucket's capture, or shares
 the host with it (docs/design.md, "Buckets before traffic"); with graphs off, the first request
-compiles what SGLang's eager forward compiles lazily (rocm-vit's rotary on ROCm).
+compiles what SGLang's eager forward compiles lazily (rocm-vit's compiled rotary, where chosen).
 ``ModelRunner.init_cuda_graphs`` runs after the weights are loaded and the KV cache is sized, on
 every TP rank in step, under ``torch.no_grad()``: the bucket graphs come out of the same budget and
 reserve as the graphs captured while serving, and every rank captures the same list.
