@@ -31,7 +31,8 @@ SUPPORT = ROOT / "tests" / "sglang_support"
 
 
 def _row(layout: str, warm: float, first: float, equal: bool | None = None) -> dict:
-    row = {"layout": layout, "patches": 196, "warm_ms": warm, "first_ms": first}
+    patches = {"1x224": 196, "1x512": 1024}[layout]
+    row = {"layout": layout, "patches": patches, "warm_ms": warm, "first_ms": first}
     if equal is not None:
         row.update(bitwise_equal=equal, max_difference=0.0 if equal else 0.0625)
         row["max_difference_from_sglang_eager"] = 0.5  # the plugin's rows only, in a real report
@@ -264,3 +265,25 @@ def test_own_tower_on_a_cpu_runs_sglangs_kernel_on_sglangs_weights_and_equals_it
     assert [row["layout"] for row in rows] == ["1x64", "2x96"]
     # The same weights and kernel: SGLang's tower and rocm-vit's agree to fp32 rounding.
     assert all(row["max_difference_from_sglang_eager"] <= 1e-5 for row in rows), rows
+
+
+def test_plot_draws_each_configuration_that_timed_layouts_by_patches() -> None:
+    report = _report()
+    report["configs"]["c"]["layouts"]["rows"].reverse()  # drawn by patches, whatever the order run
+    series = bench_sglang.plot_series(report)
+    # d failed to import: nothing to draw for it.
+    assert list(series) == ["a: SGLang eager", "b: SGLang graphs", "c: rocm-vit"]
+    assert series["c: rocm-vit"] == [(196, 2.02), (1024, 4.2)]
+
+
+def test_a_saved_report_is_reported_again_without_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = tmp_path / "report.json"
+    saved.write_text(json.dumps(_report()))
+    monkeypatch.setattr(bench_sglang, "_run_worker", lambda *a, **k: pytest.fail("--from-json ran a worker"))
+    parser = argparse.ArgumentParser()
+    bench_sglang.add_arguments(parser)
+    status = bench_sglang.run(parser.parse_args(["--from-json", str(saved)]))
+    assert status == 1  # d failed in the saved run, as it did then
+    assert "c slower than b on 1x512: 4.20 vs 4.00 ms" in capsys.readouterr().out

@@ -113,9 +113,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--save", type=Path, default=None, help="write the JSON report here after each configuration (kept if cut off)"
     )
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="write warm latency against patches, one line a configuration, as a PNG"
+    )
+    parser.add_argument(
+        "--from-json", type=Path, default=None, help="report (and --plot) a saved --json/--save report; runs nothing"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_json is not None:
+        return _report_saved(args)
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -155,12 +163,27 @@ def run(args: argparse.Namespace) -> int:
         report["configs"][key] = result
         if args.save:
             args.save.write_text(json.dumps(report, indent=1))
+    return _print_report(report, args)
+
+
+def _report_saved(args: argparse.Namespace) -> int:
+    try:
+        report = json.loads(args.from_json.read_text())
+    except (OSError, ValueError) as error:
+        print(f"rocm-vit bench-sglang: --from-json {args.from_json}: {error}", file=sys.stderr)
+        return 2
+    return _print_report(report, args)
+
+
+def _print_report(report: dict[str, Any], args: argparse.Namespace) -> int:
     lines = format_report(report)
     if args.json:
         print("\n".join(lines), file=sys.stderr)
         print(json.dumps(report, indent=1))
     else:
         print("\n".join(lines))
+    if args.plot is not None and not plot_report(report, args.plot):
+        return 1
     failed = [key for key, result in report["configs"].items() if result.get("error") or result.get("import_error")]
     return 1 if failed else 0
 
@@ -438,3 +461,47 @@ def _ratio(row: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
     if not row or not base or not row.get("warm_ms") or not base.get("warm_ms"):
         return "-"
     return f"{row['warm_ms'] / base['warm_ms']:.3f}"
+
+
+def plot_series(report: dict[str, Any]) -> dict[str, list[tuple[int, float]]]:
+    """``{"key: label": [(patches, warm median ms), ...]}`` by patches, for each configuration that
+    timed layouts: what ``--plot`` draws."""
+    series = {}
+    for key, result in report["configs"].items():
+        rows = result.get("layouts", {}).get("rows", [])
+        points = sorted((row["patches"], row["warm_ms"]) for row in rows if row.get("warm_ms"))
+        if points:
+            series[f"{key}: {result['label']}"] = points
+    return series
+
+
+def plot_report(report: dict[str, Any], path: Path) -> bool:
+    """Warm latency against patches, log-log, one line a configuration, to ``path``; ``False`` (and
+    why, on stderr) where nothing could be drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        print("rocm-vit bench-sglang: --plot needs matplotlib (pip install rocm-vit[bench])", file=sys.stderr)
+        return False
+    series = plot_series(report)
+    if not series:
+        print("rocm-vit bench-sglang: --plot: no configuration timed a layout", file=sys.stderr)
+        return False
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, points in series.items():
+        axes.plot([p for p, _ in points], [ms for _, ms in points], marker="o", label=label)
+    device = next((r["device_name"] for r in report["configs"].values() if r.get("device_name")), report["device"])
+    title = f"SGLang's {report['preset']} tower, warm calls, {device}"
+    axes.set(xscale="log", yscale="log", xlabel="patches per call", ylabel="latency (ms, median)", title=title)
+    for axis in (axes.xaxis, axes.yaxis):  # plain numbers, not powers of ten
+        axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"rocm-vit bench-sglang: plot written to {path}", file=sys.stderr)
+    return True
