@@ -108,13 +108,13 @@ class _ToyBlocks:
         return self.forward_blocks(None, x.clone(), None, cos, sin)
 
 
-def _sglang_group(rank: int) -> Any:
+def _sglang_group(rank: int, world_size: int = WORLD_SIZE) -> Any:
     """SGLang's ``GroupCoordinator`` as the plan and the stand-in read it: a CPU group for agreements and
     the registration exchange, another for the data, routed by SGLang's own method."""
     from sglang.srt.distributed.parallel_state import GroupCoordinator
 
     cpu_group, device_group = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
-    group = types.SimpleNamespace(world_size=WORLD_SIZE, rank_in_group=rank, ca_comm=None, qr_comm=None,
+    group = types.SimpleNamespace(world_size=world_size, rank_in_group=rank, ca_comm=None, qr_comm=None,
                                   pymscclpp_comm=None, pcie_ipc_comm=None, torch_symm_mem_comm=None,
                                   cpu_group=cpu_group, device_group=device_group)  # fmt: skip
     group._resolve_outplace_all_reduce_method = types.MethodType(
@@ -123,14 +123,18 @@ def _sglang_group(rank: int) -> Any:
     return group
 
 
-def _adapter(vit: torch.nn.Module, group: Any, graph_runner: Any) -> Any:
+_PATCHED = ("agreement_group", "SGLangBlocks", "original", "eager_unsupported_reason", "unsupported_reason")
+
+
+def _adapter(vit: torch.nn.Module, group: Any, graph_runner: Any, mechanism: Any = None) -> Any:
+    """The adapter as SGLang builds it in ``vit``'s constructor, over ``group`` and ``_ToyBlocks``."""
     from test_graph_runner import StandInGraphs
 
     graph_runner.agreement_group = lambda _: group
     graph_runner.SGLangBlocks = lambda vit: _ToyBlocks(vit, group)
     graph_runner.original = lambda module, name: lambda vit: None
     graph_runner.eager_unsupported_reason = graph_runner.unsupported_reason = lambda *args: None
-    return graph_runner.ViTGraphRunnerAdapter(vit, mechanism=StandInGraphs())
+    return graph_runner.ViTGraphRunnerAdapter(vit, mechanism=mechanism or StandInGraphs())
 
 
 def _failing_fill(fill: Any) -> Any:
@@ -219,20 +223,197 @@ def _pairing_rank(rank: int, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
-def test_a_replay_that_fails_before_launch_on_one_rank_never_pairs_with_the_others_eager_call(tmp_path: Path) -> None:
+needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+
+
+@pytest.fixture(scope="module")
+def pairing_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Both ranks' reports of ``_pairing_rank``."""
+    out = tmp_path_factory.mktemp("pairing")
+    mp.start_processes(_pairing_rank, args=(str(out / "store"), str(out)), nprocs=WORLD_SIZE, start_method="spawn")
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
+
+
+@pytest.mark.slow
+@needs_sglang
+def test_the_stand_in_reads_nan_where_one_rank_replays_and_another_runs_eagerly(pairing_reports: list[dict]) -> None:
+    for report in pairing_reports:
+        assert report["stand_in_mixed_is_nan"] and report["stand_in_alike_sums"] == [2.0] * 4, report
+
+
+@pytest.mark.slow
+@needs_sglang
+def test_a_replay_that_fails_before_launch_on_one_rank_never_pairs_with_the_others_eager_call(
+    pairing_reports: list[dict],
+) -> None:
     """Under SGLang's own custom all-reduce, rank 1's staging fails at a serving replay, then at a new
     graph's first replay: every rank serves both calls the same way, every output equals eager on
     both ranks, and no all-reduce read a replay beside an eager call."""
-    mp.start_processes(_pairing_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE,
-                       start_method="spawn")  # fmt: skip
-    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
-    for rank, report in enumerate(reports):
-        assert report["stand_in_mixed_is_nan"] and report["stand_in_alike_sums"] == [2.0] * 4, report
+    for rank, report in enumerate(pairing_reports):
         assert report["plan"] == ["SGLang's CustomAllreduce (ROCm)", False], report
         assert all(call["equal"] and not call["nan"] for call in report["calls"]), (rank, report["calls"])
         assert report["mixed_reads"] == 0, report
         assert report["eager_runs"].get("capture_failed", 0) >= 1 and report["replays"] >= 2, report
-        assert report["disagreeing_plans_serve_graphs"] is False, report
-    assert reports[0]["eager_runs"] == reports[1]["eager_runs"]  # the same path on both ranks
-    assert [report["failures"] for report in reports] == [0, 1]  # the serving replay's, on rank 1 alone
+    assert pairing_reports[0]["eager_runs"] == pairing_reports[1]["eager_runs"]  # the same path on both ranks
+    assert [report["failures"] for report in pairing_reports] == [0, 1]  # the serving replay's, on rank 1 alone
+
+
+@pytest.mark.slow
+@needs_sglang
+def test_ranks_that_plan_their_all_reduce_differently_all_turn_graphs_off(pairing_reports: list[dict]) -> None:
+    """SGLang's custom all-reduce disabled on rank 1 alone: rank 1 cannot capture, so neither does rank 0
+    (it would wait for rank 1 in its first capture's agreement)."""
+    assert [report["disagreeing_plans_serve_graphs"] for report in pairing_reports] == [False, False]
+
+
+@needs_sglang
+def test_a_replay_launch_that_raises_where_eager_does_not_pair_fails_the_call(tmp_path: Path) -> None:
+    """Under SGLang's own custom all-reduce a replay whose launch raised after the ranks agreed to
+    launch cannot be served eagerly on this rank (its peers' replays wait for this rank's): the call
+    fails, saying why, and SGLang's eager blocks never run it. A rank alone here (world of one)."""
+    sys.path[:0] = [str(HERE / "sglang_support")]
+    from custom_all_reduce import sglang_custom_allreduce
+    from test_graph_runner import StandInGraphs, stand_in_capturing
+
+    from rocm_vit.integrations.sglang import graph_runner
+
+    environ = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_VIT_CUDA_GRAPH_MIN_HITS": "1",
+               "SGLANG_VIT_CUDA_GRAPH_PADDING": "0", "ROCM_VIT_PROFILE": "off"}  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    saved = {name: getattr(graph_runner, name) for name in _PATCHED}
+    try:
+        group = _sglang_group(0, world_size=1)
+        group.ca_comm = sglang_custom_allreduce(group, stand_in_capturing, "rocm")
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in environ.items():
+                patch.setenv(name, value)
+            adapter = _adapter(_toy_vit(), group, graph_runner, StandInGraphs(fail_later_replays=1))
+        blocks = adapter._blocks
+        calls = _until_captured(adapter, blocks, 16, seed=1)
+        eager_calls = blocks.eager_calls
+        with pytest.raises(RuntimeError, match="collectives may have run") as raised:
+            _call(adapter, blocks, 16, seed=2)
+        assert "a later replay failed" in str(raised.value.__cause__)  # the launch's own error
+        assert blocks.eager_calls == eager_calls and all(call["equal"] for call in calls)
+        assert adapter.stats()["stopped"]
+    finally:
+        for name, value in saved.items():
+            setattr(graph_runner, name, value)
+        dist.destroy_process_group()
+
+
+# The plan, from SGLang's objects --------------------------------------------------------------------
+
+
+def _plan_group(**communicators: Any) -> Any:
+    """A group routed by SGLang's own ``_resolve_outplace_all_reduce_method``, exchanging nothing."""
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+    group = types.SimpleNamespace(world_size=2, rank_in_group=0, cpu_group=None, device_group=None, ca_comm=None,
+                                  qr_comm=None, pymscclpp_comm=None, pcie_ipc_comm=None,
+                                  torch_symm_mem_comm=None)  # fmt: skip
+    group.__dict__.update(communicators)
+    group._resolve_outplace_all_reduce_method = types.MethodType(
+        GroupCoordinator._resolve_outplace_all_reduce_method, group
+    )
+    return group
+
+
+def _pynccl() -> Any:
+    """SGLang's ``PyNcclCommunicator`` as its ``__init__`` leaves it where it found NCCL."""
+    from sglang.srt.distributed.device_communicators.pynccl import PyNcclCommunicator
+
+    pynccl = object.__new__(PyNcclCommunicator)
+    pynccl.available, pynccl.disabled = True, True
+    return pynccl
+
+
+@needs_sglang
+def test_the_plan_says_which_communicators_pair_an_eager_call_with_a_replay() -> None:
+    """SGLang's own custom all-reduce (ROCm, CUDA) reads registered graph inputs at replay and its
+    start buffer eagerly: no pairing. Its deterministic variant, aiter's, the quick all-reduce and
+    NCCL read the same memory either way."""
+    sys.path[:0] = [str(HERE / "sglang_support")]
+    from custom_all_reduce import AiterCustomAllreduce, UnknownCustomAllreduce, quick_allreduce, sglang_custom_allreduce
+
+    from rocm_vit.integrations.sglang.all_reduce import plan_all_reduce
+
+    vit = _toy_vit()
+    own = _plan_group()
+    plans = {
+        variant: plan_all_reduce(vit, _plan_group(ca_comm=sglang_custom_allreduce(own, lambda: False, variant)), 256)
+        for variant in ("rocm", "cuda", "deterministic")
+    }
+    plans["aiter"] = plan_all_reduce(vit, _plan_group(ca_comm=AiterCustomAllreduce(own, lambda: False)), 256)
+    plans["quick"] = plan_all_reduce(
+        vit, _plan_group(qr_comm=quick_allreduce(own, min_bytes=16), pynccl_comm=_pynccl()), 256
+    )
+    plans["nccl"] = plan_all_reduce(vit, _plan_group(pynccl_comm=_pynccl()), 256)
+    plans["unknown"] = plan_all_reduce(vit, _plan_group(ca_comm=UnknownCustomAllreduce(own)), 256)
+    pairs = {name: plan.pairs_eager_with_replay for name, plan in plans.items()}
+    assert pairs == {"rocm": False, "cuda": False, "deterministic": True, "aiter": True, "quick": True,
+                     "nccl": True, "unknown": False}  # fmt: skip
+    assert all(plan.problem is None for name, plan in plans.items() if name != "unknown")
+
+
+@needs_sglang
+def test_symmetric_memory_and_flashinfers_all_reduce_are_routed_as_sglang_routes_them() -> None:
+    """SGLang's ``GroupCoordinator.all_reduce`` sends what the custom all-reduce declines to PyNccl's
+    symmetric memory where it is enabled, and what FlashInfer's workspace takes to FlashInfer, before
+    the route ``_resolve_outplace_all_reduce_method`` says: graphs stop where those begin."""
+    sys.path[:0] = [str(HERE / "sglang_support")]
+    from custom_all_reduce import AiterCustomAllreduce
+
+    from rocm_vit.integrations.sglang.all_reduce import plan_all_reduce
+
+    vit = _toy_vit()  # two all-reduces of [tokens, 8] fp32: 32 bytes a token
+    symmetric = _plan_group(pynccl_comm=_pynccl(), is_symmetric_memory_enabled=lambda: True)
+    plan = plan_all_reduce(vit, symmetric, 256)
+    assert "symmetric memory" in plan.problem, plan
+    symmetric.ca_comm = AiterCustomAllreduce(_plan_group(), lambda: False, max_size=32 * 64)
+    assert (plan_all_reduce(vit, symmetric, 256).max_tokens, plan_all_reduce(vit, symmetric, 256).problem) == (64, None)
+    flashinfer = _plan_group(pynccl_comm=_pynccl(), _fi_workspace_hint="attn_tp")
+    flashinfer._can_use_flashinfer_allreduce = lambda tensor: tensor.shape[0] <= 128
+    assert "FlashInfer's all-reduce" in plan_all_reduce(vit, flashinfer, 256).problem
+    flashinfer._can_use_flashinfer_allreduce = lambda tensor: tensor.tolist()  # raises: cannot tell on meta
+    assert "FlashInfer's all-reduce" in plan_all_reduce(vit, flashinfer, 256).problem
+    flashinfer._fi_workspace_hint = None  # a group given no workspace: NCCL through PyNccl
+    assert plan_all_reduce(vit, flashinfer, 256).problem is None
+
+
+# The runner's agreement before a launch ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("agree_before_replay", [False, True])
+def test_a_replay_is_agreed_before_its_launch_only_where_asked(generator: torch.Generator,
+                                                               agree_before_replay: bool) -> None:  # fmt: skip
+    """A communicator whose eager call pairs with a replay costs a serving replay no agreement; one
+    that does not costs one, and another rank's failure there launches nothing on this one."""
+    sys.path[:0] = [str(HERE)]
+    import test_graph_runner as support
+
+    from rocm_vit.attention import get_backend
+    from rocm_vit.graphs import RunnerOptions, ViTGraphRunner
+    from rocm_vit.graphs.forward import PeerReplayNotReady
+
+    agreements: list[list[int]] = []
+    peer_failed = False
+
+    def agree(values: Any) -> list[int]:  # another rank that agrees, unless it failed before its launch
+        agreements.append(list(values))
+        return [1] if peer_failed and len(values) == 1 else list(values)
+
+    mechanism = support.StandInGraphs()
+    runner = ViTGraphRunner(support._toy_forward_blocks, get_backend("sdpa").layout_args, RunnerOptions(min_hits=1),
+                            mechanism=mechanism, agree_max=agree, agree_before_replay=agree_before_replay)  # fmt: skip
+    layout = support._layout((1, 4, 4))
+    support._run_checked(runner, layout, generator)  # captured, verified
+    before = len(agreements)
+    support._run_checked(runner, layout, generator)  # a serving replay
+    assert agreements[before:] == ([[0]] if agree_before_replay else [])
+    if agree_before_replay:
+        peer_failed, replays = True, mechanism.events.count("replay")
+        x, cos, sin = support._inputs(layout, generator)
+        with pytest.raises(PeerReplayNotReady):
+            runner.run(x, layout, cos, sin)
+        assert mechanism.events.count("replay") == replays  # nothing launched
