@@ -417,3 +417,14 @@ def test_a_replay_is_agreed_before_its_launch_only_where_asked(generator: torch.
         with pytest.raises(PeerReplayNotReady):
             runner.run(x, layout, cos, sin)
         assert mechanism.events.count("replay") == replays  # nothing launched
+
+
+def test_the_doctor_names_what_sglang_routes_before_the_custom_all_reduce() -> None:
+    from rocm_vit.integrations.sglang.status import all_reduce_verdict
+
+    for platform, environ in (("rocm", {}), ("cuda", {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "0"})):
+        verdict = all_reduce_verdict(environ, platform)
+        assert "--enable-symm-mem" in verdict and "--flashinfer-allreduce-fusion-backend" in verdict, verdict
+        assert "ViT graphs are off under TP" in verdict.split("--enable-symm-mem")[1], verdict
+    assert "agreed by the ranks before its launch" in all_reduce_verdict({"SGLANG_USE_AITER_AR": "0"}, "rocm")
+    assert "agreed" not in all_reduce_verdict({"SGLANG_USE_1STAGE_ALLREDUCE": "1"}, "rocm")
