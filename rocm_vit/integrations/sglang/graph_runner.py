@@ -204,7 +204,7 @@ class ViTGraphRunnerAdapter:
                 "its collectives may have run; re-running it here alone would pair its all-reduces with the "
                 "other ranks' next calls, so this call fails"
             ) from failure.__cause__
-        except PeerReplayNotReady:  # another rank's failure: every rank serves this call eagerly, it counts it
+        except PeerReplayNotReady:  # another rank failed before the launch (and counts it): every rank runs eagerly
             return self._blocks.eager(*upstream_args)
         except Exception:  # serving must go on: SGLang's eager blocks serve this call
             self._failures.failed()
