@@ -4,6 +4,8 @@ Invariants (docs/design.md, "Runner" and "Streams and threads"): an eager run ne
 caller's tensors (SGLang's blocks add into their input in place, and a caller's fallback after a
 failure starts from its input); a replay runs on the caller's stream, its output allocated there
 before the replay launches; one marker orders the runner's device work across the streams it runs on.
+Where a rank's eager call cannot stand in for its replay (``launch_agreement``), every rank agrees
+that each is ready before any launches (docs/design.md, "Ranks").
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rocm_vit.graphs.ranks import AgreeMax
 from rocm_vit.graphs.store import Graph
 from rocm_vit.graphs.torch_graphs import GraphMechanism, Marker
 from rocm_vit.layout import AttentionLayout
@@ -24,14 +27,34 @@ ForwardBlocks = Callable[..., torch.Tensor]
 LayoutArgs = Callable[[AttentionLayout, Mapping[str, torch.Tensor]], Mapping[str, Any]]
 
 
+class PeerReplayNotReady(RuntimeError):
+    """Another rank's replay of this call failed before its launch: none launches (``launch_agreement``)."""
+
+
+class ReplayLaunchFailed(BaseException):
+    """A replay's launch raised after every rank agreed to launch (``launch_agreement``): the other
+    ranks' replays wait for this rank's all-reduces, and only the replay pairs with them. A
+    ``BaseException``, so that no handler runs the forward eagerly in its place on this rank alone."""
+
+
 class Forward:
     """``forward_blocks(x, layout_args(layout, cu_seqlens), cos, sin, *inputs)`` run eagerly
-    (``eager``), built for a capture on staging views (``on_staging``) or replayed (``replay``)."""
+    (``eager``), built for a capture on staging views (``on_staging``) or replayed (``replay``).
+    ``launch_agreement``: the ranks' maximum, taken before every replay's launch, where an eager call
+    on one rank does not pair with a replay on the others (a collective whose replay reads the
+    inputs registered at capture); ``None`` where it does, or for a rank alone."""
 
-    def __init__(self, forward_blocks: ForwardBlocks, layout_args: LayoutArgs, mechanism: GraphMechanism) -> None:
+    def __init__(
+        self,
+        forward_blocks: ForwardBlocks,
+        layout_args: LayoutArgs,
+        mechanism: GraphMechanism,
+        launch_agreement: AgreeMax | None = None,
+    ) -> None:
         self.forward_blocks = forward_blocks
         self.layout_args = layout_args
         self._mechanism = mechanism
+        self._launch_agreement = launch_agreement
         self.order = Marker(mechanism)  # the runner's device work, in order across streams
 
     def eager(self, tensors: tuple[torch.Tensor, ...], layout: AttentionLayout) -> torch.Tensor:
@@ -65,15 +88,36 @@ class Forward:
         work (its inputs) by the stream itself, after the runner's last work on other streams by the
         marker. Returns the replay's output, copied into a tensor the caller owns, allocated on its
         stream before the replay: nothing that can fail sits between a launched replay, whose
-        all-reduces the other ranks' wait for, and the return (docs/design.md, "Ranks")."""
+        all-reduces the other ranks' wait for, and the return (docs/design.md, "Ranks"). Under a
+        ``launch_agreement`` a failure before the launch, here or on another rank
+        (``PeerReplayNotReady``), raises on every rank before any launches; a launch that raises is
+        ``ReplayLaunchFailed``."""
         stream = self._mechanism.current_stream(tensors[0].device)
         self.order.follow(stream)
         try:
-            entry.staging.fill(entry.inputs, tensors, immutable)
-            if entry.offsets_per_call:
-                self._write_offsets(entry, layout)
-            output = torch.empty_like(entry.output)
-            self._mechanism.replay(entry.graph)
+            error = None
+            try:
+                entry.staging.fill(entry.inputs, tensors, immutable)
+                if entry.offsets_per_call:
+                    self._write_offsets(entry, layout)
+                output = torch.empty_like(entry.output)
+            except Exception as raised:
+                if self._launch_agreement is None:
+                    raise
+                error = raised
+            if self._launch_agreement is not None:
+                (not_ready,) = self._launch_agreement([int(error is not None)])
+                if error is not None:
+                    raise error
+                if not_ready:
+                    raise PeerReplayNotReady("another rank's replay failed before its launch: no rank launches")
+            try:
+                self._mechanism.replay(entry.graph)
+            except Exception as raised:
+                if self._launch_agreement is None:
+                    raise
+                message = f"the replay's launch raised after every rank agreed to launch: {raised}"
+                raise ReplayLaunchFailed(message) from raised
         except BaseException:
             self.order.mark(stream)  # what was enqueued before the error reads staging on this stream
             raise

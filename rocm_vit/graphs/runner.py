@@ -59,7 +59,9 @@ class ViTGraphRunner:
     runner's stream before each warm-up and capture: what ``forward_blocks`` makes lazily per stream
     is made there, outside the pool; ``capture_scope``: a context every capture runs inside and every
     rank leaves together (a custom all-reduce that registers the captured inputs at its exit; the
-    warm-up stays outside it).
+    warm-up stays outside it); ``agree_before_replay``: the ranks agree before every replay's launch
+    that each is ready (``Forward``'s ``launch_agreement``: an all-reduce whose eager call does not
+    pair with a replay), one more ``agree_max`` per replay.
     ``forward_blocks`` is never given the caller's tensors to write: an eager run takes a copy of ``x``.
     """
 
@@ -73,12 +75,16 @@ class ViTGraphRunner:
         prepare_capture: Callable[[], None] | None = None,
         agree_max: AgreeMax | None = None,
         capture_scope: Callable[[], contextlib.AbstractContextManager] | None = None,
+        agree_before_replay: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if agree_before_replay and agree_max is None:
+            raise ValueError("agree_before_replay=True needs agree_max: the ranks that replay together")
         self.options = options
         self._mechanism = mechanism or CudaGraphs()
         self._agree_max = agree_max
-        self._forward = Forward(forward_blocks, layout_args, self._mechanism)
+        launch_agreement = agree_max if agree_before_replay else None
+        self._forward = Forward(forward_blocks, layout_args, self._mechanism, launch_agreement)
         self._admission = Admission(options, agree=self._agree)
         self._store = GraphStore(self._mechanism, options, agree_max=agree_max)
         self._captures = Captures(

@@ -18,7 +18,8 @@ with ``csrc/include/custom_all_reduce.cuh``. ``AiterCustomAllreduce`` (aiter's, 
 - ``should_custom_ar``: a multiple of 16 bytes, weakly contiguous, at most ``max_size`` bytes.
 
 ``sglang_custom_allreduce`` (SGLang's own, on the real class) differs where it matters: a captured
-call, inside ``capture()`` or not, reads a slot only ``capture()``'s exit fills;
+call, inside ``capture()`` or not, reads a slot only ``capture()``'s exit fills, and a replay reads
+the peers' registered graph inputs where an eager call reads their start buffer (mixed: NaN);
 ``gpu_sglang_custom_allreduce`` keeps that contract on a GPU, under real CUDA graphs. ``quick_allreduce``
 and ``UnknownCustomAllreduce`` complete the set rocm-vit identifies (``integrations/sglang/all_reduce.py``).
 
@@ -160,7 +161,13 @@ def sglang_custom_allreduce(group: Any, capturing: Callable[[], bool], variant: 
     ``capture()`` or not, is pointed at the next empty ``rank_data`` slot and its input queued;
     ``capture()``'s exit exchanges the queued inputs with every rank (blocking) and fills the slots.
     A replay that reads a slot nobody filled reads garbage pointers: NaN here (on a device, garbage
-    or a fault). Inside ``capture()`` a call on a stream that is not capturing returns zeros."""
+    or a fault). Inside ``capture()`` a call on a stream that is not capturing returns zeros.
+
+    A replay reads each peer's input where the peer registered it at capture (``all_reduce_reg``,
+    ``registered=True``); an eager call copies its input into the buffer registered at start and
+    reads the peers' there (``all_reduce_unreg``), as does every call of the deterministic variant.
+    A replay on one rank with an eager call on another reads what the other left where it is not
+    now: each reduces stale data, NaN here on every rank (``mixed_reads``), never a hang."""
     base, _ = _sglang_classes()
 
     class SGLangCustomAllreduce(base):
@@ -173,6 +180,7 @@ def sglang_custom_allreduce(group: Any, capturing: Callable[[], bool], variant: 
             self.exchanges = 0
             self.warm_up_zeros = 0
             self.empty_slot_reads = 0
+            self.mixed_reads = 0
             self.captured_calls = {"registered": 0, "copy_in": 0}
 
         def should_custom_ar(self, inp: torch.Tensor) -> bool:
@@ -212,9 +220,16 @@ def sglang_custom_allreduce(group: Any, capturing: Callable[[], bool], variant: 
             if replaying is not None and not next(replaying)["filled"]:
                 self.empty_slot_reads += 1
                 return torch.full_like(input, float("nan"))
-            output = input.clone()
-            dist.all_reduce(output, group=self._reduce_group)
-            return output
+            return self._reduce(input, registered=replaying is not None and not self.use_amd_deterministic_impl)
+
+        def _reduce(self, input: torch.Tensor, registered: bool) -> torch.Tensor:
+            """The sum over the group, each rank's mode beside its data: ranks that mixed read stale data."""
+            packed = torch.cat([input.reshape(-1), input.new_full((1,), float(registered))])
+            dist.all_reduce(packed, group=self._reduce_group)
+            if packed[-1].item() not in (0, self.world_size):
+                self.mixed_reads += 1
+                return torch.full_like(input, float("nan"))
+            return packed[:-1].view_as(input)
 
     return SGLangCustomAllreduce()
 

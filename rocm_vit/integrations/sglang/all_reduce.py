@@ -1,40 +1,33 @@
 """What a graph capture needs from the all-reduce SGLang picked for a tensor-parallel tower.
 
-Each communicator is identified from the object on SGLang's group (``ca_comm``, ``qr_comm``), by its
-class and module, and each of the tower's all-reduces is routed by SGLang's own choice
-(``GroupCoordinator._resolve_outplace_all_reduce_method``). Read from SGLang 0.5.23
-``distributed/device_communicators`` and aiter c16d44b93a52 (docs/sglang.md, "Parallel serving"):
-
-- aiter's ``CustomAllreduce`` (ROCm's default) finds its input in the pool it registered at start
-  before it looks at the stream: a capture outside its ``capture()`` is the eager call, registers
-  nothing, and a churn of captures never fills its table;
-- SGLang's own ``CustomAllreduce`` (ROCm with ``SGLANG_USE_AITER_AR=0``, its 1-stage/deterministic
-  variant, or aiter's import failing; CUDA's legacy one) points a captured kernel at an empty
-  ``rank_data`` slot that only ``capture()``'s exit fills, in or out of ``capture()``: a capture
-  must happen inside it, every rank leaving it together (a blocking exchange), and each capture
-  takes table entries for good;
-- ``QuickAllReduce`` works from buffers exchanged at start: a capture anywhere is its eager call;
-- what neither takes goes to NCCL/RCCL: SGLang's in-place all-reduce, through its ``PyNcclCommunicator``
-  (``pynccl_comm``) where that is enabled, as it is inside SGLang's own ``graph_capture``, else through
-  ``torch.distributed``. A capture inside ``pynccl_comm.change_state(enable=True)`` records NCCL's
-  kernel on the capturing stream, which a replay launches; without a ``pynccl_comm`` (no NCCL library,
-  a CPU group) rocm-vit does not capture it.
-
-Anything else (``CustomAllReduceV2``, PCIe-IPC, MSCCL++, symmetric memory) is not known: graphs are
-off under TP, with the reason.
+Each communicator is identified from the object on SGLang's group (``ca_comm``, ``qr_comm``,
+``pynccl_comm``), and each of the tower's all-reduces is routed as SGLang 0.5.23's
+``GroupCoordinator.all_reduce`` routes it: symmetric memory, then FlashInfer's all-reduce, then
+``_resolve_outplace_all_reduce_method``. aiter's ``CustomAllreduce`` and ``QuickAllReduce`` capture
+anywhere as their eager call; SGLang's own ``CustomAllreduce`` must capture inside its ``capture()``
+(``RegisteringScope``), and its replay reads the peers' registered graph inputs while an eager call
+reads their start buffer: the two do not pair (``pairs_eager_with_replay``), except in its
+deterministic 1-stage variant, which always copies through the start buffer. NCCL/RCCL is captured
+through SGLang's PyNccl where it found NCCL. Anything else (``CustomAllReduceV2``, PCIe-IPC,
+MSCCL++, symmetric memory, FlashInfer's all-reduce) is not known: graphs are off under TP, with the
+reason. The ranks agree on the plan (``agreed_plan``). docs/sglang.md, "Parallel serving", says why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from rocm_vit.graphs.ranks import AgreeMax
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +47,16 @@ class AllReducePlan:
     ``communicator``: what serves the all-reduces, named from the objects. ``max_tokens``: the most
     patches whose every all-reduce goes to a communicator rocm-vit captures. ``capture_scope``: the
     context a capture must run inside (SGLang's ``ca_comm.capture``), or ``None``. ``problem``: why
-    graphs are off under this group, or ``None``.
+    graphs are off under this group, or ``None``. ``pairs_eager_with_replay``: whether an eager
+    all-reduce on one rank pairs with a replay's on the others; where not, no rank may serve a call
+    eagerly while the others replay it (the ranks agree before each launch).
     """
 
     communicator: str
     max_tokens: int = 0
     capture_scope: CaptureScope | None = None
     problem: str | None = None
+    pairs_eager_with_replay: bool = False
 
 
 def plan_all_reduce(vit: nn.Module, group: Any, max_tokens: int) -> AllReducePlan:
@@ -101,7 +97,26 @@ def plan_all_reduce(vit: nn.Module, group: Any, max_tokens: int) -> AllReducePla
         scopes.append(RegisteringScope(ca_comm, len(_widths(vit))))
     if pynccl_comm is not None:
         scopes.append(functools.partial(pynccl_comm.change_state, enable=True))
-    return AllReducePlan(communicator, low, _nested(scopes))
+    # SGLang's own replays read the peers' registered graph inputs, its eager calls their start buffer.
+    pairs = not (ca_kind == _SGLANG and "ca" in routes(1) and not getattr(ca_comm, "use_amd_deterministic_impl", False))
+    return AllReducePlan(communicator, low, _nested(scopes), pairs_eager_with_replay=pairs)
+
+
+def agreed_plan(plan: AllReducePlan, agree: AgreeMax) -> AllReducePlan:
+    """``plan`` where every rank of the group made the same one, else graphs off (``problem``): a
+    rank without a runner, or one that agrees before its replays where the others do not, would
+    leave the others waiting. One agreement, on every rank, before any capture."""
+    summary = (plan.communicator, plan.max_tokens, plan.pairs_eager_with_replay, plan.problem is None)
+    digest = zlib.crc32(repr(summary).encode())
+    another_problem, highest, lowest = agree([int(plan.problem is not None), digest, -digest])
+    if plan.problem is not None:
+        return plan
+    if another_problem:
+        return dataclasses.replace(plan, problem="another rank of the group cannot capture its all-reduces")
+    if highest != -lowest:
+        problem = f"the ranks of the group planned their all-reduces differently (this one: {plan.communicator})"
+        return dataclasses.replace(plan, problem=problem)
+    return plan
 
 
 def describe(ca_comm: Any, kind: tuple[str, str] | None = None) -> str:
@@ -143,19 +158,46 @@ class RegisteringScope:
             yield
 
 
-_ROUTE_NAMES = {None: "NCCL/RCCL"}  # SGLang's route None: the in-place all-reduce
+_ROUTE_NAMES = {  # SGLang's route None: the in-place all-reduce
+    None: "NCCL/RCCL",
+    "symmetric_memory": "PyNccl's symmetric memory (--enable-symm-mem)",
+    "flashinfer": "FlashInfer's all-reduce (--flashinfer-allreduce-fusion-backend)",
+}
 
 
 def _router(vit: nn.Module, group: Any) -> Callable[[int], list[str | None]]:
     """``routes(tokens)``: where SGLang sends each of the tower's all-reduces for that many patches."""
     widths = _widths(vit)
-    resolve = getattr(group, "_resolve_outplace_all_reduce_method", None)
 
     def routes(tokens: int) -> list[str | None]:
         shapes = [(-(-tokens // per), width) for per, width in widths]
-        return [resolve(torch.empty(shape, dtype=vit.dtype, device="meta")) if resolve else None for shape in shapes]
+        return [_route(group, torch.empty(shape, dtype=vit.dtype, device="meta")) for shape in shapes]
 
     return routes
+
+
+def _route(group: Any, tensor: torch.Tensor) -> str | None:
+    """Where SGLang 0.5.23's ``GroupCoordinator.all_reduce`` sends ``tensor`` (``parallel_state.py``
+    748-781), in its order: PyNccl's symmetric memory where enabled and neither MSCCL++ nor the custom
+    all-reduce takes it, FlashInfer's all-reduce on a group given its workspace, then
+    ``_resolve_outplace_all_reduce_method`` ("ca", "qr", ... or ``None``, the in-place NCCL one)."""
+    mscclpp = getattr(group, "pymscclpp_comm", None)
+    takes_mscclpp = mscclpp is not None and mscclpp.should_mscclpp_allreduce(tensor)
+    ca_comm = _enabled(getattr(group, "ca_comm", None))
+    takes_ca = ca_comm is not None and ca_comm.should_custom_ar(tensor)
+    symmetric = getattr(group, "is_symmetric_memory_enabled", None)
+    has_pynccl = getattr(group, "pynccl_comm", None) is not None
+    if has_pynccl and callable(symmetric) and symmetric() and not (takes_mscclpp or takes_ca):
+        return "symmetric_memory"
+    flashinfer = getattr(group, "_can_use_flashinfer_allreduce", None)
+    if getattr(group, "_fi_workspace_hint", None) is not None and flashinfer is not None:
+        try:
+            if flashinfer(tensor):
+                return "flashinfer"
+        except Exception:  # cannot tell from a meta tensor: as if it took it
+            return "flashinfer"
+    resolve = getattr(group, "_resolve_outplace_all_reduce_method", None)
+    return resolve(tensor) if resolve is not None else None
 
 
 def _widths(vit: nn.Module) -> list[tuple[int, int]]:

@@ -7,8 +7,9 @@ the segment offsets come from SGLang's host-side layout key (Qwen2.5-VL's window
 ``SGLANG_VIT_CUDA_GRAPH_*`` settings, cos/sin stay in the dtype the model passed. What the runner
 cannot serve (a backend that reads its offsets back, a call in another form, every call after a
 failure) runs SGLang's eager block loop, never SGLang's own runner. Under tensor parallelism the ranks that
-run the same ViT calls (``agreement_group``) agree on every capture, graphs are captured as the
-group's all-reduce needs (``all_reduce.plan_all_reduce``), and a forward that may have launched
+run the same ViT calls (``agreement_group``) agree on the all-reduce's plan and on every capture,
+graphs are captured as the group's all-reduce needs (``all_reduce.plan_all_reduce``), no rank serves
+eagerly a call its peers replay where the two do not pair, and a forward that may have launched
 collectives is never re-run on one rank (docs/sglang.md, "Parallel serving"). What SGLang's runner
 gets wrong, and so what this replaces: docs/sglang.md, "What the plugin changes".
 """
@@ -25,8 +26,9 @@ import torch
 from torch import nn
 
 from rocm_vit.graphs import GraphMechanism, ViTGraphRunner
+from rocm_vit.graphs.forward import PeerReplayNotReady, ReplayLaunchFailed
 from rocm_vit.graphs.ranks import AgreeMax, group_max
-from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, plan_all_reduce
+from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, agreed_plan, plan_all_reduce
 from rocm_vit.integrations.sglang.blocks import SGLANG_GRAPH_ARGS, SGLangBlocks, host_offsets, segment_args
 from rocm_vit.integrations.sglang.contract import eager_unsupported_reason, unsupported_reason
 from rocm_vit.integrations.sglang.imports import original
@@ -125,14 +127,18 @@ class ViTGraphRunnerAdapter:
         except ValueError as error:  # RunnerOptions refuses the values
             return None, f"{error} (from the SGLANG_VIT_CUDA_GRAPH_* settings)"
         group = agreement_group(vit)
-        capture_scope = None
+        capture_scope, agree_before_replay = None, False
         if group is not None:
-            self.all_reduce = plan_all_reduce(vit, group, options.max_tokens)
+            agree = group_max(group.cpu_group)
+            plan = plan_all_reduce(vit, group, options.max_tokens)
+            # Every rank builds its runner here, in the tower's constructor: graphs on, ranks agree.
+            self.all_reduce = agreed_plan(plan, agree) if settings.vit_cuda_graph else plan
             if self.all_reduce.problem is not None:
                 return None, self.all_reduce.problem
             options = options.with_max_tokens(self.all_reduce.max_tokens)
             capture_scope = self.all_reduce.capture_scope
-            self._agree = group_max(group.cpu_group)
+            agree_before_replay = not self.all_reduce.pairs_eager_with_replay
+            self._agree = agree
             self._failures = RunnerFailures(self._agree, _FAILURE_AGREEMENT_CALLS)
         runner = ViTGraphRunner(
             functools.partial(self._blocks.forward_blocks, spec, shares_collectives=group is not None),
@@ -141,6 +147,7 @@ class ViTGraphRunnerAdapter:
             mechanism=mechanism,
             agree_max=self._agree,
             capture_scope=capture_scope,
+            agree_before_replay=agree_before_replay,
         )
         return runner, None
 
@@ -189,14 +196,16 @@ class ViTGraphRunnerAdapter:
         try:
             layout = self._blocks.layout(*host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
-        except ForwardFailedUnderTP as failure:  # never re-run on this rank alone: the request fails
+        except (ForwardFailedUnderTP, ReplayLaunchFailed) as failure:  # never re-run here alone: the call fails
             self._failures.failed()
             self._stop_serving()
             raise RuntimeError(
-                f"rocm-vit graph runner: SGLang's forward of {type(self.vit).__name__} raised on this rank after "
+                f"rocm-vit graph runner: {type(self.vit).__name__}'s forward or replay raised on this rank after "
                 "its collectives may have run; re-running it here alone would pair its all-reduces with the "
                 "other ranks' next calls, so this call fails"
             ) from failure.__cause__
+        except PeerReplayNotReady:  # another rank failed before the launch (and counts it): every rank runs eagerly
+            return self._blocks.eager(*upstream_args)
         except Exception:  # serving must go on: SGLang's eager blocks serve this call
             self._failures.failed()
             if self._agree is None:
@@ -207,7 +216,8 @@ class ViTGraphRunnerAdapter:
             logger.exception("rocm-vit graph runner failed for %s; SGLang's eager blocks serve %s",
                              type(self.vit).__name__, then)  # fmt: skip
             # From the caller's untouched input: the runner never writes the tensors it is given, and
-            # what failed launched no collective (a forward that raised is ForwardFailedUnderTP).
+            # what failed launched no collective (a forward that raised is ForwardFailedUnderTP). Where
+            # eager and replay do not pair, every rank's replay failed before its launch here alike.
             return self._blocks.eager(*upstream_args)
         return merged if output_indices is None else merged.index_select(0, output_indices)
 

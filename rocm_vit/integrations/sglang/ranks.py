@@ -3,9 +3,10 @@
 ``agreement_group``: who they are, read from SGLang's parallel state. ``RunnerFailures``: when they
 stop using rocm-vit's runner. A failure inside rocm-vit that launched no collective (a replay whose
 staging could not be filled, a layout that could not be built) is served on that rank by SGLang's
-eager blocks, whose all-reduces pair with the other ranks' replay. That rank must not drop its
-runner alone: the others would wait in its next capture's agreement. So every ``every`` calls the
-ranks agree whether any of them failed, and if one did, all stop at that same call.
+eager blocks, whose all-reduces pair with the other ranks' replay; where they would not (SGLang's
+own custom all-reduce), the ranks agreed before the launch and every rank serves it so. That rank
+must not drop its runner alone: the others would wait in its next capture's agreement. So every
+``every`` calls the ranks agree whether any of them failed, and if one did, all stop at that call.
 ``ForwardFailedUnderTP``: a forward that may have launched collectives, never run again on one
 rank (docs/design.md, "Ranks").
 """

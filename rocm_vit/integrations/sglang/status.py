@@ -53,7 +53,22 @@ def all_reduce_verdict(environ: dict[str, str] | None = None, platform: str | No
     """Which custom all-reduce SGLang 0.5.23's ``dispatch_custom_allreduce`` would pick here under
     tensor parallelism, from the platform and the environment, and what rocm-vit's graphs do with it.
     A prediction: at serving time the adapter identifies the real one from the group's object
-    (``integrations/sglang/all_reduce.py``). ``platform``: "rocm", "cuda" or "none" (default: this torch's)."""
+    (``integrations/sglang/all_reduce.py``). ``platform``: "rocm", "cuda" or "none" (default: this torch's).
+    Server arguments that route the tower's all-reduces before the custom all-reduce are named last."""
+    return f"{_custom_all_reduce_verdict(environ, platform)}; {_ROUTED_FIRST}"
+
+
+# Its replay and an eager call read different buffers: no rank may run eagerly what the others replay.
+_AGREED = "; every replay agreed by the ranks before its launch (one host round trip over the CPU group)"
+# SGLang's GroupCoordinator.all_reduce sends an all-reduce here before the custom all-reduce's route.
+_ROUTED_FIRST = (
+    "with --enable-symm-mem (PyNccl's symmetric memory takes what the custom all-reduce declines) or "
+    "--flashinfer-allreduce-fusion-backend (FlashInfer's all-reduce), SGLang sends the tower's all-reduces "
+    "there first, which rocm-vit does not capture: ViT graphs are off under TP"
+)
+
+
+def _custom_all_reduce_verdict(environ: dict[str, str] | None, platform: str | None) -> str:
     env = os.environ if environ is None else environ
 
     def flag(name: str, default: bool) -> bool:
@@ -69,7 +84,7 @@ def all_reduce_verdict(environ: dict[str, str] | None = None, platform: str | No
                 "all-reduce rocm-vit knows how to capture, so ViT graphs are off under TP; "
                 "SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=0 picks SGLang's CustomAllreduce, captured inside its capture()"
             )
-        return "SGLang's CustomAllreduce (CUDA): captured inside its capture(), registered at its exit"
+        return f"SGLang's CustomAllreduce (CUDA): captured inside its capture(), registered at its exit{_AGREED}"
     one_stage = "SGLANG_USE_1STAGE_ALLREDUCE"
     if flag(one_stage, False) if one_stage in env else flag("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", False):
         return (
@@ -79,7 +94,7 @@ def all_reduce_verdict(environ: dict[str, str] | None = None, platform: str | No
     if flag("SGLANG_USE_AITER_AR", True) and importlib.util.find_spec("aiter") is not None:
         return "aiter's CustomAllreduce: captured outside its capture(), as the eager call; nothing registered"
     return ("SGLang's CustomAllreduce (ROCm: SGLANG_USE_AITER_AR=0 or aiter missing): captured inside its "
-            "capture(), registered at its exit")  # fmt: skip
+            f"capture(), registered at its exit{_AGREED}")  # fmt: skip
 
 
 def _torch_hip() -> bool:
