@@ -47,7 +47,7 @@ def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = 
         return TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if query_tiles is not None and query_tiles <= _FEW_QUERY_TILES:
         # One short segment (a 224² image: 32 tiles of 128 rows at 16 heads) leaves most SMs idle;
-        # 64-row tiles on one warpgroup double the programs (docs/benchmarks.md, History, second round).
+        # 64-row tiles on one warpgroup double the programs (measured in c13b1fc).
         return TritonAttnConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
     # sm_90: two warpgroups split the 128 query rows; 141 registers at head dim 72 and 176 at 128,
     # no spills, where 4 warps spill at 255. Three stages pipeline the K/V copies (80 KiB of smem).
@@ -84,7 +84,7 @@ _AMD_CONFIGS = {
 
 # The largest key tile this kernel is run with (`bench-attn --sweep-triton` goes up to 128). A config
 # override past it is refused: (64, 256, 4 warps, 1 stage) faulted on an H200 under Triton 3.6
-# (docs/benchmarks.md, History, eleventh round).
+# (1ed14db).
 MAX_BLOCK_N = 128
 
 # At most this many 128-row query tiles (segments x heads x tiles per segment): half the SMs of an
@@ -131,7 +131,7 @@ def triton_varlen_attention(
     if config.block_n > MAX_BLOCK_N:
         raise ValueError(
             f"config.block_n = {config.block_n} is over {MAX_BLOCK_N}: 256-key tiles with 64-row query tiles "
-            "faulted (illegal memory access) on an H200 under Triton 3.6 (docs/benchmarks.md, eleventh round)"
+            "faulted (illegal memory access) on an H200 under Triton 3.6"
         )
     block_d0, block_d1 = _head_dim_split(head_dim)
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2])
@@ -261,7 +261,7 @@ def _varlen_attn_fwd(
     # stride like 72 defeats vectorised loads and with them the pipelined async copies.
     # Rows are never masked (rows past the segment re-read its last row, and are not stored); only
     # the head-dim tail, by column. 2-D masks on a peeled partial key tile gave NaNs under Triton 3.6
-    # (docs/benchmarks.md, History, first round).
+    # (e41e5b3).
     offs_m_read = tl.minimum(offs_m, seq_len - 1)
     q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m_read[:, None] * stride_qn
     q0 = tl.load(q_rows + offs_d0[None, :]).to(dtype)
@@ -337,7 +337,7 @@ def _attend_tile(
         scores = tl.dot(q1, tl.trans(k1.to(dtype)), scores, input_precision=DOT_PRECISION)
     if start_n + BLOCK_N > seq_len:
         # Only a segment's last tile can run past it: a branch keeps the mask off the full tiles
-        # (docs/benchmarks.md, History, second round); unlike peeling that tile, it stays correct.
+        # (e3b9822); unlike peeling that tile, it stays correct.
         scores = tl.where((offs_n < seq_len)[None, :], scores, float("-inf"))
     # Every tile holds at least one valid key, so m_new is finite and exp2(-inf - m_new) is 0.
     m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale_log2)

@@ -27,7 +27,7 @@ MIN_SAVING_SHARE = 0.05
 # a capture's cost (``CostModel.capture_ms``): a layout seen n times is taken to come back at least
 # 1 / PAYBACK_SHARE times as often again, so one that saves little waits for the calls that repay its
 # capture, and a one-off is not captured for a sliver. Fitted in `bench-traffic` over 0.1-1 at launch
-# times of 10-22 ms (docs/benchmarks.md, History, round 21). The runner applies it to exact
+# times of 10-22 ms (86ff825). The runner applies it to exact
 # layouts; a padded graph is captured at its bucket's first call, as it serves a whole bucket.
 PAYBACK_SHARE = 0.2
 # Qwen3-VL-8B on an H200, 27 blocks (docs/cost-model.md, "Eager against replay by patch count").

@@ -70,8 +70,8 @@ class PreparedLayout:
     def wait_ready(self) -> None:
         """Make the current stream wait until the tensors are written (no host sync).
 
-        Once the event has completed a query replaces the stream lookup and the wait (host time:
-        docs/benchmarks.md, History, rounds 11-12).
+        Once the event has completed a query replaces the stream lookup and the wait (host time
+        measured in 83841a0).
         """
         if self.ready is not None and not self.ready.query():
             torch.cuda.current_stream(self.cos.device).wait_event(self.ready)

@@ -32,7 +32,7 @@ from rocm_vit.workloads.workload import (
 HOLDERS = ("graph pools", "runner's stream (staging)", "default stream (eager calls)", "other streams (side)")
 # random: reserved memory is measured against its level after this share of the calls.
 WARM_UP_SHARE = 0.1
-# churn: #27's stream through a CHURN_DEPTH-block tower, every layout captured at its first call.
+# churn: random layouts through a CHURN_DEPTH-block tower, every layout captured at its first call.
 CHURN_DEPTH = 4
 CHURN_CAPACITY = 16
 CHURN_MAX_TOKENS = 65536
@@ -221,7 +221,7 @@ def streams(tower: VisionTower, budget_bytes: int, max_side_px: int, seed: int) 
 
 
 def churn(preset_name: str, default_budget: int, calls: int, seed: int) -> dict:
-    """#27's stream: random layouts through a shallow tower of the preset's widths, every layout
+    """Random layouts through a shallow tower of the preset's widths, every layout
     captured at its first call; once with an ample budget, once with the default. Every output is
     compared with the eager run of the same call, bit for bit."""
     tower = build_tower(preset_name, torch.device("cuda"), torch.bfloat16, None, seed, depth=CHURN_DEPTH)

@@ -100,7 +100,7 @@ def video_stream(calls: int, seed: int) -> Stream:
 
 
 def standard_streams(calls: int, seed: int) -> list[Stream]:
-    """The streams the issue's targets name, in the order ``bench-traffic`` prints them."""
+    """The streams the serving targets of ``bench-traffic`` name, in the order it prints them."""
     return [
         chat_stream(calls, seed),
         chat_stream(calls, seed, CHECKPOINT_MAX_PIXELS),
