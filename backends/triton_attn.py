@@ -1,11 +1,8 @@
 """rocm-vit's own varlen non-causal flash attention in Triton, for CUDA and ROCm.
 
-One program owns ``BLOCK_M`` query rows of one segment and one head and streams that segment's keys
-and values in ``BLOCK_N`` tiles with an online softmax (fp32 running max, sum and accumulator).
-Invariants: segment bounds are read from ``cu_seqlens`` on the device and ``max_seqlen`` only sizes
-the grid, so nothing is read back; the configuration is fixed per arch, head dim and dtype (never
-autotuned), so a launch is capturable. Head dims 72 and 80 run as 64 plus a 16-wide masked tail
-instead of padding to 128. Floor and figures: docs/benchmarks.md, "Floors" and "`rocm-vit bench-attn`".
+Invariants: segment bounds are read on the device and ``max_seqlen`` only sizes the grid, so nothing
+is read back; the configuration is fixed per arch, head dim and dtype (never autotuned), so a launch
+is capturable. Head dims 72 and 80 run as 64 plus a 16-wide masked tail, not padded to 128.
 """
 
 from __future__ import annotations
@@ -35,12 +32,9 @@ class TritonAttnConfig:
 
 
 def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = None, *, arch: str) -> TritonAttnConfig:
-    """The fixed launch configuration for ``head_dim`` and ``dtype`` on the GPU architecture ``arch``.
-
-    ``arch``: ``"gfx942"``, ``"gfx950"``, another ``"gfx*"`` (a safe AMD default); anything else
-    (``"sm_90"``, ``"cpu"``) gets the NVIDIA choices. ``query_tiles``: 128-row query tiles of the
-    launch (``None``: many). Host values only, never autotuned (that would benchmark inside a capture).
-    """
+    """The fixed launch configuration on ``arch`` (a ``"gfx*"`` gets AMD's, anything else NVIDIA's);
+    ``query_tiles``: the launch's 128-row query tiles. Never autotuned: that would benchmark inside a
+    capture."""
     if arch.startswith("gfx"):
         return _amd_config(arch, dtype)
     if dtype == torch.float32:
@@ -55,10 +49,8 @@ def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = 
 
 
 def _amd_config(arch: str, dtype: torch.dtype) -> TritonAttnConfig:
-    """AMD Instinct tiles for ``arch``; an arch not listed gets gfx942's, which fit CDNA's smallest LDS.
-
-    No few-query-tiles rule as on NVIDIA: nothing here has been timed on an Instinct GPU yet.
-    """
+    """AMD Instinct tiles (an arch not listed: gfx942's, which fit CDNA's smallest LDS); no few-tiles
+    rule, as none was timed on an Instinct GPU yet."""
     half, fp32 = _AMD_CONFIGS.get(arch, _AMD_CONFIGS["gfx942"])
     return fp32 if dtype == torch.float32 else half
 
@@ -106,15 +98,10 @@ def triton_varlen_attention(
 ) -> torch.Tensor:
     """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
 
-    ``KH`` divides ``H`` (grouped-query attention). ``cu_seqlens`` is an int32 (or int64) tensor
-    ``[B + 1]`` of segment offsets on q's device (a CPU one is copied there, for eager callers only).
-    ``max_seqlen`` is a host int bounding the longest segment; it only sizes the grid, and ``None``
-    bounds it by ``N`` (no device read, more empty programs). Returns ``[N, H, D]`` in ``v.dtype``:
-    q and k are cast to it inside the kernel. ``out``, when given, must be a ``[N, H, D]`` tensor of
-    ``v.dtype`` with a contiguous last dim; nothing else is allocated. Head dims 16..256; the last
-    dim of q, k and v must be contiguous. ``arch`` picks the tiles (``default_config``) and the fp32
-    dot precision; ``None`` reads it from q's device once per device (tensors off the GPU, i.e. the
-    interpreter, get the NVIDIA choices). ``config`` overrides the tiles.
+    ``KH`` divides ``H``; ``cu_seqlens`` int32 (or int64) ``[B + 1]`` offsets on q's device (a CPU
+    one is copied, for eager callers only); ``max_seqlen`` a host int sizing the grid (``None``: by
+    ``N``, no device read). Returns ``[N, H, D]`` in ``v.dtype``, into ``out`` if given. Head dims
+    16..256, last dims contiguous. ``arch`` (``None``: q's device's) picks tiles and fp32 precision.
     """
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
     tokens, heads, head_dim = q.shape
@@ -161,10 +148,8 @@ def triton_varlen_attention(
 def variant_layouts(
     heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, *, arch: str | None = None
 ) -> list[tuple[int, int]]:
-    """``(segments, tokens each)`` of calls that together launch every tile configuration
-    (``default_config``) a call with ``heads`` heads can get on ``arch`` (``None``: ``device``'s):
-    Triton compiles each at its first launch, seconds inside a request; ``TritonAttention.prepare``
-    makes these calls before serving."""
+    """``(segments, tokens each)`` of calls launching every tile configuration a ``heads``-head call
+    can get on ``arch``, for ``TritonAttention.prepare`` to compile before serving."""
     arch = arch or _device_arch(device)
     first: dict[TritonAttnConfig, tuple[int, int]] = {}
     for tiles in range(1, 2 * _FEW_QUERY_TILES + 2):
@@ -208,11 +193,8 @@ def _common_alignment(strides: tuple[int, ...]) -> int:
 
 
 def _head_dim_split(head_dim: int) -> tuple[int, int]:
-    """``(power-of-two head part, power-of-two masked tail or 0)``: 72 -> (64, 16), 128 -> (128, 0).
-
-    ``tl.dot`` needs power-of-two tile sides of at least 16, so the tail is one more dot of width
-    ``>= 16`` with the columns past ``head_dim`` masked on load and store.
-    """
+    """``(power-of-two head part, masked power-of-two tail or 0)``: 72 -> (64, 16), 128 -> (128, 0);
+    ``tl.dot`` needs power-of-two sides of at least 16."""
     head = 1 << (head_dim.bit_length() - 1)
     rest = head_dim - head
     return head, (max(16, next_power_of_2(rest)) if rest else 0)
