@@ -1,10 +1,8 @@
 """What one eager call costs the host and the device: ``rocm-vit bench``'s host, device and kernel columns.
 
-Host ms is the time to enqueue one call while the device is still busy with a ``torch.cuda._sleep``
-queued ahead of it, so the host never waits on the device; device ms is events around the same call,
-which the device then runs back to back; kernels are the device activities of one call under the
-profiler (kernels, memsets and copies). A sample whose call had started on the device before the host
-returned is retried with a longer sleep ahead (``busy_ahead`` says whether every sample held).
+Host ms is timed while a ``torch.cuda._sleep`` queued ahead keeps the device busy, so the host never
+waits on it (a sample the device caught up with is retried with a longer sleep; ``busy_ahead`` says
+whether all held); device ms is events around the same call.
 
 tests/gpu_launch_bench.py loads this file by path to measure a tree whose bench lacks these columns;
 that tree needs ``rocm_vit.workloads.workload`` (90789ee or later).
@@ -47,10 +45,7 @@ class EagerCost:
 
 
 def eager_cost(call: Callable[[], object], device: torch.device, repeats: int) -> EagerCost:
-    """Host and device time of ``call`` (one warm-up first), and the device activities it launches.
-
-    On a CPU the host time is the call's wall time (nothing runs asynchronously).
-    """
+    """Host and device time of ``call`` (one warm-up first), and the device activities it launches."""
     if device.type != "cuda":
         return EagerCost(median_ms(call, device, repeats), None, None, True)
     call()
