@@ -152,13 +152,9 @@ class PaddedLayout(AttentionLayout):
 
 @dataclass(frozen=True)
 class VisionLayout:
-    """Host-side description of a packed batch: one attention segment per frame, windows optionally.
-
-    ``grid_thw``: ``(t, h, w)`` patches per item, ``t`` segments of ``h * w`` tokens in spatial-merge
-    block order. With ``window_merge_blocks``, frames are also cut into windows of that many merge
-    blocks per side; ``window_index`` / ``window_inverse`` (host int64, per merge block) permute into
-    window order and back, as transformers' ``get_vision_window_index``.
-    """
+    """Host-side description of a packed batch: one attention segment per frame of ``grid_thw``, and
+    with ``window_merge_blocks`` windows, whose host permutations (``window_index`` / ``window_inverse``)
+    are transformers' ``get_vision_window_index``."""
 
     grid_thw: tuple[GridTHW, ...]
     spatial_merge_size: int
