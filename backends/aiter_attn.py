@@ -34,13 +34,9 @@ def aiter_varlen_attention(
 ) -> torch.Tensor:
     """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
 
-    ``cu_seqlens`` is the int32 ``[B + 1]`` offsets tensor on q's device (the graph runner's buffer,
-    used as is); ``max_seqlen`` a host int (a tensor is refused: reading it would sync). Returns
-    ``[N, H, D]`` in ``v.dtype`` (q and k are cast to it; aiter returns ``q.dtype``). An int64,
-    non-contiguous or CPU ``cu_seqlens`` from an eager caller is converted here, never read back.
-
-    ``pad_head_dim_to`` (128: aiter's assembly kernel) zero-pads q, k and v to that head dim and
-    returns the first ``D`` columns, contiguous: zero columns change no score; ``scale`` stays the caller's.
+    ``cu_seqlens``: int32 ``[B + 1]`` on q's device, used as is (another dtype or device is converted,
+    never read back); ``max_seqlen`` a host int (a tensor would sync). Returns ``[N, H, D]`` in
+    ``v.dtype``. ``pad_head_dim_to`` zero-pads the head dim for aiter's assembly kernel.
     """
     head_dim = q.shape[-1]
     if pad_head_dim_to is not None and pad_head_dim_to > head_dim:
@@ -71,10 +67,7 @@ def aiter_varlen_attention(
 def prepare_aiter(
     head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device, pad_head_dim_to: int | None
 ) -> float:
-    """Run one tiny call of this shape, so aiter loads (or compiles) its module now; returns the seconds.
-
-    Cached: a tower's blocks share one call per shape.
-    """
+    """One tiny call of this shape, so aiter loads (or compiles) its module now; the seconds it took."""
     started = time.perf_counter()
     q, k, v = (torch.ones(8, n, head_dim, dtype=dtype, device=device) for n in (heads, kv_heads, kv_heads))
     cu_seqlens = torch.tensor([0, 8], dtype=torch.int32, device=device)

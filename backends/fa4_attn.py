@@ -1,13 +1,8 @@
 """Varlen attention through FlashAttention-4's CuTe DSL kernels (``flash_attn.cute``, NVIDIA sm_90+).
 
-``flash-attn-4`` (``rocm-vit[fa4]``) is imported at the first call, never with this module (it takes
-seconds). Each head dim compiles once per process at its first call, which the runner's eager warm-up
-pays before a capture. Figures: docs/benchmarks.md, "`rocm-vit bench-attn`".
-
-Written against ``flash_attn/cute/interface.py`` of flash-attn-4 4.0.0b36: ``flash_attn_varlen_func(q,
-k, v, ..., cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ..., softmax_scale, causal)`` returns
-``(out, lse)``; q, k, v ``[total, heads, head_dim]`` with a contiguous last dim, head dims 8..256 in
-multiples of 8 on sm_90.
+``flash-attn-4`` is imported at the first call, never with this module (it takes seconds); each head
+dim compiles at its first call, which the runner's warm-up pays before a capture. Written against
+``flash_attn/cute/interface.py`` of flash-attn-4 4.0.0b36.
 """
 
 from __future__ import annotations
@@ -30,11 +25,8 @@ def fa4_varlen_attention(
     max_seqlen: int,
     scale: float,
 ) -> torch.Tensor:
-    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
-
-    ``cu_seqlens`` is the int32 ``[B + 1]`` offsets tensor on q's device, ``max_seqlen`` a host int
-    (a tensor is refused: reading it would sync). Returns ``[N, H, D]`` in ``v.dtype``; q and k are
-    cast to it first. Nothing is read back to the host, so the call is capturable.
+    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``;
+    ``max_seqlen`` a host int (a tensor would sync). Returns ``[N, H, D]`` in ``v.dtype``; capturable.
     """
     cu_seqlens, max_seqlen = varlen_offsets(cu_seqlens, max_seqlen, q.device)
     result = _varlen_func()(

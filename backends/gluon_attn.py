@@ -1,15 +1,10 @@
 """Varlen non-causal attention for Hopper (sm_90) in Triton's Gluon dialect: FlashAttention-3's schedule.
 
-A one-warp loader streams K/V tiles by TMA into a ``NUM_STAGES``-slot ring handed over by mbarriers;
-two or three consumer warpgroups own 64 query rows each and overlap their softmax with the others'
-matmuls. The schedule: docs/long-sequences.md, "`gluon_attn`: FlashAttention-3's schedule in Gluon".
-
-Invariants: segment bounds come from ``cu_seqlens`` on the device (``max_seqlen`` only sizes the grid),
-so a launch is capturable; no atomics, so it is deterministic; a nearly empty last wave is split along
-the keys (``tail_split``) and merged in a fixed order. Scope (``gluon_unsupported_reason``): sm_90; q,
-k, v of one dtype, bf16 or fp16; head dim 64/72/80; as many k/v heads as q heads; 16-byte aligned bases
-and strides. Other calls, and a shape this Triton fails to compile (logged once), run ``triton_attn`` for
-the life of the process. Figures: docs/benchmarks.md, "`rocm-vit bench-attn`".
+The schedule: docs/long-sequences.md, "`gluon_attn`: FlashAttention-3's schedule in Gluon".
+Invariants: segment bounds are read on the device, so a launch is capturable; no atomics, and a split
+last wave is merged in a fixed order, so it is deterministic. Calls outside its scope
+(``gluon_unsupported_reason``), and a shape this Triton fails to compile (logged once), run
+``triton_attn``.
 """
 
 from __future__ import annotations
@@ -36,9 +31,8 @@ GLUON_HEAD_DIMS = (64, 72, 80)
 CONSUMER_ROWS = 64  # query rows per consumer warpgroup
 BLOCK_N = 128  # keys per tile
 NUM_STAGES = 3  # K/V ring slots: 40 KB each at head dim 72-80, 140 KB (150 with 3 consumers) with Q
-# Consumer warpgroups per program, 2 or 3: three (192 rows, FlashAttention-3's tile at head dim 64)
-# once their programs fill THREE_CONSUMER_WAVES waves of the GPU; below that, fewer and longer programs
-# leave SMs idle. The crossover: docs/benchmarks.md, "`rocm-vit tune`" (tune measures it per GPU).
+# Three consumers (192 rows) from this many waves; below it, fewer, longer programs leave SMs idle.
+# The crossover: docs/benchmarks.md, "`rocm-vit tune`".
 THREE_CONSUMER_WAVES = 1.5
 # setmaxnreg requests of the worker consumers (the first consumer, Triton's default partition, gets
 # what is left of the pool) and of the one-warp loader. With three, 160 registers leave no room for
@@ -66,14 +60,9 @@ def gluon_varlen_attention(
     out: torch.Tensor | None = None,
     three_consumer_waves: float | None = None,
 ) -> torch.Tensor:
-    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
-
-    The contract of ``triton_varlen_attention``: ``cu_seqlens`` int32 (or int64) ``[B + 1]`` segment
-    offsets, ``max_seqlen`` a host int bounding the longest segment (``None``: the token count),
-    returns ``[N, H, D]`` in ``v.dtype`` (into ``out`` when given). Calls outside this kernel's scope
-    (``gluon_unsupported_reason``) run ``triton_varlen_attention``. ``three_consumer_waves``: the
-    waves from which programs get three consumer warpgroups (``None``: ``THREE_CONSUMER_WAVES``;
-    ``rocm-vit tune`` measures it per GPU).
+    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``:
+    the contract of ``triton_varlen_attention``. ``three_consumer_waves``: from how many waves programs
+    get three consumers (``None``: ``THREE_CONSUMER_WAVES``; tuned per GPU).
     """
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
     unsupported = gluon_unsupported_reason(q, k, v)
@@ -152,11 +141,8 @@ def _launch(
 def variant_layouts(
     heads: int, device: torch.device, three_consumer_waves: float | None = None
 ) -> list[tuple[int, int]]:
-    """``(segments, tokens each)`` of calls that together launch every compiled variant of this
-    kernel a call with ``heads`` heads can launch on ``device``: two or three consumers, each whole
-    and tail split (with the merge). Triton compiles a variant at its first launch, seconds inside a
-    request; ``GluonAttention.prepare`` makes these calls before serving. One image each where one
-    can (up to ``_LONGEST_VARIANT_IMAGE`` tokens), else a video's equal frames."""
+    """``(segments, tokens each)`` of calls launching every variant a ``heads``-head call can (two or
+    three consumers, whole and split), for ``GluonAttention.prepare`` to compile before serving."""
     sms = _sm_count(device.index or 0)
     waves = THREE_CONSUMER_WAVES if three_consumer_waves is None else three_consumer_waves
     first: dict[tuple[int, bool], tuple[int, int]] = {}
@@ -179,9 +165,7 @@ _LONGEST_VARIANT_IMAGE = 65536
 
 
 def consumer_warpgroups(longest_segment: int, programs_per_block: int, sms: int, three_from_waves: float) -> int:
-    """Consumer warpgroups per program (2 or 3) for a launch of ``programs_per_block`` (heads times
-    segments) programs per query block over segments of up to ``longest_segment`` tokens: three once
-    their programs fill ``three_from_waves`` waves of ``sms``."""
+    """Consumer warpgroups per program: three once the programs fill ``three_from_waves`` waves."""
     return 3 if three_consumer_programs(longest_segment, programs_per_block) >= three_from_waves * sms else 2
 
 
@@ -222,11 +206,9 @@ def _sm_count(index: int) -> int:
 
 
 def _descriptors(x: torch.Tensor, rows: int) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """TMA descriptors over ``x`` ``[N, H, D]`` for ``rows`` x 64 (columns 0-63) and ``rows`` x 16 (64-79).
-
-    Built once per pointer, shape, strides, dtype and ``rows`` (the validation and the layouts are host
-    time every layer paid): a kept pair is over a ``_DevicePointer``, so the cache holds no tensor alive,
-    and describes the same memory as a fresh pair would."""
+    """TMA descriptors over ``x`` ``[N, H, D]`` for ``rows`` x 64 and ``rows`` x 16 columns, built once
+    per pointer and shape (host time every layer paid), over a ``_DevicePointer`` so the cache holds
+    no tensor alive."""
     key = (x.data_ptr(), x.shape, x.stride(), x.dtype, rows)
     pair = _kept_descriptors.get(key)
     if pair is None:
@@ -257,8 +239,8 @@ class _DevicePointer:
 
 
 def _pointer_bases_specialise_as_tensors() -> bool:
-    """Whether Triton specialises a descriptor over a ``_DevicePointer`` as over its tensor (checked on a
-    CPU tensor at import): else descriptors are built per launch over the tensors, as before."""
+    """Whether Triton specialises a descriptor over a ``_DevicePointer`` as over its tensor; else
+    descriptors are built per launch."""
     try:
         from triton._C.libtriton import native_specialize_impl
         from triton.backends.compiler import BaseBackend

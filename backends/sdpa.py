@@ -14,12 +14,8 @@ import torch.nn.functional as F
 def sdpa_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: Sequence[int], scale: float
 ) -> torch.Tensor:
-    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
-
-    ``seq_lens`` are host ints summing to ``N``. Returns ``[N, H, D]`` in ``v.dtype``; q and k are
-    cast to ``v.dtype`` first (q may arrive as fp16 beside bf16 k/v). Equal-length segments run as
-    one batched call, ragged ones one call each.
-    """
+    """Non-causal attention within each segment (host ``seq_lens``) of packed ``q`` ``[N, H, D]``,
+    ``k``/``v`` ``[N, KH, D]``; ``[N, H, D]`` in ``v.dtype``. Equal segments run as one batched call."""
     q, k = q.to(v.dtype), k.to(v.dtype)
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     if len(set(seq_lens)) == 1:

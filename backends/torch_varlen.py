@@ -1,10 +1,7 @@
 """Varlen attention through ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA).
 
-The keyword arguments of ``varlen_attn`` changed between releases: 2.10 takes
-``(..., max_q, max_k, is_causal=False, return_aux=None)`` with no scale; 2.11 makes the options
-keyword-only, drops ``is_causal`` for ``window_size`` and adds ``scale``; 2.12 adds ``enable_gqa``.
-So only the seven positional arguments are always passed, and ``scale``/``enable_gqa`` only where
-this torch's signature has them (read once, at import).
+``varlen_attn``'s keywords changed in every release (2.11 added ``scale``, 2.12 ``enable_gqa``), so
+only the seven positional arguments are always passed, the rest where this torch's signature has them.
 """
 
 from __future__ import annotations
@@ -30,13 +27,9 @@ def torch_varlen_attention(
     max_seqlen: int,
     scale: float,
 ) -> torch.Tensor:
-    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
-
-    ``cu_seqlens`` is the int32 ``[B + 1]`` offsets tensor on q's device, ``max_seqlen`` a host int.
-    Returns ``[N, H, D]`` in ``v.dtype`` (q and k are cast to it; ``varlen_attn`` returns q's dtype).
-    On torch 2.10, which takes no scale, a scale other than ``D ** -0.5`` is folded into q (one more
-    elementwise op); before 2.12, grouped k/v heads are repeated to q's head count (a copy).
-    """
+    """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``;
+    returns ``[N, H, D]`` in ``v.dtype``. Without ``scale`` (2.10) another scale is folded into q;
+    before 2.12 grouped k/v heads are repeated (a copy)."""
     cu_seqlens, max_seqlen = varlen_offsets(cu_seqlens, max_seqlen, q.device)
     q, k = q.to(v.dtype), k.to(v.dtype)
     options: dict[str, object] = {}

@@ -28,10 +28,7 @@ def add_norm(
     eps: float,
     kind: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(s, norm(s))`` with ``s = x + update`` (or ``x`` when ``update`` is None), both in ``x.dtype``.
-
-    ``kind``: ``"layer_norm"`` or ``"rms_norm"``. Unchecked: the caller checks ``supports``.
-    """
+    """``(s, norm(s))`` with ``s = x + update`` (or ``x``), both in ``x.dtype``; the caller checks ``supports``."""
     rows, hidden = x.shape
     summed = x if update is None else torch.empty_like(x)
     out_dtype = torch.promote_types(weight.dtype, x.dtype) if kind == "rms_norm" else x.dtype

@@ -1,11 +1,8 @@
 """rocm-vit's own varlen non-causal flash attention in Triton, for CUDA and ROCm.
 
-One program owns ``BLOCK_M`` query rows of one segment and one head and streams that segment's keys
-and values in ``BLOCK_N`` tiles with an online softmax (fp32 running max, sum and accumulator).
-Invariants: segment bounds are read from ``cu_seqlens`` on the device and ``max_seqlen`` only sizes
-the grid, so nothing is read back; the configuration is fixed per arch, head dim and dtype (never
-autotuned), so a launch is capturable. Head dims 72 and 80 run as 64 plus a 16-wide masked tail
-instead of padding to 128. Floor and figures: docs/benchmarks.md, "Floors" and "`rocm-vit bench-attn`".
+Invariants: segment bounds are read on the device and ``max_seqlen`` only sizes the grid, so nothing
+is read back; the configuration is fixed per arch, head dim and dtype (never autotuned), so a launch
+is capturable. Head dims 72 and 80 run as 64 plus a 16-wide masked tail, not padded to 128.
 """
 
 from __future__ import annotations
@@ -35,19 +32,16 @@ class TritonAttnConfig:
 
 
 def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = None, *, arch: str) -> TritonAttnConfig:
-    """The fixed launch configuration for ``head_dim`` and ``dtype`` on the GPU architecture ``arch``.
-
-    ``arch``: ``"gfx942"``, ``"gfx950"``, another ``"gfx*"`` (a safe AMD default); anything else
-    (``"sm_90"``, ``"cpu"``) gets the NVIDIA choices. ``query_tiles``: 128-row query tiles of the
-    launch (``None``: many). Host values only, never autotuned (that would benchmark inside a capture).
-    """
+    """The fixed launch configuration on ``arch`` (a ``"gfx*"`` gets AMD's, anything else NVIDIA's);
+    ``query_tiles``: the launch's 128-row query tiles. Never autotuned: that would benchmark inside a
+    capture."""
     if arch.startswith("gfx"):
         return _amd_config(arch, dtype)
     if dtype == torch.float32:
         return TritonAttnConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if query_tiles is not None and query_tiles <= _FEW_QUERY_TILES:
         # One short segment (a 224² image: 32 tiles of 128 rows at 16 heads) leaves most SMs idle;
-        # 64-row tiles on one warpgroup double the programs (docs/benchmarks.md, History, second round).
+        # 64-row tiles on one warpgroup double the programs (measured in c13b1fc).
         return TritonAttnConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
     # sm_90: two warpgroups split the 128 query rows; 141 registers at head dim 72 and 176 at 128,
     # no spills, where 4 warps spill at 255. Three stages pipeline the K/V copies (80 KiB of smem).
@@ -55,10 +49,8 @@ def default_config(head_dim: int, dtype: torch.dtype, query_tiles: int | None = 
 
 
 def _amd_config(arch: str, dtype: torch.dtype) -> TritonAttnConfig:
-    """AMD Instinct tiles for ``arch``; an arch not listed gets gfx942's, which fit CDNA's smallest LDS.
-
-    No few-query-tiles rule as on NVIDIA: nothing here has been timed on an Instinct GPU yet.
-    """
+    """AMD Instinct tiles (an arch not listed: gfx942's, which fit CDNA's smallest LDS); no few-tiles
+    rule, as none was timed on an Instinct GPU yet."""
     half, fp32 = _AMD_CONFIGS.get(arch, _AMD_CONFIGS["gfx942"])
     return fp32 if dtype == torch.float32 else half
 
@@ -84,7 +76,7 @@ _AMD_CONFIGS = {
 
 # The largest key tile this kernel is run with (`bench-attn --sweep-triton` goes up to 128). A config
 # override past it is refused: (64, 256, 4 warps, 1 stage) faulted on an H200 under Triton 3.6
-# (docs/benchmarks.md, History, eleventh round).
+# (1ed14db).
 MAX_BLOCK_N = 128
 
 # At most this many 128-row query tiles (segments x heads x tiles per segment): half the SMs of an
@@ -106,15 +98,10 @@ def triton_varlen_attention(
 ) -> torch.Tensor:
     """Non-causal attention within each segment of packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``.
 
-    ``KH`` divides ``H`` (grouped-query attention). ``cu_seqlens`` is an int32 (or int64) tensor
-    ``[B + 1]`` of segment offsets on q's device (a CPU one is copied there, for eager callers only).
-    ``max_seqlen`` is a host int bounding the longest segment; it only sizes the grid, and ``None``
-    bounds it by ``N`` (no device read, more empty programs). Returns ``[N, H, D]`` in ``v.dtype``:
-    q and k are cast to it inside the kernel. ``out``, when given, must be a ``[N, H, D]`` tensor of
-    ``v.dtype`` with a contiguous last dim; nothing else is allocated. Head dims 16..256; the last
-    dim of q, k and v must be contiguous. ``arch`` picks the tiles (``default_config``) and the fp32
-    dot precision; ``None`` reads it from q's device once per device (tensors off the GPU, i.e. the
-    interpreter, get the NVIDIA choices). ``config`` overrides the tiles.
+    ``KH`` divides ``H``; ``cu_seqlens`` int32 (or int64) ``[B + 1]`` offsets on q's device (a CPU
+    one is copied, for eager callers only); ``max_seqlen`` a host int sizing the grid (``None``: by
+    ``N``, no device read). Returns ``[N, H, D]`` in ``v.dtype``, into ``out`` if given. Head dims
+    16..256, last dims contiguous. ``arch`` (``None``: q's device's) picks tiles and fp32 precision.
     """
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
     tokens, heads, head_dim = q.shape
@@ -131,7 +118,7 @@ def triton_varlen_attention(
     if config.block_n > MAX_BLOCK_N:
         raise ValueError(
             f"config.block_n = {config.block_n} is over {MAX_BLOCK_N}: 256-key tiles with 64-row query tiles "
-            "faulted (illegal memory access) on an H200 under Triton 3.6 (docs/benchmarks.md, eleventh round)"
+            "faulted (illegal memory access) on an H200 under Triton 3.6"
         )
     block_d0, block_d1 = _head_dim_split(head_dim)
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2])
@@ -161,10 +148,8 @@ def triton_varlen_attention(
 def variant_layouts(
     heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, *, arch: str | None = None
 ) -> list[tuple[int, int]]:
-    """``(segments, tokens each)`` of calls that together launch every tile configuration
-    (``default_config``) a call with ``heads`` heads can get on ``arch`` (``None``: ``device``'s):
-    Triton compiles each at its first launch, seconds inside a request; ``TritonAttention.prepare``
-    makes these calls before serving."""
+    """``(segments, tokens each)`` of calls launching every tile configuration a ``heads``-head call
+    can get on ``arch``, for ``TritonAttention.prepare`` to compile before serving."""
     arch = arch or _device_arch(device)
     first: dict[TritonAttnConfig, tuple[int, int]] = {}
     for tiles in range(1, 2 * _FEW_QUERY_TILES + 2):
@@ -208,11 +193,8 @@ def _common_alignment(strides: tuple[int, ...]) -> int:
 
 
 def _head_dim_split(head_dim: int) -> tuple[int, int]:
-    """``(power-of-two head part, power-of-two masked tail or 0)``: 72 -> (64, 16), 128 -> (128, 0).
-
-    ``tl.dot`` needs power-of-two tile sides of at least 16, so the tail is one more dot of width
-    ``>= 16`` with the columns past ``head_dim`` masked on load and store.
-    """
+    """``(power-of-two head part, masked power-of-two tail or 0)``: 72 -> (64, 16), 128 -> (128, 0);
+    ``tl.dot`` needs power-of-two sides of at least 16."""
     head = 1 << (head_dim.bit_length() - 1)
     rest = head_dim - head
     return head, (max(16, next_power_of_2(rest)) if rest else 0)
@@ -261,7 +243,7 @@ def _varlen_attn_fwd(
     # stride like 72 defeats vectorised loads and with them the pipelined async copies.
     # Rows are never masked (rows past the segment re-read its last row, and are not stored); only
     # the head-dim tail, by column. 2-D masks on a peeled partial key tile gave NaNs under Triton 3.6
-    # (docs/benchmarks.md, History, first round).
+    # (e41e5b3).
     offs_m_read = tl.minimum(offs_m, seq_len - 1)
     q_rows = Q + tl.multiple_of(row0 * stride_qn + head * stride_qh, ALIGN) + offs_m_read[:, None] * stride_qn
     q0 = tl.load(q_rows + offs_d0[None, :]).to(dtype)
@@ -337,7 +319,7 @@ def _attend_tile(
         scores = tl.dot(q1, tl.trans(k1.to(dtype)), scores, input_precision=DOT_PRECISION)
     if start_n + BLOCK_N > seq_len:
         # Only a segment's last tile can run past it: a branch keeps the mask off the full tiles
-        # (docs/benchmarks.md, History, second round); unlike peeling that tile, it stays correct.
+        # (e3b9822); unlike peeling that tile, it stays correct.
         scores = tl.where((offs_n < seq_len)[None, :], scores, float("-inf"))
     # Every tile holds at least one valid key, so m_new is finite and exp2(-inf - m_new) is 0.
     m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale_log2)

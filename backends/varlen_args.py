@@ -1,9 +1,6 @@
 """What the varlen kernels take besides q, k, v, and the checks rocm-vit's own kernels share.
 
-The vendor kernels (aiter, torch varlen, FlashAttention-4) want int32 contiguous segment offsets on
-q's device and the longest segment as a host int. A tensor ``max_seqlen`` is refused rather than
-read: reading it would sync the device in every forward. rocm-vit's kernels (``triton_attn``,
-``gluon_attn``) share ``check_varlen_inputs`` and ``varlen_output``.
+A tensor ``max_seqlen`` is refused rather than read: reading it would sync the device in every forward.
 """
 
 from __future__ import annotations

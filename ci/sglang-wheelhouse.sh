@@ -5,8 +5,8 @@
 # index; carry DIR to the GPU machine and run `SGLANG_WHEELHOUSE=DIR make gpu-test` (or ci/cuda.sh).
 #
 # The list: ci/requirements-sglang.txt (SGLang and the pins its import needs) and
-# ci/requirements-sglang-gpu.txt (what the lent CUDA image lacks beyond them), less the
-# distributions named in SKIP (default: those the lent CUDA image already has, docs/install.md),
+# ci/requirements-sglang-gpu.txt (what the offline CUDA image of the GPU tiers lacks beyond them), less the
+# distributions named in SKIP (default: those that image already has, docs/install.md),
 # which ci/common.sh's install_sglang_wheelhouse would not install over the image's anyway.
 # No wheel of torch, triton or sglang-kernel is ever downloaded: the GPU image's own builds stay.
 #
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 DIR=${1:-.sglang-wheels}
 PYTHON_VERSION=${PYTHON_VERSION:-3.12}
-# Already in the lent CUDA image (/work/.library/device/KINDS.md, "Python packages already there").
+# Already in the offline CUDA image of the GPU tiers (torch 2.11.0+cu130, transformers 5.17.0).
 SKIP=${SKIP:-aiohappyeyeballs aiohttp aiosignal attrs certifi einops frozenlist httpx multidict pillow propcache psutil requests sentencepiece urllib3 yarl}
 PY=${PY:-python3}
 

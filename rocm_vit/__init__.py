@@ -8,11 +8,7 @@ from rocm_vit.version import __version__ as __version__
 
 
 def _alias_checkout_backends() -> None:
-    """Make ``rocm_vit.backends`` importable when running from a source checkout.
-
-    The wheel maps the top-level ``backends/`` folder to ``rocm_vit.backends``; a checkout on
-    ``PYTHONPATH`` has no such folder inside the package, so register the sibling one under that name.
-    """
+    """Register the checkout's top-level ``backends/`` as ``rocm_vit.backends``, as the wheel maps it."""
     package_dir = Path(__file__).resolve().parent
     if (package_dir / "backends").is_dir() or "rocm_vit.backends" in sys.modules:
         return

@@ -1,17 +1,10 @@
-"""Attention backends: one class per kernel, each declaring the arguments it takes per layer.
+"""Attention backends: one class per kernel, each building the per-layer arguments it takes.
 
-A backend's per-layer arguments are one of three small frozen types: ``SegmentLengths`` (host
-lengths), ``VarlenArgs`` (device offsets and a host maximum) or ``PickedArgs`` (``auto``'s kernel
-and that kernel's arguments). They hold tensors and host ints only, never anything read back from
-the device. The tower and the graph runner never test a backend's name: they ask the backend for
-its arguments (``runner_args``) once per layout segmentation and hand each layer those of the
-segmentation it attends within; ``layout_args`` builds them all. Callers without a layout (SGLang's
-``VisionAttention``) build them from a ``cu_seqlens`` tensor with ``layer_args_from_tensor``.
-
-What each backend needs to run is declared in ``rocm_vit.backend_requirements``; which one runs is
-the policy's (``rocm_vit.policy``; ``rocm-vit doctor`` prints it with its reasons).
-``ROCM_VIT_ATTENTION_BACKEND`` or an explicit name overrides it, and a backend that cannot run here
-fails in ``get_backend``, at tower construction, not at the first request.
+The tower and the graph runner never test a backend's name: they ask it for its arguments once per
+segmentation (``layout_args``), so eager and captured runs launch the same kernels. Arguments hold
+tensors and host ints only, never a value read back from the device (that would sync every call).
+Which backend runs is the policy's; one that cannot run here fails in ``get_backend``, at tower
+construction, not at the first request.
 """
 
 from __future__ import annotations
@@ -46,13 +39,9 @@ class SegmentLengths:
 
 @dataclass(frozen=True, slots=True)
 class VarlenArgs:
-    """What a varlen kernel takes per layer: ``cu_seqlens``, int32 segment offsets on the device, and
-    ``max_seqlen``, the longest segment as a host int (``None``: not known on the host; only
-    ``triton_attn`` and ``gluon_attn`` take that, bounding their grid by the token count).
-
-    ``seq_lens``: the host segment lengths, for a caller that chooses by them (SGLang's ``aiter_attn``
-    slot under ``auto``); the kernels do not read them.
-    """
+    """Int32 device offsets and the longest segment as a host int (``None`` only for ``triton_attn``
+    and ``gluon_attn``, which then bound their grid by the token count). ``seq_lens`` is for a caller
+    that chooses by lengths (SGLang's ``aiter_attn`` slot under ``auto``); no kernel reads it."""
 
     cu_seqlens: torch.Tensor
     max_seqlen: int | None
@@ -61,8 +50,7 @@ class VarlenArgs:
 
 @dataclass(frozen=True, slots=True)
 class PickedArgs:
-    """What ``auto`` takes per layer: the backend it picked for the segmentation and that backend's
-    arguments."""
+    """``auto``'s pick for a segmentation and that backend's arguments."""
 
     backend: AttentionBackend
     args: LayerArgs
@@ -82,11 +70,7 @@ class AttentionBackend(ABC):
 
     @classmethod
     def unavailable_reason(cls, platform: PlatformName | None = None) -> str | None:
-        """Why this backend cannot run on ``platform`` (default: this one), or ``None`` when it can.
-
-        What it needs is declared in ``rocm_vit.backend_requirements.REQUIREMENTS`` under its name and
-        checked against this machine's facts (modules found without importing them).
-        """
+        """Why this backend cannot run on ``platform`` (default: this one), or ``None`` when it can."""
         facts = current_facts()
         if platform is not None:
             facts = dataclasses.replace(facts, platform=platform)
@@ -94,11 +78,9 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def runner_args(self, segmentation: Segmentation | VisionLayout, cu_seqlens: torch.Tensor) -> LayerArgs:
-        """The per-layer arguments for ``segmentation``; ``cu_seqlens`` is its int32 device tensor.
+        """The per-layer arguments for ``segmentation`` (a ``VisionLayout``: its full one).
 
-        A ``VisionLayout`` stands for its full segmentation. The graph runner passes its own static
-        ``cu_seqlens`` buffer, so the arguments must reference that tensor rather than copy it, and
-        must hold nothing read back from the device.
+        They must reference ``cu_seqlens``, not copy it: the graph runner passes its static buffer.
         """
 
     @property
@@ -112,12 +94,8 @@ class AttentionBackend(ABC):
         raise ValueError(f"{self.name} needs host segment lengths: it cannot take offsets per call")
 
     def layout_args(self, layout: VisionLayout | AttentionLayout, cu_seqlens: Mapping[str, torch.Tensor]) -> AttnArgs:
-        """``runner_args`` of every segmentation of ``layout``, by name: what ``forward_blocks`` takes.
-
-        ``cu_seqlens`` maps each segmentation's name to its int32 device tensor (the layout's own,
-        or the graph runner's static buffers). A tower hands this method to its graph runner. A
-        layout whose offsets are a per-call input gets ``per_call_args``.
-        """
+        """``runner_args`` of every segmentation of ``layout`` by name (``per_call_args`` where its
+        offsets are a per-call input); ``cu_seqlens`` holds each one's int32 device offsets."""
         if layout.offsets_per_call:
             return {
                 name: self.per_call_args(cu_seqlens[name], segmentation.max_seqlen)
@@ -135,12 +113,9 @@ class AttentionBackend(ABC):
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
     ) -> LayerArgs:
-        """The per-layer arguments for a caller that holds only a ``cu_seqlens`` tensor.
-
-        ``max_seqlen`` and ``seq_lens`` are host data the caller may already have; pass them. A
-        backend that needs host lengths takes them from a CPU ``cu_seqlens`` for free and, only as
-        a last resort, reads a device ``cu_seqlens`` back (a host sync, logged once per backend).
-        """
+        """The per-layer arguments for a caller holding only ``cu_seqlens``. Pass the host data you
+        have: without it a backend that needs lengths reads a device ``cu_seqlens`` back (a host
+        sync, logged once)."""
 
     @abstractmethod
     def __call__(
@@ -149,16 +124,13 @@ class AttentionBackend(ABC):
         """Attention output ``[N, H, D]`` in ``v.dtype``; ``layer_args`` is what this backend built."""
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Get ready to serve this shape: a kernel that would compile at its first call compiles now,
-        before a request waits for it. Nothing to do for most backends."""
+        """Compile now what this shape's first call would compile inside a request."""
         return
 
 
 class SdpaAttention(AttentionBackend):
-    """Per-sequence ``scaled_dot_product_attention`` with host lengths: runs anywhere.
-
-    SDPA picks its kernel from shapes and dtypes only, so eager and captured runs use the same one.
-    """
+    """Per-sequence ``scaled_dot_product_attention`` with host lengths: runs anywhere. SDPA picks its
+    kernel from shapes and dtypes only, so eager and captured runs use the same one."""
 
     name = "sdpa"
 
@@ -180,10 +152,7 @@ class SdpaAttention(AttentionBackend):
 
 
 class _VarlenAttention(AttentionBackend):
-    """A kernel taking ``VarlenArgs``: the int32 device offsets and the longest segment as a host int.
-
-    Subclasses set ``_attend(q, k, v, cu_seqlens, max_seqlen, scale)``, their kernel's wrapper.
-    """
+    """A kernel taking ``VarlenArgs``; subclasses set ``_attend(q, k, v, cu_seqlens, max_seqlen, scale)``."""
 
     _attend: Callable[..., torch.Tensor]
 
@@ -211,10 +180,8 @@ class _VarlenAttention(AttentionBackend):
         return self._attend(q, k, v, layer_args.cu_seqlens, layer_args.max_seqlen, scale)
 
     def prepare(self, head_dim: int, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Compile every kernel variant a call of this shape can launch: one call per ``(segments,
-        tokens each)`` of ``_variant_layouts``, on q, k, v views of one fused tensor as the towers
-        and SGLang pass them. Triton compiles a variant at its first launch: 3-5 s inside a request
-        on the H200 (docs/design.md, "Compiles before serving")."""
+        """One call per kernel variant this shape can launch, on q, k, v views of one fused tensor as
+        callers pass them: Triton compiles at first launch, 3-5 s inside a request on the H200."""
         device = torch.device(device)
         if device.type == "cuda":
             layouts = self._variant_layouts(heads, head_dim, dtype, device)
@@ -238,8 +205,7 @@ class _VarlenAttention(AttentionBackend):
     def _variant_layouts(
         self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
     ) -> list[tuple[int, int]]:
-        """Calls that launch every compiled variant of this kernel: none where its first call compiles
-        all it will (torch's and aiter's)."""
+        """``(segments, tokens each)`` calls launching every variant; none where the first call compiles all."""
         return []
 
 
@@ -270,11 +236,8 @@ class AiterAttention(_VarlenAttention):
 
 class AiterPaddedAttention(AiterAttention):
     """aiter with the head dim zero-padded to 128, where aiter has assembly kernels (72 and 80 have CK).
-
-    Padding q and k with zeros leaves every score unchanged, and padded v columns come out zero and
-    are cut off; the scale stays the model's. Whether the faster kernel pays for the three pads and
-    the slice is for ``rocm-vit tune`` to measure on the GPU, not to assume.
-    """
+    Zero columns leave the scores unchanged; whether the faster kernel pays for the pads is for
+    ``rocm-vit tune`` to measure."""
 
     name = "aiter_attn_pad128"
     _pad_head_dim_to = 128
@@ -282,11 +245,7 @@ class AiterPaddedAttention(AiterAttention):
 
 class TritonAttention(_VarlenAttention):
     """rocm-vit's Triton varlen kernel (CUDA and ROCm; on a CPU only under ``TRITON_INTERPRET=1``).
-
-    It takes ``VarlenArgs``, not SGLang's ``[cu_seqlens, seq_lens, max_seqlen]``: the kernel reads
-    each segment's bounds from ``cu_seqlens`` on the device and uses ``max_seqlen`` only to size its
-    grid (``None``: by the token count), so per-segment lengths would be dead weight.
-    """
+    It reads segment bounds on the device; ``max_seqlen`` only sizes its grid."""
 
     name = "triton_attn"
 
@@ -310,19 +269,15 @@ class TritonAttention(_VarlenAttention):
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
     ) -> VarlenArgs:
-        # max_seqlen only bounds the grid: without host data the kernel bounds it by the token
-        # count (None), which costs empty programs but never a device read.
+        # Without host data the grid is bounded by the token count: empty programs, never a device read.
         if max_seqlen is None and seq_lens is None and cu_seqlens.device.type != "cpu":
             return VarlenArgs(cu_seqlens, None)
         return super().layer_args_from_tensor(cu_seqlens, max_seqlen, seq_lens)
 
 
 class GluonAttention(TritonAttention):
-    """rocm-vit's Gluon kernel for Hopper: FlashAttention-3's warp-specialised schedule (sm_90 only).
-
-    It takes triton_attn's arguments and contract; calls outside its scope (dtype, head dim, grouped
-    heads, alignment: ``gluon_unsupported_reason``) run triton_attn inside the wrapper.
-    """
+    """rocm-vit's Gluon kernel for Hopper (sm_90): FlashAttention-3's warp-specialised schedule, with
+    triton_attn's contract; calls outside its scope run triton_attn inside the wrapper."""
 
     name = "gluon_attn"
 
@@ -364,13 +319,8 @@ class Fa4Attention(_VarlenAttention):
 
 
 class AutoAttention(AttentionBackend):
-    """A kernel per segmentation, named by the policy's rule from host-side lengths (and the head dim).
-
-    The choice is made in ``runner_args`` from the segmentation alone, so one layout always gets the
-    same kernels and a captured graph replays exactly what the eager run computed. It takes
-    ``PickedArgs``: that backend and its arguments. The rule is the policy's when the backend is
-    built: the CUDA rule, or, with a tuned profile, what ``rocm-vit tune`` measured fastest on this GPU.
-    """
+    """A kernel per segmentation, by the policy's rule (default or tuned) from host lengths and head dim.
+    Picked from the segmentation alone, so a captured graph replays what the eager run computed."""
 
     name = "auto"
 
@@ -420,11 +370,9 @@ class AutoAttention(AttentionBackend):
             backend.prepare(head_dim, heads, kv_heads, dtype, device)
 
     def _pick_by_bound(self, max_seqlen: int) -> AttentionBackend:
-        """For a caller with device offsets and only a bound on the longest segment (a padded
-        graph serves every layout of its bucket this way): the rule's pick for one segment of
-        ``max_seqlen`` tokens where that kernel reads its offsets on the device (the long-sequence
-        kernel from its threshold, faster than the one-launch kernel there: docs/design.md,
-        "Padding"), else the rule's one-launch kernel."""
+        """For a padded graph (device offsets, a bound only): the rule's pick for one ``max_seqlen``
+        segment if it reads offsets on the device (the long-sequence kernel is faster there), else
+        the one-launch kernel."""
         backend = self._pick((max_seqlen,))
         return backend if backend.reads_offsets_on_device else self._without_lengths
 
@@ -467,10 +415,7 @@ def resolve_backend_name(name: str | None = None) -> tuple[str, str]:
 
 
 def get_backend(name: str | None = None, head_dim: int | None = None) -> AttentionBackend:
-    """Build the backend to use; fails now, naming backend, platform and what is missing, if it cannot run.
-
-    ``head_dim`` lets ``auto`` use what was tuned for that head dim.
-    """
+    """Build the backend (``head_dim``: what ``auto`` tuned for); fails now, naming what is missing."""
     chosen, reason = resolve_backend_name(name)
     platform = active_policy().facts.platform
     backend_cls = BACKENDS.get(chosen)

@@ -17,11 +17,8 @@ from rocm_vit.policy import active_policy
 
 
 def add_norm(x: torch.Tensor, update: torch.Tensor | None, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(s, norm(s))`` with ``s = x + update``, or ``s = x`` when ``update`` is None.
-
-    ``norm``: see ``norm_kind``. Fused differs from plain only in the order of the row sums; both
-    results are new tensors.
-    """
+    """``(s, norm(s))`` with ``s = x + update`` (or ``x``), both new tensors; fused differs from plain
+    only in the order of the row sums."""
     kind = norm_kind(norm)
     if _fused_enabled() and kind is not None:
         kernels = _add_norm_kernels()
@@ -33,10 +30,8 @@ def add_norm(x: torch.Tensor, update: torch.Tensor | None, norm: nn.Module) -> t
 
 
 def linear_gelu_tanh(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``gelu(linear(x), approximate="tanh")``; on CUDA one cuBLASLt GEMM with the GELU in its epilogue.
-
-    The epilogue rounds once, the plain pair twice (docs/numerics.md).
-    """
+    """``gelu(linear(x), approximate="tanh")``; on CUDA one cuBLASLt GEMM with the GELU in its epilogue,
+    which rounds once where the plain pair rounds twice (docs/numerics.md)."""
     if active_policy().gelu_epilogue.value and x.is_cuda and x.dim() == 2 and linear.bias is not None:
         return torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)
     return F.gelu(linear(x), approximate="tanh")
@@ -55,10 +50,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def add_position_embedding(
     x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """``x + (table[taps] * weights[..., None]).sum(1).to(x.dtype)``: Qwen3-VL's interpolated positions.
-
-    ``taps``/``weights`` ``[N, 4]`` (int, fp32). Fused: adds into ``x`` in place and returns it.
-    """
+    """``x + (table[taps] * weights[..., None]).sum(1).to(x.dtype)``, Qwen3-VL's interpolated positions;
+    fused, in place into ``x``."""
     if _fused_enabled():
         kernels = _position_kernels()
         if kernels.supports(x, table, taps, weights):

@@ -75,10 +75,7 @@ class DeviceCopies:
 
 class AttentionLayout:
     """The attention segmentations of one packed batch by name (``"full"``, maybe ``"window"``); host data.
-
-    ``offsets_per_call``: whether layouts that share this one's graph key differ in their offsets, so a
-    graph must take them as a per-call input (``PaddedLayout``); ``False``: the key carries them.
-    """
+    ``offsets_per_call``: layouts sharing its key differ in offsets, so a graph takes them per call."""
 
     offsets_per_call = False
 
@@ -131,13 +128,9 @@ class AttentionLayout:
 
 
 class PaddedLayout(AttentionLayout):
-    """``real``'s one segmentation followed by a segment of padding tokens, ``tokens`` in all.
-
-    Real tokens never attend to the padding, and every padding row lies in a segment, so a kernel
-    writes it. Every layout of one token count and segment count has the same graph key, so one
-    graph serves them all: its offsets are a per-call input, and ``max_seqlen`` is ``tokens``, a
-    bound that holds for each of them (kernels sized by it run alike for all).
-    """
+    """``real``'s segmentation and a segment of padding, ``tokens`` in all: real tokens never attend to
+    the padding, and a kernel writes every padding row. Layouts of one token and segment count share
+    a key and a graph: offsets per call, ``max_seqlen`` = ``tokens``, a bound for all of them."""
 
     offsets_per_call = True
 
@@ -159,13 +152,9 @@ class PaddedLayout(AttentionLayout):
 
 @dataclass(frozen=True)
 class VisionLayout:
-    """Host-side description of a packed batch: one attention segment per frame, windows optionally.
-
-    ``grid_thw``: ``(t, h, w)`` patches per item, ``t`` segments of ``h * w`` tokens in spatial-merge
-    block order. With ``window_merge_blocks``, frames are also cut into windows of that many merge
-    blocks per side; ``window_index`` / ``window_inverse`` (host int64, per merge block) permute into
-    window order and back, as transformers' ``get_vision_window_index``.
-    """
+    """Host-side description of a packed batch: one attention segment per frame of ``grid_thw``, and
+    with ``window_merge_blocks`` windows, whose host permutations (``window_index`` / ``window_inverse``)
+    are transformers' ``get_vision_window_index``."""
 
     grid_thw: tuple[GridTHW, ...]
     spatial_merge_size: int

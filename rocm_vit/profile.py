@@ -64,11 +64,8 @@ class ConsumerTiming:
 
 @dataclass(frozen=True)
 class TunedProfile:
-    """What ``rocm-vit tune`` measured, and the choices it derived.
-
-    ``three_consumer_waves``: ``inf`` for nowhere, ``None`` unmeasured. A profile written before the
-    cost model also has ``graph_max_tokens``, a tuned ceiling nothing reads any more: it is ignored.
-    """
+    """What ``rocm-vit tune`` measured, and the choices it derived (``three_consumer_waves``: ``inf``
+    for nowhere, ``None`` unmeasured)."""
 
     key: Mapping[str, str]
     preset: str
@@ -124,10 +121,8 @@ def profile_path(info: PlatformInfo, environ: Mapping[str, str] | None = None) -
 
 
 def load_profile(info: PlatformInfo, environ: Mapping[str, str] | None = None) -> tuple[TunedProfile | None, str]:
-    """The profile in force and a sentence saying which (or why none).
-
-    Raises ``ValueError`` when the file ``ROCM_VIT_PROFILE`` names cannot be read.
-    """
+    """The profile in force and a sentence saying which (or why none); ``ValueError`` where the file
+    ``ROCM_VIT_PROFILE`` names cannot be read."""
     if info.name == "cpu":
         return None, "none (no GPU)"
     path = profile_path(info, environ)

@@ -132,10 +132,7 @@ def preset_names() -> list[str]:
 
 
 def preset(name: str, **overrides: Any) -> TowerConfig:
-    """A shipped preset (``rocm_vit/presets.yaml``), with fields optionally overridden (e.g. ``depth=2``).
-
-    The preset's ``model_type`` picks the config class, hence the tower (``rocm_vit.models.tower_class``).
-    """
+    """A shipped preset (``rocm_vit/presets.yaml``), fields optionally overridden (``depth=2``)."""
     presets = _presets()
     if name not in presets:
         raise ValueError(f"preset {name!r} is unknown; known: {sorted(presets)}")

@@ -1,8 +1,7 @@
 """The rocm-vit version and the commit it was built from, named by every report (bench, doctor).
 
-``build_commit()``: the stamp ``rocm_vit/_build.py`` written into built packages; else git, only at the
-root of a rocm-vit checkout (``-dirty`` when tracked files differ); else ``"unknown (not stamped)"``.
-Standard library only: the build step loads this module by path.
+``build_commit()``: the stamp written into built packages, else git at a checkout's root (``-dirty``
+when tracked files differ). Standard library only: the build step loads this module by path.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from rocm_vit.workloads.traffic import (
 @pytest.mark.parametrize(
     ("size", "max_pixels", "patches"),
     [
-        ((4032, 3024), OPERATOR_CAP_PIXELS, 4920),  # the issue's "one 1.3 MP image (4,920)"
+        ((4032, 3024), OPERATOR_CAP_PIXELS, 4920),  # the chat stream's "one 1.3 MP image (4,920)"
         ((640, 360), CHECKPOINT_MAX_PIXELS, 880),  # 6 of them: 5,280
         ((1920, 1080), CHECKPOINT_MAX_PIXELS, 8160),  # 1080p
         ((4032, 3024), CHECKPOINT_MAX_PIXELS, 47376),  # a 12 MP photo at the checkpoint's limit
@@ -44,7 +44,7 @@ def test_the_chat_stream_is_reproducible_and_capped() -> None:
 
 def test_the_runner_takes_what_pays_and_leaves_what_does_not() -> None:
     """On a host launching in 14 ms, 6 x 640x360 is replayed (the H200 saved 33 % at 13.6 ms); 8 x
-    640x360 and 1080p, whose device time reaches the launch time, are left eager there (#44), and
+    640x360 and 1080p, whose device time reaches the launch time, are left eager there, and
     1.3 MP on a host launching in 10 ms."""
     host = CostModel().with_launch_ms(14.0)
     six = bench_traffic.simulate(repeated_stream("six", 6, 640, 360, 400), host)
@@ -77,7 +77,7 @@ def test_bench_traffic_prints_every_stream_and_fails_on_a_missed_target(capsys) 
 
 def test_padding_takes_chats_saving_where_exact_graphs_cannot() -> None:
     """Chat at a 1.3 MP cap: one image in five has a size no other request has, and an exact graph's
-    capture costs its call more than a few replays save. (#44's 85 % is the bench's target, not
+    capture costs its call more than a few replays save. (85 % is the bench's target, not
     this test's: docs/benchmarks.md has the shares.)"""
     host = CostModel().with_launch_ms(12.0)
     chat = bench_traffic.simulate(chat_stream(2000, seed=0), host)
@@ -126,7 +126,7 @@ def _summary(mean_ms: float, p90_ms: float, share: float | None = None, capture:
     ids=["both", "p90 over 2 %", "share under 85 %", "nothing to save, nothing lost", "nothing to save, time lost"],
 )  # fmt: skip
 def test_chats_target_needs_its_p90_within_2_percent_and_85_percent_of_the_saving(mean_ms, p90_ms, share, met) -> None:
-    """#44: chat at a 1.3 MP cap meets its target only with both; where the oracle saves nothing, 85 %
+    """Chat at a 1.3 MP cap meets its target only with both; where the oracle saves nothing, 85 %
     of it is nothing lost on the mean. Every stream also has the limits' row (mean within 1 %, p90
     within 2 % of all-eager)."""
     stream = {"stream": "chat, 1.3 MP cap", "eager": _summary(10.0, 10.0), "benefit": _summary(mean_ms, p90_ms, share)}
@@ -202,7 +202,7 @@ def test_a_policy_tuned_to_a_slow_host_pads_more_of_chat_than_the_untuned_defaul
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """At 17 ms a launch, padding decided by the untuned model (10 ms) leaves layouts eager that a
-    bucket would serve; a profile's launch time pads them (#44: chat 82 -> 87 % at seed 0, 2000 calls).
+    bucket would serve; a profile's launch time pads them (chat 82 -> 87 % at seed 0, 2000 calls).
     The runner's warning that this machine is far from the model's launch time stays out of a
     simulation, whose host is far from it on purpose."""
     caplog.set_level(logging.WARNING)

@@ -414,7 +414,7 @@ def test_churn_stream_repeats_hot_layouts_at_its_share_and_draws_the_rest_afresh
     stream = churn_stream(1200, 0, config)
     assert stream == churn_stream(1200, 0, config) != churn_stream(1200, 1, config)
     counts = Counter(stream)
-    assert 700 < len(counts) < 900  # about 760 distinct layouts, as #27's churn had
+    assert 700 < len(counts) < 900  # about 760 distinct layouts, as bench-memory's churn scenario draws
     sides = [side for workload in stream for _, *sides in workload.grid_thw for side in sides]
     assert min(sides) >= 4 and max(sides) <= 80 and all(side % 2 == 0 for side in sides)
     assert {len(workload.grid_thw) for workload in stream} == set(range(1, 7))

@@ -1,4 +1,4 @@
-"""The cost model that admits graphs: H200 decisions the issue measured, and the fit tune uses."""
+"""The cost model that admits graphs: decisions measured on H200s, and the fit tune uses."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _saves(model: CostModel, seq_lens: list[int]) -> bool:
         ("1x224", [196], True),
         ("6x640x360", [880] * 6, True),  # p50 11.7 ms replayed against 17.4 eager
         # Device-bound, where hosts disagree: left eager. 16.0 against 18.5 on this host, 15.3 against
-        # 15.5 on #30's; one 1.3 MP image 17.7 against 18.4 here, 22.0 against 21.1 on #44's.
+        # 15.5 on a second H200's; one 1.3 MP image 17.7 against 18.4 here, 22.0 against 21.1 on a third's.
         ("8x640x360", [880] * 8, False),
         ("1x1.3MP", [5120], False),
         ("1x1080p", [8160], False),  # 33.3 against 33.2

@@ -143,9 +143,10 @@ def _churn(generator: torch.Generator, calls: int, seed: int) -> list[AttentionL
 
 
 def test_churn_with_an_ample_budget_never_refuses_a_capture(generator: torch.Generator) -> None:
-    """#27's churn: a small capture into a pool with free space must not teach the runner that every
-    token needs that much. Every call is a capture or a replay, graph memory stays within the budget,
-    and predicted pool growth is never short of the measured by more than a segment."""
+    """Churn (many layouts, each captured at its first call): a small capture into a pool with free
+    space must not teach the runner that every token needs that much. Every call is a capture or a
+    replay, graph memory stays within the budget, and predicted pool growth is never short of the
+    measured by more than a segment."""
     mechanism = StandInGraphs(scratch_bytes_per_token=8, segment_bytes=4 << 10)
     runner, _ = _runner(mechanism=mechanism, capacity=16, max_tokens=2048, budget_bytes=2 << 20)
     stream = _churn(generator, 600, seed=3)

@@ -106,7 +106,7 @@ def test_under_the_serving_defaults_a_capture_is_recorded_on_the_call_that_made_
 
 def test_a_streams_second_half_is_compared_with_the_oracle_on_its_own_sampled_calls(monkeypatch) -> None:
     """The oracle's mean over the whole stream is not the second half's: on chat it was 7.19 ms over
-    2000 calls and 8.43 ms over the last 1000 (H200, session 19). Here the stream's first half was
+    2000 calls and 8.43 ms over the last 1000 (H200, ca6f9b8). Here the stream's first half was
     sampled at 1 ms of saving, its second at 3 ms."""
     from test_graph_runner import StandInGraphs
 

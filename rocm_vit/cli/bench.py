@@ -1,9 +1,7 @@
 """``rocm-vit bench``: tower latency per image layout, eager against graphs, optionally against transformers.
 
-Besides the eager wall time, each row says what an eager call costs the host and the device apart
-(``rocm_vit.workloads.launch_cost``): host ms to enqueue it behind a busy device, device ms, device
-activities per call and host microseconds per launch. Eager runs near device speed only where host
-ms stays under device ms.
+Each row also gives an eager call's host and device cost apart (``workloads.launch_cost``): eager runs
+near device speed only where host ms stays under device ms.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """``rocm-vit bench-attn``: every available attention kernel per image layout, against the matmul rate.
 
-Measures, on one GPU, bf16 ``q``/``k``/``v`` of 16 heads at head dims 72, 64 and 80 over single
-images of 1024..16384 tokens, batches of equal images, two ragged batches and real photo sizes up to
-a 12 MP photo's 47,376 tokens: median milliseconds, TFLOP/s (``4 * L**2 * H * D`` per segment of
-``L`` tokens) and the share of the measured bf16 matmul rate; the error against torch's default
-SDPA; the cold first call per layout (cuDNN plans each new shape); then what the policy picks per
-layout (the default rule, or the tuned profile in force) and whether that is the fastest kernel
-measured, within 3 %. ``--sweep-triton`` also times a
-grid of Triton launch configurations, the data behind ``default_config``. Tables last; ``--json``
-keeps every number.
+Per layout (bf16, 16 heads, head dims 72, 64, 80, up to a 12 MP photo's 47,376 tokens): median ms,
+TFLOP/s against the measured matmul rate, the error against SDPA, the cold first call, and whether the
+policy's pick is the fastest measured within 3 %. ``--sweep-triton`` times the Triton configurations
+behind ``default_config``.
 """
 
 from __future__ import annotations
@@ -272,8 +267,7 @@ def _sweep_triton(bench: KernelTimer, args: argparse.Namespace, device: torch.de
 
 
 def _policy_check(results: list[dict], head_dim: int) -> list[dict]:
-    """Per layout: the backend the policy picks (the default rule, or the tuned profile in force), and
-    the fastest measured of the kernels ``auto`` could pick on this platform."""
+    """Per layout: the policy's pick and the fastest measured kernel ``auto`` could pick here."""
     from rocm_vit.layout import VisionLayout
     from rocm_vit.policy import AUTO_CANDIDATES, active_policy
 

@@ -1,14 +1,9 @@
 """``rocm-vit bench-memory``: the graph runner's defaults (and ``--budget-mib``) under serving streams.
 
-Scenarios (``SCENARIOS``), each with its targets:
-
-- ``mixed``: 80 % of the calls to 20 hot small layouts, through graphs then all-eager: hit rate, bytes held;
-- ``random``: random layouts, half revisited: bytes held, reserved-memory growth after the warm-up share;
-- ``streams``: threads on their own streams replay shared graphs: every output equal to eager;
-- ``churn``: 1-6 images of random sizes, every layout captured at first sight: refusals, outputs equal to eager;
-- ``capture-stall``: another thread's stream while layouts are captured: its p99 against its p50.
-
-Exit status 1 when a target is missed, 2 without a GPU. Figures: docs/benchmarks.md, "`rocm-vit bench-memory`".
+Scenarios (``SCENARIOS``): ``mixed`` (hot layouts: hit rate, bytes held), ``random`` (reserved-memory
+growth), ``streams`` (threads replaying shared graphs: outputs equal eager), ``churn`` (every layout
+captured: refusals), ``capture-stall`` (another stream's p99 while capturing). Exit status 1 when a
+target is missed, 2 without a GPU. Figures: docs/benchmarks.md, "`rocm-vit bench-memory`".
 """
 
 from __future__ import annotations

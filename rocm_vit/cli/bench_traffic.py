@@ -1,12 +1,9 @@
 """``rocm-vit bench-traffic``: what graph admission realizes of what graphs could save, per stream.
 
-Each stream runs through the real ``ViTGraphRunner`` (a stand-in mechanism replays instantly) under each
-of ``policies()``; every call is charged what the ``CostModel`` predicts for how the runner served it
-(``_charge``), against all-eager, a free-graph oracle and a bound on admission (``admission_bound``),
-with the serving targets (``target_rows``). Times are the model's, not measured. The runner captures inside
-the call that triggers the capture, so that call alone pays it: an eager warm-up, the capture and its
-checked first replay, which serves it. ``--mode tower`` times the preset's real tower instead
-(``traffic_tower``). Results: docs/benchmarks.md, "`rocm-vit bench-traffic` · simulated".
+Each stream runs through the real ``ViTGraphRunner`` on a stand-in mechanism, each call charged what
+the ``CostModel`` predicts for how it was served, against all-eager, a free-graph oracle and a bound
+on admission: the admission code itself is what is measured, in seconds, without a GPU. Times are the
+model's. Results: docs/benchmarks.md, "`rocm-vit bench-traffic` · simulated".
 """
 
 from __future__ import annotations
@@ -113,10 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def policies(tuned_launch_ms: float | None = None) -> dict[str, RunnerOptions]:
-    """Today's defaults (``runner_options`` of the default settings, without a resolved policy): small
-    layouts padded to shared buckets by the policy's model, whose launch time is the untuned default
-    or ``tuned_launch_ms`` (a profile's); the same, exact layouts only; and admission by call count
-    (the baseline before the cost model)."""
+    """Today's defaults (launch time untuned or ``tuned_launch_ms``), the same without padding, and
+    admission by call count (the baseline before the cost model)."""
     defaults = runner_options(None, Settings(), BLOCKS, takes_device_offsets=True)
     if tuned_launch_ms is not None:
         model = defaults.cost_model.with_launch_ms(tuned_launch_ms)
@@ -134,10 +129,8 @@ POLICY_NAMES = tuple(policies())
 def simulate(
     stream: Stream, host: CostModel, buckets_first: bool = False, tuned_launch_ms: float | None = None
 ) -> dict[str, Any]:
-    """``stream`` under all-eager, the oracle, the bound and each of ``policies(tuned_launch_ms)``:
-    per-call times (``_charge``) and counts. ``buckets_first``: a policy that pads first serves the
-    calls that capture its buckets (``Padding.bucket_call_grids``), charged nothing and left out of
-    its counts, as a server's startup would."""
+    """``stream`` under all-eager, the oracle, the bound and each policy: per-call times and counts.
+    ``buckets_first``: bucket captures first, charged nothing, as at a server's start."""
     chosen = policies(tuned_launch_ms)
     max_tokens = chosen["benefit"].max_tokens
     seq_lens = [segment_lengths(grid) for grid in stream.calls]
@@ -173,8 +166,7 @@ def simulate(
 
 @contextlib.contextmanager
 def _admission_unheard() -> Iterator[None]:
-    """Admission warns when the host's launch time is far from the model's and asks to tune this
-    machine; a simulated host is --launch-ms, far from the model on purpose, not this machine."""
+    """Silence admission's far-from-the-model warning: a simulated host is far from it on purpose."""
     log = logging.getLogger(admission.__name__)
     level = log.level
     log.setLevel(logging.ERROR)
@@ -187,13 +179,9 @@ def _admission_unheard() -> Iterator[None]:
 def admission_bound(
     seq_lens: Sequence[Sequence[int]], host: CostModel, bucket_for: Callable[[int], int | None], max_tokens: int
 ) -> tuple[list[float], int]:
-    """Per call, the ms of the best admission with these graphs that knows every layout's calls in
-    advance, and its captures: for each layout the better of two choices the static rule could make,
-    every call padded to its bucket (``bucket_for``: ``Padding.bucket_for``; bucket graphs free, taken
-    where they beat eager), or every call replayed from its own graph (within ``max_tokens``),
-    captured inside its first call as the runner captures, which ``_charge`` charges: eager, the
-    capture and the replay. No capacity: a ceiling on what any admission policy realizes with this
-    mechanism."""
+    """Per call, the ms of the best admission that knows every layout's calls in advance: per layout,
+    the better of all calls padded (bucket graphs free) or all replayed from its own graph, captured
+    in its first call. No capacity: a ceiling on what any admission policy realizes."""
     calls: dict[tuple[int, ...], list[int]] = {}
     for index, lengths in enumerate(seq_lens):
         calls.setdefault(tuple(lengths), []).append(index)
@@ -215,8 +203,7 @@ def _no_attention(layout: Any, cu_seqlens: Any) -> dict:
 
 
 def _call(runner: ViTGraphRunner, layout: AttentionLayout, clock: _HostClock, run_lens: Sequence[int]) -> str:
-    """How ``runner`` served a call of ``layout``, run as ``run_lens`` (padded or not): an eager run
-    takes the host's eager time of those on ``clock``."""
+    """How ``runner`` served a call of ``layout``; an eager run takes the host's time of ``run_lens``."""
     clock.run_ms = clock.host.eager_ms(run_lens)
     before = runner.stats()
     x = torch.ones(layout.num_patches, 1)
@@ -228,8 +215,7 @@ def _call(runner: ViTGraphRunner, layout: AttentionLayout, clock: _HostClock, ru
 
 
 def _charge(host: CostModel, kind: str, seq_lens: Sequence[int]) -> float:
-    """The ms of one call of ``seq_lens`` served as ``kind`` (``_call``); a capture is made inside its
-    call, which pays the warm-up (an eager run), the capture and the first replay that serves it."""
+    """The ms of one call served as ``kind``; a capturing call pays warm-up, capture and first replay."""
     if kind == "eager":
         return host.eager_ms(seq_lens)
     if kind == "replay":
@@ -238,8 +224,7 @@ def _charge(host: CostModel, kind: str, seq_lens: Sequence[int]) -> float:
 
 
 def _shares(eager: list[float], oracle: list[float], times: list[float]) -> dict[str, float | None]:
-    """The share of the oracle's saving ``times`` realize over the stream and over its second half
-    (the steady state, most captures behind it, as tower mode shows it)."""
+    """The share of the oracle's saving realized over the stream and over its second half."""
     half = len(times) // 2
     return {
         "share": _share(eager, oracle, times),
@@ -257,9 +242,8 @@ def _toy_blocks(x: torch.Tensor, attn_args: dict, cos: torch.Tensor, sin: torch.
 
 
 class _HostClock:
-    """The runner's clock in simulation: each eager run (two reads) takes the ``host``'s eager time
-    of the call's own layout (``run_ms``, set before each call), what a tower's runner times, so
-    launch-time learning sees what it sees there (a device-bound run takes more than the launch)."""
+    """Each eager run (two reads) takes the host's eager time of the call's layout, so launch-time
+    learning sees what it sees on a tower (a device-bound run takes more than the launch)."""
 
     def __init__(self, host: CostModel) -> None:
         self.host = host
@@ -300,9 +284,8 @@ def target_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 def _share_row(
     name: str, now: dict[str, Any], eager: dict[str, Any], target: float, p90_too: bool = False
 ) -> dict[str, Any]:
-    """The row of a share target: ``now`` realizes at least ``target`` of the oracle's saving on the
-    mean. Where the oracle saves nothing (every layout device-bound), that is met by losing nothing
-    against all-eager (``eager``) on the mean. ``p90_too``: also its p90 within ``P90_SLOWER_LIMIT``."""
+    """``now`` realizes at least ``target`` of the oracle's mean saving (where that is nothing: loses
+    nothing against eager); ``p90_too``: its p90 within ``P90_SLOWER_LIMIT`` too."""
     share = now["share"]
     if share is None:
         met, value = now["mean_ms"] <= eager["mean_ms"], "the oracle saves nothing"

@@ -1,9 +1,6 @@
-"""``rocm-vit bench-traffic --mode tower``: the preset's real tower on this machine's GPU, each call of
-a stream timed all-eager and under the serving defaults back to back (the host's drift cancels), an
-oracle timed on sampled calls, and each call recorded by how the runner served it. The runner
-captures inside the call that triggers the capture, so that call's wall time holds the whole
-capture (warm-up, capture, checked first replay) and no other call is charged for it.
-Results: docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`".
+"""``rocm-vit bench-traffic --mode tower``: the real tower, each call of a stream timed all-eager and
+under the serving defaults back to back, so the host's drift cancels; a capturing call's wall time
+holds its whole capture. Results: docs/benchmarks.md, "`rocm-vit bench-traffic --mode tower`".
 """
 
 from __future__ import annotations
@@ -47,16 +44,11 @@ def measure_tower(
     oracle_calls: int = 100,
     buckets_first: bool = False,
 ) -> dict[str, Any]:
-    """Each stream in ``names``, every call timed twice in a row: all-eager on a twin tower (the same
-    weights, no runner) and under the serving defaults (a fresh runner per stream), in alternating
-    order, so that both meet the same host: its launch time drifted up to 23 % within a process over
-    minutes (the H200, docs/benchmarks.md), more than the margins compared. Wall ms with the caller's
-    stream synchronized around each call, after one untimed eager pass that compiles every kernel
-    variant the stream needs; a call that captures is timed with its capture. Then the oracle on
-    ``oracle_calls`` sampled calls (``_oracle_replay_ms``). The second half of each stream is also
-    given alone: the runner's steady state. ``buckets_first``: each runner
-    captures its padded buckets before the stream (``VisionTower.capture_padded_buckets``), as a
-    server would at startup; the stream's counts leave those calls and captures out."""
+    """Each stream, every call timed all-eager on a twin tower and under the serving defaults in
+    alternating order, so both meet the same host (its launch time drifted up to 23 % within a
+    process, more than the margins compared); then the oracle on ``oracle_calls`` sampled calls. The
+    second half is also given alone: the steady state. ``buckets_first``: padded buckets captured
+    before the stream, as a server does at start."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tower = build_tower(preset_name, device, dtype, None, seed=seed)
@@ -118,8 +110,7 @@ def measure_tower(
 
 
 def _since(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
-    """The runner's ``stats()`` counted from ``first`` on: its counters and times less ``first``'s
-    (``eager_runs`` by reason), the rest as in ``last``."""
+    """The runner's ``stats()`` counted from ``first`` on."""
     since = dict(last)
     for name in ("replays", "captures", "capture_seconds", "verify_seconds", "pool_releases", "evictions"):
         since[name] = last[name] - first[name]
@@ -130,11 +121,8 @@ def _since(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
 def _oracle_savings(
     tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], eager: Sequence[float], oracle_calls: int, seed: int
 ) -> tuple[list[list[float]], float | None]:
-    """Per call, the oracle's saving each time it was sampled (``oracle_calls`` draws): its paired
-    eager ms less the median replay of its own graph timed as the stream's calls are, paired with a
-    call on the ``twin`` (``_oracle_replay_ms``), at least 0; and the mean over the sampled layouts of
-    their back-to-back replays less those, which says what the pairing changes. None sampled on a
-    CPU, which has no graphs to time."""
+    """Per call, the oracle's saving each time it was sampled (paired eager ms less its own graph's
+    paired replay, at least 0), and what pairing the replays changes. None on a CPU."""
     savings: list[list[float]] = [[] for _ in grids]
     if oracle_calls <= 0 or tower.device.type != "cuda":
         return savings, None
@@ -147,8 +135,7 @@ def _oracle_savings(
 
 
 def _mean_saving(oracle: Sequence[Sequence[float]]) -> float | None:
-    """The oracle's mean saving over the calls sampled among ``oracle`` (per call, its samples'
-    savings); ``None`` where none was: a part of a stream is compared with its own calls' oracle."""
+    """The oracle's mean saving over the sampled calls; ``None`` where none was sampled."""
     savings = [saving for samples in oracle for saving in samples]
     return statistics.fmean(savings) if savings else None
 
@@ -156,11 +143,9 @@ def _mean_saving(oracle: Sequence[Sequence[float]]) -> float | None:
 def oracle_under_margin(
     grids: Sequence[tuple[GridTHW, ...]], eager: Sequence[float], oracle: Sequence[Sequence[float]]
 ) -> float | None:
-    """The share of the oracle's saving (its sampled savings) on layouts that measured under the
-    runner's margin: their samples' mean not ``capturable`` against their calls' mean eager ms.
-    Admission leaves such a layout eager by design (the margin is the cost model's error), so the
-    defaults realize about nothing there and their share stays near or below one less this.
-    ``None`` where nothing was sampled."""
+    """The share of the oracle's saving on layouts under the runner's margin, which admission leaves
+    eager by design (the margin is the model's error): the defaults' share stays near or below one
+    less this. ``None`` where nothing was sampled."""
     samples: dict[tuple[int, ...], list[float]] = defaultdict(list)
     eager_ms: dict[tuple[int, ...], list[float]] = defaultdict(list)
     for grid, call_ms, call_samples in zip(grids, eager, oracle, strict=True):
@@ -179,9 +164,8 @@ def oracle_under_margin(
 
 
 def _compared(eager: list[float], graphed: list[float], counts: dict[str, int], possible: float | None) -> dict:
-    """Summaries of the same calls all-eager and under graphs, the oracle's mean saving on them
-    (``possible``), and the share of it realized (where it is over 5 % of eager: below, noise would
-    decide the share)."""
+    """The same calls all-eager and under graphs, and the share of the oracle's saving realized (only
+    where it is over 5 % of eager: below, noise would decide it)."""
     realized = statistics.fmean(eager) - statistics.fmean(graphed)
     worth = possible is not None and possible > MIN_SAVING_SHARE * statistics.fmean(eager)
     return {
@@ -204,9 +188,7 @@ class _Paired:
 
 
 def _paired_calls(tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int, label: str) -> _Paired:
-    """Each call on ``twin`` (all-eager) and through ``tower``'s runner, eager first on even calls,
-    graphs first on odd ones. ``served`` comes from the runner's counters around the call
-    (``served_as``)."""
+    """Each call on ``twin`` (all-eager) and through ``tower``'s runner, in alternating order."""
     runner = tower.graph_runner
     timed = _Paired(stats_at_half=runner.stats())  # a stream of one call has an empty first half
     for index, (grid, pixels) in enumerate(_calls(tower, progress(list(grids), label, "call"), seed)):
@@ -219,8 +201,7 @@ def _paired_calls(tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], s
 
 
 def _in_turn(index: int, on_twin: Callable[[], float], under_graphs: Callable[[], _T]) -> tuple[float, _T]:
-    """Call ``index``'s twin (all-eager) call and its call under graphs, the twin first on even
-    calls and second on odd ones, so that neither order's cost falls on one side; both results."""
+    """Both calls of ``index``, the twin first on even calls, so neither order's cost falls on one side."""
     if index % 2 == 0:
         eager_ms = on_twin()
         return eager_ms, under_graphs()
@@ -237,8 +218,7 @@ def _time_under_graphs(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ..
 
 
 def _calls(tower: Any, grids: Iterable[tuple[GridTHW, ...]], seed: int) -> Iterator[tuple[tuple, torch.Tensor]]:
-    """Each grid with fresh random pixels for it, made on the tower's device as it is reached (a
-    stream's pixels at once would take tens of GB)."""
+    """Each grid with pixels made as it is reached (a stream's at once would take tens of GB)."""
     config, device = tower.config, tower.device
     width = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -248,8 +228,7 @@ def _calls(tower: Any, grids: Iterable[tuple[GridTHW, ...]], seed: int) -> Itera
 
 
 def _timed(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...]) -> float:
-    """Wall ms of one call, the device idle before the clock starts; the caller's stream is
-    synchronized, as a server waits for its own work."""
+    """Wall ms of one call from an idle device, its stream synchronized as a server waits for its work."""
     _synchronize_stream(tower.device)
     started = time.perf_counter()
     tower(pixels, list(grid))
@@ -259,8 +238,7 @@ def _timed(tower: Any, pixels: torch.Tensor, grid: tuple[GridTHW, ...]) -> float
 
 @dataclass(frozen=True)
 class _OracleReplay:
-    """The median ms of a layout's replays of its own graph, each paired with a call of the same grid
-    on the twin in the stream's alternating order (``_paired_calls``), and back to back."""
+    """Median ms of a layout's replays of its own graph, paired with twin calls, and back to back."""
 
     paired_ms: float
     back_to_back_ms: float
@@ -269,10 +247,8 @@ class _OracleReplay:
 def _oracle_replay_ms(
     tower: Any, twin: Any, grids: Sequence[tuple[GridTHW, ...]], seed: int
 ) -> dict[tuple, _OracleReplay]:
-    """Per distinct grid, its replays (``_OracleReplay``) of its own graph, captured for free with no
-    admission limit (one graph held). A replay is mostly device time, which the host's drift leaves
-    alone: the oracle's saving on a call is its paired eager time less the paired replay, at least 0.
-    Raises ``RuntimeError`` where a timed call was not a replay."""
+    """Per distinct grid, its replays of its own graph, captured for free (one graph held). Raises
+    ``RuntimeError`` where a timed call was not a replay."""
     replay_ms: dict[tuple, _OracleReplay] = {}
     runner = tower.enable_graphs(capacity=1, min_hits=1, max_tokens=_MAX_PATCHES, budget_bytes=1 << 40,
                                  by_benefit=False, padded=False)  # fmt: skip
@@ -298,9 +274,7 @@ def per_call(
     served: Sequence[str],
     oracle: Sequence[Sequence[float]],
 ) -> list[dict[str, Any]]:
-    """Every call's grid, ms all-eager and under graphs, how it was served, and the oracle's saving
-    each time it was sampled: the raw record (``--json``), so that a question the summaries do not
-    answer is answered without timing the tower again."""
+    """Every call's raw record (``--json``), so a question the summaries miss needs no second run."""
     calls = zip(grids, eager, graphed, served, oracle, strict=True)
     return [
         {
@@ -315,9 +289,8 @@ def per_call(
 
 
 def served_as(before: dict[str, int], after: dict[str, int]) -> str:
-    """How one call was served, from the runner's ``counters()`` around it: its eager reason (a
-    capture that failed or whose first replay differed has one), else ``capture`` (captured inside
-    the call and served by its first replay), else ``replay``; prefixed ``padded`` where it ran padded."""
+    """How one call was served, from the runner's ``counters()`` around it: its eager reason, else
+    ``capture``, else ``replay``; prefixed ``padded`` where it ran padded."""
     reasons = [reason for reason in EAGER_REASONS if after[reason] > before[reason]]
     if reasons:
         kind = reasons[0]
@@ -334,10 +307,8 @@ def by_kind(
     served: Sequence[str],
     oracle: Sequence[Sequence[float]],
 ) -> list[dict]:
-    """Calls grouped by how they were served (``served_as``): how many, their mean ms under graphs
-    and all-eager, how many were over 10 % slower than eager, with the ms over, and the oracle's mean
-    saving on the group's sampled calls (``oracle``: per call, its samples' savings; None where none
-    was sampled), which tells where a share is lost."""
+    """Calls grouped by how they were served, with their times and the oracle's saving on them: where
+    a share is lost."""
     groups: dict[str, list[tuple[float, float, Sequence[float]]]] = {}
     for eager_ms, graph_ms, kind, savings in zip(eager, graphed, served, oracle, strict=True):
         groups.setdefault(kind, []).append((eager_ms, graph_ms, savings))
@@ -370,9 +341,7 @@ def _latencies(summary: dict[str, float]) -> str:
 
 
 def _launch_line(stream: dict[str, Any]) -> str | None:
-    """Which eager runs taught the stream's launch time (its median, once eight runs were timed):
-    their host and (by the model) device ms, p10 / p50 / p90; ``None`` where none did (or the
-    report predates the record)."""
+    """Which eager runs taught the stream's launch time; ``None`` where none did."""
     samples = stream.get("launch_samples")
     if not samples:
         return None
@@ -392,8 +361,7 @@ def _launch_line(stream: dict[str, Any]) -> str | None:
 
 
 def _margin_line(stream: dict[str, Any]) -> str | None:
-    """How much of the oracle's saving lies where admission's margin leaves layouts eager
-    (``oracle_under_margin``); ``None`` where nothing was sampled (or the report predates it)."""
+    """How much of the oracle's saving lies under admission's margin; ``None`` where none was sampled."""
     under = stream.get("oracle_under_margin")
     if under is None:
         return None

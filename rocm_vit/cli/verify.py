@@ -1,10 +1,8 @@
 """``rocm-vit verify``: graph output == eager output, bit for bit, over random layouts.
 
-Capacity is set below the number of layouts so captures, evictions, replays and eager runs
-interleave, as they do in a busy server; every layout may be captured, whatever its size. This is
-what a user runs on an MI355X to trust the graphs, under ``torch.inference_mode`` (what serving
-uses) and under ``torch.no_grad``; with ``ROCM_VIT_EMULATE=rocm`` an NVIDIA GPU takes ROCm's paths.
-``--padded``: small layouts run padded, and one graph replays layouts it was not captured from.
+Capacity is below the number of layouts, so captures, evictions, replays and eager runs interleave
+as in a busy server, under ``inference_mode`` and ``no_grad``: what a user runs on an MI355X to trust
+the graphs. ``--padded``: one graph replays layouts it was not captured from.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """aiter's ``flash_attn_varlen_func`` parameter lists, pinned from the source, to compare against.
 
-Each list holds ``(name, kind, default)``: ``kind`` is the ``inspect.Parameter`` kind's name,
-``default`` the ``repr`` of the default or ``None`` where there is none. ``PYPI_RELEASE``: what
-``pip install rocm-vit[aiter]`` gets; ``TARGET_RELEASE``: the newest release tag, as ROCm images build
-it from source; ``MAIN_COMMIT``: aiter's main when read. Where each was read, and what changed between
-them: docs/design.md, "The aiter stand-in".
+Each list holds ``(name, kind name, repr of the default or None)``, so a test can tell the installed
+aiter from the one the stand-in models. Where each was read: docs/design.md, "The aiter stand-in".
 """
 
 from __future__ import annotations

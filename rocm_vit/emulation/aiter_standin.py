@@ -88,11 +88,8 @@ def flash_attn_varlen_func(
     cu_seqlens_k_padded: torch.Tensor | None = None,
     sink_ptr: torch.Tensor | None = None,
 ):
-    """Attention per segment of packed q ``[total_q, H, D]``, k/v ``[total_k, KH, D/Dv]``, int32 ``cu_seqlens``.
-
-    Returns ``[total_q, H, Dv]`` (a view of ``out`` when given), then the fp32 lse ``[H, total_q]`` if
-    ``return_lse``, then an empty tensor if ``return_attn_probs``, as aiter.
-    """
+    """Attention per segment of packed q ``[total_q, H, D]``, k/v ``[total_k, KH, D/Dv]``; returns
+    what aiter returns (output, then lse and an empty probs tensor where asked)."""
     _refuse_unemulated(
         {"min_seqlen_q": min_seqlen_q, "dropout_p": dropout_p, "logits_soft_cap": logits_soft_cap},
         bias=bias,

@@ -1,11 +1,7 @@
 """Which calls of the graph runner get a graph: the deciding half of the runner, apart from the doing.
 
-``Admission.decide`` says why a call runs eagerly, or that its layout may be captured now. It counts
-the calls of layouts without a graph (and halves the counts now and then, so old popularity fades),
-knows which layouts failed, and learns the host's launch time from timed eager runs, which the cost
-model needs (docs/design.md, "Runner"). It holds no tensor and touches no device: ``capture.py``
-captures and checks, and reports back what happened; the graphs held and their uses are the store's
-(``store.py``).
+It holds no tensor and touches no device, so its rules are tested as tables; it learns the host's
+launch time from timed eager runs, which the cost model needs (docs/design.md, "Runner").
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ EAGER_REASONS = (
     "capture_unverified",
 )
 
-# Layouts remembered while not (yet) captured, or as failed; bounded so endless new sizes stay flat.
+# Bounded so endless new sizes stay flat.
 _MAX_TRACKED_LAYOUTS = 4096
 # Call counts are halved every this many calls per graph of capacity: old popularity fades.
 _AGING_CALLS_PER_GRAPH = 16
@@ -47,27 +43,22 @@ _AGING_CALLS_PER_GRAPH = 16
 _LAUNCH_SAMPLES = 64
 _MIN_LAUNCH_SAMPLES = 8
 _LAUNCH_REFRESH = 16
-# An eager run teaches the launch time where its layout's predicted device time is below half its
-# host time, or below 0.9 of the median host time of the layout's recent runs (docs/design.md,
-# "Runner"): a single run's own host time lets noise pass the slow runs of a device-bound layout
-# (the runs that showed it: docs/benchmarks.md, "Figures behind constants").
+# Launch-bound: predicted device time under half the host time, or under 0.9 of the layout's recent
+# median (docs/benchmarks.md, "Figures behind constants").
 _LAUNCH_BOUND_SHARE = 0.9
 _CLEARLY_LAUNCH_BOUND_SHARE = 0.5
 _LAYOUT_RUNS_KEPT = 5  # recent host times per layout
 _LAYOUT_RUNS_NEEDED = 3
 _LAYOUTS_TIMED_KEPT = 256
-# A launch time learned this far from the cost model's (either way) is worth one warning: padding,
-# and the buckets captured at start, follow the model's. Tuning narrows the gap in simulation but
-# did not on H100 hosts whose eager runs drift (tune times calls alone), so the warning promises
-# nothing of it (docs/benchmarks.md, "Figures behind constants").
+# A learned launch time this far from the model's is worth one warning: padding and the start-up
+# buckets follow the model's. It promises nothing of tuning, which did not close the gap on drifting
+# H100 hosts (docs/benchmarks.md, "Figures behind constants").
 _LAUNCH_MISMATCH = 1.5
 
 
 @dataclass(frozen=True)
 class LaunchSample:
-    """An eager run that taught the launch time: what it took on the host, the cost model's device
-    time for its layout (``None`` without a model) and the launch time it taught. Kept so that a
-    benchmark can show which runs a learned launch time came from (``bench-traffic --mode tower``)."""
+    """An eager run that taught the launch time, kept so a benchmark can show where a learned one came from."""
 
     host_ms: float
     device_ms: float | None
@@ -75,9 +66,8 @@ class LaunchSample:
 
 
 class Admission:
-    """Decisions of one runner under ``options`` (``RunnerOptions``). Without a cost model every layout
-    within the limits is worth a graph at its ``min_hits``-th call. ``agree``: makes ranks that must
-    decide alike agree on the launch time (identity for one process)."""
+    """Decisions of one runner; without a cost model every layout within the limits is captured at its
+    ``min_hits``-th call. ``agree`` makes ranks agree on the launch time."""
 
     def __init__(self, options: RunnerOptions, *, agree: AgreeMax) -> None:
         self.capacity = options.capacity
@@ -99,9 +89,8 @@ class Admission:
         self._warned_launch = False
 
     def decide(self, key: Hashable, layout: AttentionLayout, uses_to_beat: int | None = None) -> str | None:
-        """Why a call of ``layout`` (graph key ``key``) without a graph runs eagerly now (one of
-        ``EAGER_REASONS``), or ``None`` when it may be captured. Counts the call. ``uses_to_beat``:
-        at capacity, the uses of the graph a capture would evict (``GraphStore.uses_to_beat``)."""
+        """Why a call of ``layout`` without a graph runs eagerly now (``EAGER_REASONS``), or ``None`` to
+        capture it. Counts the call."""
         tokens = layout.num_patches
         if key in self._failed:
             return self._failed[key]
@@ -126,9 +115,8 @@ class Admission:
         return None
 
     def called(self) -> bool:
-        """One more call of any kind: halve every call count once per period, so what was popular
-        long ago makes way. Returns whether this call halved them: the store halves its graphs'
-        uses then too (``GraphStore.halve_uses``)."""
+        """One more call: halve every count once per period, so old popularity makes way; returns
+        whether it did (the store halves its graphs' uses then too)."""
         self._calls += 1
         if self._calls % (_AGING_CALLS_PER_GRAPH * max(1, self.capacity)):
             return False
@@ -150,8 +138,7 @@ class Admission:
         self._over_budget_tokens = min(tokens, self._over_budget_tokens or tokens)
 
     def timed(self, layout: AttentionLayout, host_ms: float) -> None:
-        """An eager run of ``layout`` took ``host_ms`` on the host: a launch-time sample if it was
-        launch-bound (every run without a cost model). Safe from any thread."""
+        """An eager run took ``host_ms``: a launch-time sample if it was launch-bound. Thread-safe."""
         with self._lock:
             if self.cost_model is None:
                 self._launch_samples.append(LaunchSample(host_ms, None, host_ms))
@@ -179,8 +166,7 @@ class Admission:
         return self.cost_model.launch_ms if self._launch_agreed is None else self._launch_agreed[0]
 
     def _warn_once_if_far_from_the_model(self, launch_ms: float) -> None:
-        """Tell the operator once that this machine's eager runs are far from the launch time the model
-        (and padding) was fitted at: the untuned default (10 ms) or a profile of another machine."""
+        """Warn once that this machine's launch time is far from the one the model and padding assume."""
         model_ms = self.cost_model.launch_ms
         if self._warned_launch or max(launch_ms / model_ms, model_ms / launch_ms) < _LAUNCH_MISMATCH:
             return
@@ -195,8 +181,7 @@ class Admission:
         )
 
     def launch_samples(self) -> list[LaunchSample]:
-        """The eager runs the launch time is the median of, oldest first (the last
-        ``_LAUNCH_SAMPLES`` launch-bound ones). Safe from any thread."""
+        """The eager runs the launch time is the median of, oldest first. Thread-safe."""
         with self._lock:
             return list(self._launch_samples)
 
@@ -213,8 +198,7 @@ class Admission:
         }
 
     def _predicted_saving_ms(self, layout: AttentionLayout) -> float | None:
-        """What a replay of ``layout`` saves at this host's launch time by the cost model
-        (``capturable_saving_ms``); ``None`` without a model."""
+        """A replay's saving by the cost model at this host's launch time; ``None`` without a model."""
         if self.cost_model is None:
             return None
         model = self.cost_model.with_launch_ms(self.launch_ms())
@@ -228,10 +212,9 @@ class Admission:
 
     @staticmethod
     def _launch_bound(device_ms: float, host_ms: float, runs: Sequence[float]) -> bool:
-        """Whether an eager run of a layout of predicted ``device_ms`` that took ``host_ms`` timed the
-        host's launches: its device time is well below that, or below what the layout's recent runs
-        typically took (a device-bound call's host time is its device time, as the host waits for the
-        launch queue; judged by one run, noise would pass the slow ones); ``runs``: its recent host ms."""
+        """Whether a run timed the host's launches: its predicted device time is well below its host
+        time, or below the layout's recent runs' (judged by one run, noise would pass the slow runs of
+        a device-bound layout, whose host waits for the launch queue)."""
         if device_ms < _CLEARLY_LAUNCH_BOUND_SHARE * host_ms:
             return True
         return len(runs) >= _LAYOUT_RUNS_NEEDED and device_ms < _LAUNCH_BOUND_SHARE * statistics.median(runs)

@@ -1,9 +1,7 @@
 """One call as the runner serves it: checked, the layout it runs as (padded or exact), its graph key.
 
-Invariant: whether a call runs padded follows from its layout alone (``Padding``), so a replay, a
-capture and an eager run of it compute the same function. A padded call's tensors are padded in
-staging where it is replayed (``Staging.fill``), and padded copies are made only where it runs
-eagerly or is captured (``run_tensors``).
+Invariant: whether a call runs padded follows from its layout alone, so a replay, a capture and an
+eager run of it compute the same function; a replay pads in staging, with no copies.
 """
 
 from __future__ import annotations
@@ -20,11 +18,8 @@ from rocm_vit.layout import AttentionLayout
 
 @dataclass(frozen=True)
 class Call:
-    """``tensors`` (``x, cos, sin, *inputs`` as the caller passed them) run as ``layout``: the caller's,
-    or the ``PaddedLayout`` padding runs it as (``real_tokens``: the caller's tokens; ``None``: exact).
-    ``immutable``: ``cos``, ``sin`` and ``inputs`` are never written after they are passed (never
-    for a padded call). ``key``: the graph that serves it: the layout's key, each tensor's dtype and
-    shape as run."""
+    """The caller's ``tensors`` run as ``layout`` (``real_tokens``: the caller's tokens where padded;
+    ``None``: exact); ``key``: the graph that serves it."""
 
     tensors: tuple[torch.Tensor, ...]
     layout: AttentionLayout
@@ -49,8 +44,7 @@ class Call:
 
     @functools.cached_property
     def run_tensors(self) -> tuple[torch.Tensor, ...]:
-        """The tensors as ``layout`` takes them in an eager run or a capture: padded copies for a
-        padded call, made once."""
+        """The tensors for an eager run or a capture: padded copies for a padded call, made once."""
         if self.real_tokens is None:
             return self.tensors
         return tuple(pad_rows(tensor, self.real_tokens, self.layout.num_patches) for tensor in self.tensors)

@@ -2,14 +2,12 @@
 replay equals its warm-up bit for bit on every rank, and serve the call either way.
 
 Invariants (docs/design.md, "Runner", "Ranks" and "Hazards"):
-- captures run on the caller's thread, inside its call, on the runner's stream, after an eager
-  warm-up there: no thread of the runner's own touches the device while the server's threads do;
-- a graph's first offsets are made on the caller's stream, never on the capture stream;
-- a graph last in the pool that captures go to is reset only once another capture there has begun;
-- ranks never part ways: whatever fails on one rank is agreed before any rank takes a step the
-  others would skip, and a forward that did not run on this rank runs eagerly in its place;
-- a ``capture_scope`` wraps only the capture, never the warm-up, and every rank leaves it together;
-- a pool is released only once no local holds the warm-up's output (``Captures.serve``).
+- captures run inside the caller's call, after an eager warm-up on the runner's stream: no thread of
+  the runner's own touches the device while the server's do (that broke captures on HIP and CUDA);
+- ranks never part ways: a failure on one rank is agreed before any rank takes a step the others
+  would skip, and a forward that did not run here runs eagerly in its place;
+- a ``capture_scope`` wraps only the capture and every rank leaves it together;
+- a pool is released only once no local holds the warm-up's output.
 """
 
 from __future__ import annotations
@@ -48,11 +46,7 @@ class _Attempt:
 
 class Captures:
     """Captures for one runner into its ``store``, reporting to its ``admission``. ``shares_decisions``:
-    other ranks run the same calls (``agree`` is their maximum). ``prepare_capture`` runs on the
-    runner's stream before each warm-up and capture. ``capture_scope``: a context every capture runs
-    inside and every rank leaves together (a custom all-reduce that registers the captured inputs at
-    its exit); the warm-up stays outside it. Counts ``count`` captures and the seconds they and their
-    checks took."""
+    other ranks run the same calls (``agree`` is their maximum)."""
 
     def __init__(
         self,
@@ -95,10 +89,8 @@ class Captures:
         """Capture, keep the graph only if every rank captured it and its first replay equals its
         warm-up everywhere, and serve the call; also the pool's bytes before the capture.
 
-        Every rank runs the same forwards: warm-up, capture, [eager or replay], [eager]; whatever
-        fails on one rank (making room, the offsets, the warm-up's setup, the capture, the first
-        replay's launch, the check) is agreed first, and a warm-up or replay that failed before it
-        launched runs eagerly in its place, which makes the same all-reduces in the same order."""
+        Every rank runs the same forwards in the same order, so their all-reduces pair: a failure
+        on one rank is agreed first, and a forward that failed before launching runs eagerly."""
         store, layout, tensors = self._store, call.layout, call.run_tensors
         need = store.scratch.bound(layout.num_patches)
         started = time.perf_counter()
@@ -163,10 +155,8 @@ class Captures:
             return None, error
 
     def _capture(self, call: Call) -> _Attempt:
-        """Make room, then capture into the runner's pool on its stream after an eager warm-up there:
-        what ``forward_blocks`` makes lazily per thread and stream (and compiles) is made outside any
-        capture, the pool is registered (``CudaGraphs.warm_up``), and the warm-up's output is what the
-        first replay must equal. Never raises: the error is in the attempt."""
+        """Make room, then capture on the runner's stream after an eager warm-up there, so what
+        ``forward_blocks`` makes lazily (and compiles) is made outside the capture. Never raises."""
         layout, tensors, store, order = call.layout, call.run_tensors, self._store, self._forward.order
         device = tensors[0].device
         reference = None
@@ -242,13 +232,10 @@ class Captures:
 def _graph_offsets(layout: AttentionLayout, device: torch.device) -> dict[str, torch.Tensor]:
     """A new graph's own offsets, made on the caller's stream before the capture stream takes over.
 
-    An exact layout's are copied from pinned host memory and never written again (a host-to-device
-    copy right before a replay can be read stale on ROCm: docs/rocm.md, "Hazards"). A padded layout's are copied
-    device-to-device here and before each replay, and the kernels read them from a copy that a
-    kernel of the graph makes (``Forward.on_staging``), never from what a copy wrote. Never
-    on the capture stream: the host allocator records a pinned block's free on every stream that
-    copied from it, and a free during a later capture there would record a captured event, on
-    which the next pinned allocation of any thread fails (docs/design.md, "Hazards").
+    An exact layout's are never written again (a host copy right before a replay can be read stale
+    on ROCm); a padded layout's kernels read them from a copy a kernel of the graph makes. Never on
+    the capture stream: a pinned block's free recorded there during a later capture would be a
+    captured event, and the next pinned allocation of any thread fails (docs/design.md, "Hazards").
     """
     if layout.offsets_per_call:
         return {name: layout.cu_seqlens_tensor(device, name).clone() for name in layout.segmentations}

@@ -1,15 +1,10 @@
 """What a graph saves on one call, predicted from the call's layout.
 
-A replay costs the device time D plus a little host work. Eager costs at least max(L, D), L the host's
-launch time. Where the call is launch-bound (D up to 0.8 L) the host and the device wait on each
-other, and eager calls sat well above max(L, D): there eager is the soft maximum (L^3 + D^3)^(1/3)
-(docs/cost-model.md, "The cost model's eager time"). Where D reaches L the measurements disagree
-from host to host (docs/benchmarks.md, "Figures behind constants"), so the model is conservative:
-past D = 0.8 L eager stays at the soft maximum reached there, (1 + 0.8^3)^(1/3) L = 1.15 L, until D
-itself is larger. A call with D over about 1.1 L is predicted to save under the 5 % margin, one past
-1.15 L nothing. D is linear in tokens and in the sum
-of squared segment lengths. Defaults: a fit of Qwen3-VL-8B replays on an H200 (docs/cost-model.md,
-"Eager against replay by patch count"); L is measured by the runner.
+A replay costs the device time D plus a little host work; eager at least max(L, D), L the host's
+launch time. Launch-bound calls (D up to 0.8 L) sat well above max(L, D), so eager is the soft maximum
+(L^3 + D^3)^(1/3) there (docs/cost-model.md). Past 0.8 L hosts disagree (docs/benchmarks.md, "Figures
+behind constants"), so the model stays flat at 1.15 L until D is larger: a call past about 1.1 L is
+predicted to save under the 5 % margin. D is linear in tokens and in the sum of squared segment lengths.
 """
 
 from __future__ import annotations
@@ -23,12 +18,9 @@ import torch
 
 # A graph must be predicted to save at least this share of the eager call (the model's error margin).
 MIN_SAVING_SHARE = 0.05
-# An exact layout is captured once the savings predicted for its calls so far add up to this share of
-# a capture's cost (``CostModel.capture_ms``): a layout seen n times is taken to come back at least
-# 1 / PAYBACK_SHARE times as often again, so one that saves little waits for the calls that repay its
-# capture, and a one-off is not captured for a sliver. Fitted in `bench-traffic` over 0.1-1 at launch
-# times of 10-22 ms (docs/benchmarks.md, History, round 21). The runner applies it to exact
-# layouts; a padded graph is captured at its bucket's first call, as it serves a whole bucket.
+# An exact layout is captured once its predicted savings add up to this share of a capture's cost:
+# seen n times, it is taken to come back at least n / PAYBACK_SHARE times, so a one-off is not captured for a
+# sliver. Fitted in `bench-traffic` over 0.1-1 at launch times of 10-22 ms (86ff825).
 PAYBACK_SHARE = 0.2
 # Qwen3-VL-8B on an H200, 27 blocks (docs/cost-model.md, "Eager against replay by patch count").
 _H200_8B_BLOCKS = 27
@@ -39,11 +31,8 @@ _SOFT_UNTIL = 0.8
 
 @dataclass(frozen=True)
 class CostModel:
-    """Eager and replay milliseconds of one call through ``blocks`` blocks, from its segment lengths.
-
-    ``device_*`` are per block; ``replay_host_ms`` includes the output clone; ``capture_ms`` a capture
-    and its verification against eager.
-    """
+    """Eager and replay milliseconds of one call through ``blocks`` blocks, from its segment lengths
+    (``device_*`` per block; ``capture_ms`` includes the verification)."""
 
     blocks: int = _H200_8B_BLOCKS
     launch_ms: float = 10.0
@@ -112,9 +101,7 @@ def launch_from_call(eager_ms: float, graph_ms: float) -> float:
 
 
 def launch_from_eager(eager_ms: float, device_ms: float) -> float:
-    """The launch time under which the model gives ``eager_ms`` for a call of ``device_ms`` (0 where
-    eager is no slower than the device): ``_eager_ms`` solved for the launch time, on its soft
-    branch where the device time is within ``_SOFT_UNTIL`` of the result, else on its flat one. A
+    """``_eager_ms`` solved for the launch time (0 where eager is no slower than the device): a
     launch-bound call's eager time is the soft maximum, above the launch time itself."""
     if eager_ms <= device_ms:
         return 0.0

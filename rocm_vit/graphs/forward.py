@@ -22,8 +22,7 @@ from rocm_vit.layout import AttentionLayout
 
 # forward_blocks(x, attn_args, cos, sin, *inputs) -> output
 ForwardBlocks = Callable[..., torch.Tensor]
-# layout_args(layout, cu_seqlens) -> attn_args: per segmentation, built on the given offsets tensors
-# (a tower's: rocm_vit.attention.AttnArgs). The runner passes them on unread.
+# layout_args(layout, cu_seqlens) -> attn_args, which the runner passes on unread.
 LayoutArgs = Callable[[AttentionLayout, Mapping[str, torch.Tensor]], Mapping[str, Any]]
 
 
@@ -67,9 +66,7 @@ class Forward:
     def on_staging(
         self, views: tuple[torch.Tensor, ...], layout: AttentionLayout, offsets: dict[str, torch.Tensor]
     ) -> Callable[[], torch.Tensor]:
-        """The forward a capture records: on staging ``views`` and the graph's own ``offsets``. A
-        padded layout's kernels read its offsets from a copy that a kernel of the graph makes, never
-        from what a copy wrote (``capture._graph_offsets``)."""
+        """The forward a capture records, on staging ``views`` and the graph's own ``offsets``."""
         attn_args = None if layout.offsets_per_call else self.layout_args(layout, offsets)
 
         def forward() -> torch.Tensor:
@@ -84,11 +81,9 @@ class Forward:
     def replay(
         self, entry: Graph, layout: AttentionLayout, tensors: tuple[torch.Tensor, ...], immutable: bool
     ) -> torch.Tensor:
-        """Fill staging and replay ``entry`` on the caller's stream: ordered after the caller's pending
-        work (its inputs) by the stream itself, after the runner's last work on other streams by the
-        marker. Returns the replay's output, copied into a tensor the caller owns, allocated on its
-        stream before the replay: nothing that can fail sits between a launched replay, whose
-        all-reduces the other ranks' wait for, and the return (docs/design.md, "Ranks"). Under a
+        """Fill staging and replay ``entry`` on the caller's stream, after the runner's work on others.
+        The output tensor is allocated before the launch: nothing that can fail sits between a
+        launched replay, whose all-reduces the other ranks wait for, and the return. Under a
         ``launch_agreement`` a failure before the launch, here or on another rank
         (``PeerReplayNotReady``), raises on every rank before any launches; a launch that raises is
         ``ReplayLaunchFailed``."""

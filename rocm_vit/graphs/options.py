@@ -1,8 +1,7 @@
 """What a ``ViTGraphRunner`` is built with, besides the tower's callables: one value, checked once.
 
-``rocm_vit.policy.runner_options`` builds it from the settings, the policy and the tower, for
-``VisionTower.enable_graphs`` and the SGLang adapter alike; the runner, its admission and its store
-read it; ``rocm-vit doctor`` prints it, padding buckets included, as the runner will use them.
+One value built by ``policy.runner_options`` for towers and the SGLang adapter alike, so ``doctor``
+prints what the runner will use.
 """
 
 from __future__ import annotations
@@ -18,12 +17,8 @@ from rocm_vit.settings import DEFAULT_CAPACITY, DEFAULT_MAX_TOKENS, DEFAULT_MIN_
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """``capacity`` graphs at most (0: none), captured at a layout's ``min_hits``-th call, calls of at
-    most ``max_tokens`` patches (also the staging's rows; 0: none), memory within ``budget_bytes``
-    (``None``: 1/64 of the device), admission by ``cost_model`` (``None``: every layout within the
-    limits), small layouts padded to shared buckets by ``padding_model`` (``padding``, built here from
-    it and ``max_tokens``; ``None``: exact layouts only). Meanings: docs/design.md, "Runner" and
-    "Padding". Raises ``ValueError`` naming the option and its value."""
+    """The runner's limits, cost model and padding (docs/design.md, "Runner" and "Padding"); ``None``
+    models mean every layout within the limits, exact only. Raises ``ValueError`` naming the option."""
 
     capacity: int = DEFAULT_CAPACITY
     min_hits: int = DEFAULT_MIN_HITS

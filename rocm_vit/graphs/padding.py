@@ -25,16 +25,14 @@ from rocm_vit.layout import AttentionLayout, GridTHW, PaddedLayout, VisionLayout
 FIRST_BUCKET = 256
 LADDER_RATIO = 1.3
 GRANULE = 64
-# A layout is padded only where the padded replay keeps at least this share of what a replay of the
-# exact layout would save (a repeated layout near a bucket's top keeps its own graph instead), and
-# is worth capturing by the rule admission applies (``capturable``).
+# Padded only where that keeps this share of an exact replay's saving (else a repeated layout keeps
+# its own graph) and admission's rule would capture it.
 MIN_KEPT_SAVING = 0.7
 # Calls of at most this many segments (images, or frames of a video) run padded: the start captures
 # their buckets (one image and two); a bucket of three or more would be captured inside a request
 # (what two took over one: docs/benchmarks.md, "Figures behind constants").
 MAX_PADDED_SEGMENTS = 2
-# Decisions remembered, by exact layout: a repeated layout gets the same PaddedLayout, whose offsets
-# reach the device once, not at every call. Bounded so endless new sizes stay flat.
+# A repeated layout gets the same PaddedLayout, whose offsets reach the device once. Bounded.
 _DECISIONS_KEPT = 4096
 _UNDECIDED = object()
 _MAX_ASPECT = 4  # of the grids ``bucket_call_grids`` picks: as elongated as a panorama photo
@@ -93,13 +91,9 @@ class Padding:
         return PaddedLayout(layout, bucket)
 
     def bucket_call_grids(self, merge: int) -> list[list[GridTHW]]:
-        """The ``grid_thw`` of each call that captures a bucket graph before serving
-        (``VisionTower.capture_padded_buckets``): for each bucket, one image with the most tokens
-        below it in whole ``merge`` blocks, at most ``_MAX_ASPECT`` from square (the least padding,
-        so the likeliest padded), and that image cut in two side by side, each where this rule pads
-        it to that bucket. A graph's key carries its segment count, so one image and two are graphs
-        of their own; calls of more images run as they are (``MAX_PADDED_SEGMENTS``)
-        (docs/design.md, "Padding")."""
+        """The ``grid_thw`` of the calls that capture the bucket graphs at start: per bucket, the
+        largest near-square image below it (the likeliest padded) and that image cut in two, as the
+        key carries the segment count (docs/design.md, "Padding")."""
         calls, below = [], 0
         for bucket in self.buckets:
             grid = _top_grid(bucket, below, merge)
@@ -118,9 +112,7 @@ class Padding:
 def bucket_calls(
     call_grids: list[list[GridTHW]], width: int, device: torch.device, dtype: torch.dtype
 ) -> Iterator[tuple[list[GridTHW], torch.Tensor]]:
-    """Each call of ``call_grids`` (``Padding.bucket_call_grids``) with random pixels for it,
-    ``width`` per patch (seed 0): the calls that capture a tower's buckets before serving, in
-    rocm-vit's towers and in the SGLang adapter alike."""
+    """Each of ``call_grids`` with seeded random pixels: the calls capturing a tower's buckets at start."""
     generator = torch.Generator(device=device).manual_seed(0)
     for grids in call_grids:
         patches = sum(math.prod(grid) for grid in grids)
@@ -136,11 +128,8 @@ def capture_buckets(
     dtype: torch.dtype,
     still_serving: Callable[[], bool] = lambda: True,
 ) -> int:
-    """Capture now the graph of each bucket ``runner`` (a ``ViTGraphRunner`` with ``padding``) pads
-    one image or two to: one call of random pixels each (``bucket_calls``) through ``forward(pixels,
-    grids)``, the tower's own entry, so each graph has a request's shapes and dtypes. Returns how many
-    graphs were captured; 0 as soon as ``still_serving()`` is false (the runner failed and its caller
-    dropped it). What ``VisionTower`` and the SGLang adapter run before serving."""
+    """Capture each bucket's graph through ``forward``, the tower's own entry, so each has a request's
+    shapes and dtypes. Returns how many; stops once ``still_serving()`` is false."""
     captures = runner.stats()["captures"]
     for grids, pixels in bucket_calls(runner.padding.bucket_call_grids(merge), width, device, dtype):
         forward(pixels, grids)
@@ -150,8 +139,7 @@ def capture_buckets(
 
 
 def pixel_width(source: Any) -> int | None:
-    """The width of one patch's pixels (``in_channels * temporal_patch_size * patch_size²``) from an
-    object with those three int attributes (a ``TowerConfig``, SGLang's patch embedding), or ``None``."""
+    """``in_channels * temporal_patch_size * patch_size²`` of an object with those attributes, or ``None``."""
     sizes = [getattr(source, name, None) for name in ("in_channels", "temporal_patch_size", "patch_size")]
     if not all(isinstance(size, int) for size in sizes):
         return None
@@ -170,16 +158,14 @@ def _top_grid(bucket: int, below: int, merge: int) -> GridTHW | None:
 
 
 def _cut_in_two(grid: GridTHW, merge: int) -> list[GridTHW]:
-    """``grid`` cut into two images of whole ``merge`` blocks side by side; empty where it is one
-    block wide."""
+    """``grid`` cut into two images of whole ``merge`` blocks; empty where it is one block wide."""
     frames, rows, columns = grid
     left = columns // merge // 2 * merge
     return [(frames, rows, left), (frames, rows, columns - left)] if left else []
 
 
 def _squarest_grid(tokens: int, merge: int) -> GridTHW | None:
-    """A one-frame grid of ``tokens`` patches in whole ``merge`` blocks, closest to square, or ``None``
-    where every such grid is over ``_MAX_ASPECT`` from square."""
+    """The squarest one-frame grid of ``tokens`` patches within ``_MAX_ASPECT``, or ``None``."""
     blocks = tokens // (merge * merge)
     rows = max((r for r in range(1, math.isqrt(blocks) + 1) if blocks % r == 0), default=0)
     if rows == 0 or blocks // rows > _MAX_ASPECT * rows:

@@ -18,10 +18,7 @@ AgreeMax = Callable[[Sequence[int]], list[int]]
 
 
 def group_max(group: Any = None) -> AgreeMax:
-    """``agree_max`` over a ``torch.distributed`` group: one all-reduce of a few host ints.
-
-    ``group``: a CPU (gloo) group such as ``tp_group.cpu_group``, not queued behind device work.
-    """
+    """``agree_max`` over a CPU (gloo) group such as ``tp_group.cpu_group``: not queued behind device work."""
 
     def agree(values: Sequence[int]) -> list[int]:
         tensor = torch.tensor(list(values), dtype=torch.int64)

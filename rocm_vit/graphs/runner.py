@@ -1,19 +1,15 @@
-"""ViTGraphRunner: graphs for the small, repeated calls of a server, within a memory budget, for any caller.
+"""ViTGraphRunner: graphs for a server's small, repeated calls, within a memory budget, for any caller.
 
-Invariants (docs/design.md, "Runner" and "Hazards"):
-- the key carries every segmentation's offsets and each per-call tensor's dtype and shape; a padded
-  layout's carries its token and segment counts, and its graph takes the offsets per call, copied
-  device-to-device and read by the kernels from a copy a kernel of the graph makes (``call.py``);
-- one staging set (inputs and output) per input signature, allocated once at the token ceiling;
-- the pool holds nothing between calls; each exact graph owns its offsets, written once, never again;
-- with padding, whether a call runs padded follows from its layout alone, eager or replayed;
-- a new graph is kept only if its first replay equals its warm-up bit for bit, and captures run on
-  the caller's thread, inside its call (``capture.py``);
-- ``run`` returns a copy, allocated before the replay launches; one marker event orders the runner's
-  device work on any stream (``forward.py``); calls are decided, captured and replayed one at a time
-  under the runner's lock, and run eagerly outside it, on as many threads as call;
-- admission (the cost model, call counts), eviction and release follow the call sequence and
-  rank-agreed sizes and launch times (``agree_max``), so tensor-parallel ranks decide alike.
+Invariants, each against a hazard of docs/design.md ("Runner", "Hazards"):
+- the key holds every offset and per-call tensor shape, so a replay never serves another layout;
+  a padded graph takes its offsets per call, read from a copy a kernel of the graph makes;
+- each exact graph owns its offsets, written once (a host copy before a replay is read stale on ROCm);
+- staging is allocated once per signature at the token ceiling and the pool holds nothing between
+  calls, so memory stays within the budget;
+- a graph is kept only if its first replay equals its warm-up bit for bit; captures run inside the
+  caller's call, on its thread (``capture.py``);
+- calls are decided, captured and replayed one at a time under the lock, eager ones outside it;
+- admission follows the call sequence and rank-agreed figures, so tensor-parallel ranks decide alike.
 """
 
 from __future__ import annotations
@@ -49,20 +45,14 @@ _DEFAULT_OPTIONS = RunnerOptions()  # frozen, and without padding: nothing in it
 class ViTGraphRunner:
     """Runs ``forward_blocks(x, attn_args, cos, sin, *inputs)`` under graphs keyed by the exact layout.
 
-    ``attn_args = layout_args(layout, cu_seqlens)``: per segmentation, arguments that reference the
-    given ``cu_seqlens`` (the graph's own offsets, or the layout's in an eager run) and hold nothing
-    read back from the device. ``run`` returns a tensor owned by the caller, ready on its current
-    stream, and raises only what the eager ``forward_blocks`` would. ``options``: its limits, cost
-    model and padding (``RunnerOptions``; with padding, ``layout_args`` must take a ``PaddedLayout``).
-    ``mechanism``: the graph API (``CudaGraphs``); ``clock`` times eager runs; ``agree_max``: the
-    element-wise maximum over the ranks that must decide alike; ``prepare_capture`` is called on the
-    runner's stream before each warm-up and capture: what ``forward_blocks`` makes lazily per stream
-    is made there, outside the pool; ``capture_scope``: a context every capture runs inside and every
-    rank leaves together (a custom all-reduce that registers the captured inputs at its exit; the
-    warm-up stays outside it); ``agree_before_replay``: the ranks agree before every replay's launch
-    that each is ready (``Forward``'s ``launch_agreement``: an all-reduce whose eager call does not
-    pair with a replay), one more ``agree_max`` per replay.
-    ``forward_blocks`` is never given the caller's tensors to write: an eager run takes a copy of ``x``.
+    ``layout_args(layout, cu_seqlens)`` must reference the given offsets and read nothing back from
+    the device. ``run`` returns a tensor the caller owns, ready on its stream, and raises only what
+    eager ``forward_blocks`` would. ``agree_max``: the element-wise maximum over ranks that must
+    decide alike; ``prepare_capture`` runs on the runner's stream before each warm-up, so what
+    ``forward_blocks`` makes lazily is made outside the pool; ``capture_scope`` wraps each capture,
+    never its warm-up, and every rank leaves it together (a custom all-reduce registers there);
+    ``agree_before_replay``: one more ``agree_max`` before every replay's launch, where an eager call
+    on one rank does not pair with a replay on the others (``Forward``'s ``launch_agreement``).
     """
 
     def __init__(
@@ -114,17 +104,13 @@ class ViTGraphRunner:
         *inputs: torch.Tensor,
         immutable: bool = False,
     ) -> torch.Tensor:
-        """Forward ``x`` ``[N, ...]`` laid out as ``layout``; ``cos``/``sin`` ``[N, head_dim]``, any dtype.
+        """Forward ``x`` ``[N, ...]`` laid out as ``layout``; ``cos``/``sin`` ``[N, head_dim]``.
 
-        ``inputs`` are further tensors ``forward_blocks`` reads (a tower's position taps, ``[N, 4]``,
-        or window index, one row per merge block); like ``x``, ``cos`` and ``sin`` they are copied
-        into staging before every replay. ``immutable=True`` promises that ``cos``, ``sin`` and
-        ``inputs`` are never written after they are passed (a tower's prepared layouts): one passed
-        again, the very tensor object, is then not copied again while staging still holds it. Returns
-        ``forward_blocks``' output, freshly allocated: no later call changes it. Raises ``ValueError``
-        (before anything runs) when ``x``, ``cos`` or ``sin`` do not have one row per token of
-        ``layout``, or a tensor is on another device. A layout the padding pads runs padded (its
-        output cut to the real tokens' rows), replayed or not.
+        ``inputs``: further tensors ``forward_blocks`` reads, copied into staging before each replay
+        like ``x``. ``immutable=True`` promises ``cos``, ``sin`` and ``inputs`` are never written
+        after they are passed, so the very same tensor is not copied again. The output is freshly
+        allocated: no later call changes it. Raises ``ValueError`` before anything runs when a
+        tensor's rows or device do not fit ``layout``.
         """
         call = Call.of((x, cos, sin, *inputs), layout, self.options.padding, immutable)
         if call.layout.offsets_per_call:
@@ -166,8 +152,7 @@ class ViTGraphRunner:
         return output, None
 
     def _admit(self, call: Call) -> str | None:
-        """Why the call runs eagerly now (``Admission.decide``, or no GPU, or staging over the
-        budget), or ``None`` when it is captured now; the first admitted capture fixes the device
+        """Why the call runs eagerly now, or ``None`` to capture it; the first capture fixes the device
         and its default budget."""
         device = call.tensors[0].device
         if not self._mechanism.available(device):
@@ -211,23 +196,18 @@ class ViTGraphRunner:
         return self.options.padding
 
     def launch_samples(self) -> list[LaunchSample]:
-        """The eager runs behind the launch time learned so far (``Admission.launch_samples``):
-        each one's host ms, the cost model's device ms for its layout and the launch time it taught."""
+        """The eager runs behind the launch time learned so far (``Admission.launch_samples``)."""
         return self._admission.launch_samples()
 
     def counters(self) -> dict[str, int]:
-        """The calls served so far: ``replays``, ``captures`` (each served by its first replay), eager
-        runs by reason, ``padded`` calls of either kind. Unlike ``stats``, read without the runner's
-        lock: a caller on another thread reads them without waiting for a capture (``bench-traffic
-        --mode tower`` reads them around each call, ``served_as``)."""
+        """Calls served so far by kind; unlike ``stats``, read without the runner's lock, so another
+        thread never waits for a capture to read them."""
         with self._counts_lock:
             return {"replays": self._replays, "captures": self._captures.count, **self._eager_runs,
                     "padded": self._padded_calls}  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
-        """Counters for logs, ``rocm-vit bench`` and ``bench-memory``: captures, replays, evictions,
-        eager runs by reason, graphs held, the bytes held (staging, offsets and pool) against the
-        budget, and how far the pool growth predicted before each capture was from what it took."""
+        """Counters, bytes held against the budget, and the pool growth predicted against taken."""
         with self._lock:
             return {
                 "captures": self._captures.count,

@@ -18,21 +18,15 @@ Signature = tuple[tuple[torch.dtype, tuple[int, ...], Fraction], ...]
 
 
 class Staging:
-    """The per-call inputs every graph of one signature reads and the output buffer it writes, at
-    ``max_tokens`` rows, never regrown.
-
-    A graph captures views of the first rows of each buffer, so every graph reads the same memory,
-    filled before each replay by device-to-device copies, and writes its output to the same memory,
-    copied out after the replay into a tensor allocated before it.
-    """
+    """The per-call inputs every graph of one signature reads and the output it writes, at
+    ``max_tokens`` rows: graphs capture views of the first rows, so they all share this memory."""
 
     def __init__(self, signature: Signature, max_tokens: int, device: torch.device) -> None:
         self.inputs = tuple(
             torch.empty(shape, dtype=dtype, device=device) for dtype, shape in _buffer_shapes(signature, max_tokens)
         )
-        # Per input buffer, the tensor it holds when that tensor was passed as immutable (never
-        # written after it is passed): passed again, the very object needs no copy. Held, so that
-        # no other tensor can take its memory and pass for it.
+        # Per buffer, the immutable tensor it holds: passed again, it needs no copy. Held, so no other
+        # tensor can take its memory and pass for it.
         self.sources: list[torch.Tensor | None] = [None] * len(self.inputs)
         self._max_tokens = max_tokens
         # By dtype, trailing shape and rows per token of what forward_blocks returns (one in practice).

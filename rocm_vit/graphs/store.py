@@ -1,10 +1,7 @@
 """The graphs a runner holds and the memory they take: staging, the graph pools, the byte budget.
 
-``GraphStore`` keeps the graphs by key with their uses, makes room before a capture (evicting the
-least used graph, releasing the pools when a capture may not fit), learns from each capture what the
-next will take, and holds the budget after it (docs/design.md, "Pool and budget"). It never decides
-which layout deserves a graph (``admission.py``) and never captures (``capture.py``) or replays
-(``forward.py``).
+It learns from each capture what the next will take, so the budget holds without a device query per
+call (docs/design.md, "Pool and budget"); it never decides, captures or replays.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ class Graph:
     pool: Any  # the pool it was captured into (a failed capture moves later ones to a fresh pool)
     staging: Staging
     inputs: tuple[torch.Tensor, ...]  # views of staging.inputs, one per per-call tensor
-    # This graph's own int32 offsets by segmentation: written once, or before each replay of a
-    # layout whose offsets are a per-call input (``offsets_per_call``).
+    # Written once, or before each replay where offsets are a per-call input.
     offsets: dict[str, torch.Tensor]
     tokens: int
     offsets_per_call: bool = False
@@ -57,10 +53,8 @@ class Graph:
 
 
 class GraphStore:
-    """At most ``options.capacity`` graphs by key and their memory, within ``options.budget_bytes``
-    (``None``: ``default_budget_bytes`` of the device, fixed at the first capture), staging at
-    ``options.max_tokens`` rows. ``agree_max``: the element-wise maximum over the ranks that must
-    decide alike, for the smallest device's budget."""
+    """At most ``options.capacity`` graphs and their memory within the budget (default: the smallest
+    rank's device's, fixed at the first capture)."""
 
     def __init__(
         self,
@@ -91,8 +85,7 @@ class GraphStore:
         self._staging_warned = False
 
     def use_device(self, device: torch.device) -> None:
-        """Fix the device at the first capture, and the default budget from its memory (the smallest
-        device of the group under tensor parallelism)."""
+        """Fix the device and the default budget at the first capture."""
         if self.device is not None:
             return
         self.device = device
@@ -139,10 +132,9 @@ class GraphStore:
         self.pool = None
 
     def make_room(self, signature: Signature, tokens: int) -> None:
-        """Evict the least used graph when at capacity; release the pool when a capture of
-        ``tokens`` is predicted to grow it past the budget (graphs hold nothing in it between calls,
-        so evicting them would free nothing there). A capture whose bound says it may not fit even
-        alone is tried alone: only a measurement refuses it (``Admission.over_budget_from``)."""
+        """Evict the least used graph at capacity; release the pool when a capture is predicted to
+        grow it past the budget (graphs hold nothing there between calls, so evicting frees nothing).
+        Only a measurement refuses a capture that may not fit alone."""
         fixed_bytes = self._fixed_bytes(signature)
         while len(self.graphs) >= self._capacity:
             self._evict_least_used()
@@ -164,8 +156,7 @@ class GraphStore:
         return entry
 
     def uses_to_beat(self) -> int | None:
-        """At capacity, the uses of the graph a capture would evict (``_least_used``); ``None`` while
-        there is room (or none to evict: capacity 0)."""
+        """At capacity, the uses of the graph a capture would evict; ``None`` while there is room."""
         if not self.graphs or len(self.graphs) < self._capacity:
             return None
         return self.graphs[self._least_used()].uses
@@ -223,8 +214,7 @@ class GraphStore:
         return self._pool_bytes
 
     def record_pool_bytes(self, agreed_bytes: int) -> None:
-        """After a capture, what the pools reserve (``measured_pool_bytes``) as every rank agreed:
-        the largest, so that every rank makes room and releases alike."""
+        """After a capture, the pools' bytes, the largest of all ranks', so all make room alike."""
         self._pool_bytes = agreed_bytes
 
     def measured_pool_bytes(self) -> int:

@@ -231,10 +231,9 @@ _no_cyclic_collection = _CollectionPause()
 
 
 def _pool_snapshot(pool_id: tuple[int, int]) -> list[dict[str, Any]]:
-    """The allocator's segments of ``pool_id`` (and maybe others), read after every capture, inside
-    the serving call that made it. A whole-process snapshot lists every segment and block of a server
-    (its weights, its KV cache, with their traces where memory history is recorded) under the GIL, so
-    the pool's alone where this torch takes ``mempool_id``, without traces where it can."""
+    """The allocator's segments of ``pool_id``, read inside the serving call after every capture: a
+    whole-process snapshot lists a server's every block (with traces) under the GIL, so the pool's
+    alone, without traces, where this torch can."""
     options = _snapshot_options()
     if "mempool_id" not in options:
         return torch.cuda.memory_snapshot()
@@ -277,9 +276,8 @@ class HostGraph:
 
 
 class HostGraphs:
-    """A ``GraphMechanism`` on the CPU whose graphs re-run their function at replay; no memory,
-    streams or failures are modeled. ``bench-traffic`` simulates the runner's admission with it; the
-    tests' recording stand-in (``tests/test_graph_runner.py``) builds on it."""
+    """A CPU ``GraphMechanism`` whose graphs re-run their function (no memory, streams or failures),
+    for ``bench-traffic``'s simulation and the tests' stand-in."""
 
     def available(self, device: torch.device) -> bool:
         return True

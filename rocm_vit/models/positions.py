@@ -24,11 +24,8 @@ def rotary_position_ids(layout: VisionLayout) -> torch.Tensor:
 
 
 def position_embedding_taps(layout: VisionLayout, num_grid_per_side: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bilinear taps resampling the learned table: ``indices`` ``[N, 4]`` int64, ``weights`` ``[N, 4]`` fp32.
-
-    Spatial-merge-block order, repeated over frames; Qwen3-VL's own linspace interpolation, as SGLang
-    serves it (transformers 5.x differs in the last bit: docs/numerics.md).
-    """
+    """Bilinear taps resampling the learned table: ``indices`` ``[N, 4]`` int64, ``weights`` ``[N, 4]`` fp32,
+    by Qwen3-VL's own linspace as SGLang serves it (transformers 5.x differs in the last bit)."""
     side = num_grid_per_side
     merge = layout.spatial_merge_size
     all_indices, all_weights = [], []

@@ -28,10 +28,7 @@ from rocm_vit.tower_config import Qwen25VLVisionConfig
 
 
 class Qwen25VLVisionTower(VisionTower):
-    """Qwen2.5-VL vision encoder (3B, 7B, 32B and 72B share it but for the merger's output width).
-
-    ``tower(pixel_values, grid_thw)`` returns ``[N / merge², out_hidden_size]`` in ``grid_thw`` order.
-    """
+    """Qwen2.5-VL vision encoder (3B to 72B); returns ``[N / merge², out_hidden_size]`` in ``grid_thw`` order."""
 
     config_class = Qwen25VLVisionConfig
     config: Qwen25VLVisionConfig
@@ -73,10 +70,8 @@ class Qwen25VLVisionTower(VisionTower):
 
 class GatedMLP(nn.Module):
     """``down_proj(act(gate_proj(x)) * up_proj(x))``, with biases (transformers' ``Qwen2_5_VLMLP``).
-
-    Held stacked and zero-padded to a multiple of 8 (aligned rows; docs/benchmarks.md, "History"): the
-    same function. ``state_dict`` speaks transformers' names and shapes; the padding never leaves.
-    """
+    Held stacked and zero-padded to a multiple of 8: unaligned rows ran cuBLAS 3-4x slower (36fcd05).
+    ``state_dict`` speaks transformers' names and shapes; the padding never leaves."""
 
     def __init__(self, config: Qwen25VLVisionConfig) -> None:
         super().__init__()

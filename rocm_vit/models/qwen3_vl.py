@@ -30,11 +30,8 @@ from rocm_vit.tower_config import Qwen3VLVisionConfig
 
 
 class Qwen3VLVisionTower(VisionTower):
-    """Qwen3-VL (deepstack) or Qwen3.5 (no deepstack) vision encoder.
-
-    ``tower(pixel_values, grid_thw)`` returns ``[N / merge², out_hidden_size * (1 + len(deepstack))]``:
-    the merged tokens, then each deepstack feature, concatenated on dim 1 (SGLang's convention).
-    """
+    """Qwen3-VL (deepstack) or Qwen3.5 vision encoder: ``[N / merge², out_hidden_size * (1 +
+    len(deepstack))]``, the merged tokens then each deepstack feature on dim 1, as SGLang."""
 
     config_class = Qwen3VLVisionConfig
     config: Qwen3VLVisionConfig

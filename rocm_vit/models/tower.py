@@ -1,12 +1,9 @@
-"""What every reference tower shares: the forward path, graphs, the prepared-layout cache and the layers
-that Qwen3-VL and Qwen2.5-VL have in common.
+"""What every reference tower shares: the forward path, graphs, the prepared-layout cache and the
+layers common to Qwen3-VL and Qwen2.5-VL.
 
-A tower turns ``(pixel_values, grid_thw)`` into merged tokens in three steps, the same in eager and
-graph mode: prepare the layout on the host (cached, with its device tensors), ``encode`` (``embed``:
-patches and positions in the order the blocks see tokens, then ``forward_blocks``: the blocks and
-mergers), eagerly or through the graph runner, and ``_restore_token_order``. Invariant: ``encode`` is
-the one function both modes run, and what a graph captures, embedding included, so a replay costs the
-host one input copy per tensor and one launch (docs/design.md, "Tower").
+Invariant: ``encode`` (embedding, blocks, mergers) is the one function eager and graph mode run and
+what a graph captures, so a replay costs the host one input copy per tensor and one launch
+(docs/design.md, "Tower").
 """
 
 from __future__ import annotations
@@ -46,19 +43,14 @@ ACTIVATIONS = {
     "silu": F.silu,
 }
 
-# Prepared layouts kept per tower: the host work and host-to-device copies of a repeated image
-# size are done once. Small, since each entry holds a few int/float tensors per patch.
+# Prepared layouts kept per tower; each holds a few tensors per patch.
 _LAYOUT_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True)
 class PreparedLayout:
-    """A layout with the device tensors a tower needs for it, copied once from pinned host memory.
-
-    ``cos``/``sin`` depend on the layout alone, so they are computed once, not per call.
-    ``embed_inputs`` (what ``embed`` reads besides the pixels) reach a graph as per-call inputs:
-    layouts that share a graph may differ in them (a 16x32 and a 32x16 image).
-    """
+    """A layout with its device tensors, copied once from pinned host memory. ``embed_inputs`` reach a
+    graph as per-call inputs: layouts sharing a graph may differ in them (16x32 and 32x16 images)."""
 
     layout: VisionLayout
     cos: torch.Tensor  # [N, head_dim] fp32, in the order the blocks see tokens
@@ -68,22 +60,16 @@ class PreparedLayout:
     ready: torch.cuda.Event | None = None
 
     def wait_ready(self) -> None:
-        """Make the current stream wait until the tensors are written (no host sync).
-
-        Once the event has completed a query replaces the stream lookup and the wait (host time:
-        docs/benchmarks.md, History, rounds 11-12).
-        """
+        """Make the current stream wait until the tensors are written (no host sync); once the event
+        completed, a query replaces the wait (host time measured in 83841a0)."""
         if self.ready is not None and not self.ready.query():
             torch.cuda.current_stream(self.cos.device).wait_event(self.ready)
 
 
 class VisionTower(nn.Module, ABC):
-    """Base of the reference towers; subclasses set ``config_class`` and build their layers.
-
-    Subclasses build a ``patch_embed`` (whose weight gives the tower's dtype and device) and
-    implement ``embed``, ``forward_blocks`` and ``_prepare_layout``; a tower that reorders tokens
-    before the blocks (Qwen2.5-VL's windows) also overrides ``_restore_token_order``.
-    """
+    """Base of the reference towers: subclasses set ``config_class``, build a ``patch_embed`` and
+    implement ``embed``, ``forward_blocks``, ``_prepare_layout`` (and ``_restore_token_order`` if they
+    reorder tokens)."""
 
     config_class: ClassVar[type[TowerConfig]]
 
@@ -125,12 +111,9 @@ class VisionTower(nn.Module, ABC):
     ) -> torch.Tensor:
         """Encode packed patches ``[N, C * T * P * P]`` described by host-side ``grid_thw``.
 
-        With graphs enabled ``encode`` runs through the graph runner; ``use_graphs=False`` runs this
-        call eagerly anyway (what ``rocm-vit verify`` compares against), padded where the runner pads.
-        Nothing here reads the device: every index and offset was computed on the host and copied
-        once. Raises
-        ``ValueError`` naming the field and the value, before anything runs, when ``pixel_values``
-        or ``grid_thw`` do not fit this tower.
+        ``use_graphs=False`` runs eagerly, padded where the runner pads (what ``verify`` compares
+        against). Nothing reads the device. Raises ``ValueError`` naming the value before anything
+        runs when ``pixel_values`` or ``grid_thw`` do not fit this tower.
         """
         self._check_pixels(pixel_values)
         prepared = self._prepare(grid_thw, pixel_values.shape[0])
@@ -154,8 +137,7 @@ class VisionTower(nn.Module, ABC):
         return self.forward_blocks(self.embed(pixel_values, *embed_inputs), attn_args, cos, sin)
 
     def prepare_capture(self) -> None:
-        """Make now, for the current stream, what ``forward_blocks`` would make lazily inside a capture's
-        warm-up, where its memory would come from the graph pool. The runner calls it before each one."""
+        """Make now what ``forward_blocks`` would make lazily in a capture's warm-up, from the graph pool."""
 
     @abstractmethod
     def embed(self, pixel_values: torch.Tensor, *embed_inputs: torch.Tensor) -> torch.Tensor:
@@ -165,12 +147,8 @@ class VisionTower(nn.Module, ABC):
     def forward_blocks(
         self, x: torch.Tensor, attn_args: AttnArgs, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
-        """All blocks and the merger(s): what eager mode runs and graphs capture.
-
-        ``attn_args`` holds one layer's attention-backend arguments per segmentation of the layout
-        (``attn_args["full"]``, and ``attn_args["window"]`` for a windowed tower); each block takes
-        those of the segmentation it attends within. Must not read the device.
-        """
+        """All blocks and the merger(s); ``attn_args`` by segmentation (``"full"``, ``"window"``).
+        Must not read the device."""
 
     def enable_graphs(
         self,
@@ -182,20 +160,13 @@ class VisionTower(nn.Module, ABC):
         padded: bool | None = None,
         **runner_extras: Any,
     ) -> ViTGraphRunner:
-        """Run later calls through a ``ViTGraphRunner`` and return it (see ``rocm_vit.graphs``).
+        """Run later calls through a ``ViTGraphRunner`` and return it.
 
-        Its options come from ``rocm_vit.policy.runner_options``, as the SGLang adapter's do (the
-        ``SGLANG_VIT_CUDA_GRAPH_*`` settings and the policy); ``capacity``, ``min_hits``,
-        ``max_tokens`` and ``budget_bytes`` replace them where given. ``by_benefit``: capture only
-        what the policy's cost model predicts a replay saves time on, once its calls repay a share of
-        the capture, at capacity only layouts called more often than the least used graph (``False``:
-        every layout within the limits, as ``bench`` and ``verify`` need; the limits: docs/design.md,
-        "Runner"). Captures run inside the call that triggers them. ``padded`` (``None``: the
-        settings' padding where ``by_benefit``; only where the attention backend takes device offsets
-        alone): calls of a layout the policy's cost model says pays padded run padded to a bucket of
-        tokens, eager or replayed, so layouts that never repeat share a graph (docs/design.md,
-        "Padding"). ``runner_extras`` go to the runner (``mechanism``, ``agree_max``). On a CPU tower
-        the runner serves every call eagerly and logs that once.
+        Options default to ``policy.runner_options``, as under SGLang; given ones replace them.
+        ``by_benefit=False`` captures every layout within the limits (``bench``, ``verify``);
+        ``padded`` (``None``: the settings', with ``by_benefit``) pads layouts that pay padded to a
+        bucket so one-offs share a graph (docs/design.md, "Runner", "Padding"). On a CPU tower every
+        call runs eagerly.
         """
         options = runner_options(
             active_policy(),
@@ -219,20 +190,15 @@ class VisionTower(nn.Module, ABC):
         return self._graph_runner
 
     def prepare_kernels(self) -> None:
-        """Compile now, before serving, every attention kernel variant a call can launch
-        (``AttentionBackend.prepare``): Triton compiles a variant at its first launch, 3-5 s inside a
-        request on the H200 (docs/design.md, "Compiles before serving"). The tower's other kernels
-        take no size-dependent variants: its first call compiles them."""
+        """Compile every attention kernel variant before serving (3-5 s each inside a request on the
+        H200); the tower's other kernels have no size-dependent variants."""
         config = self.config
         self.attention.prepare(config.head_dim, config.num_heads, config.num_heads, self.dtype, self.device)
 
     def capture_padded_buckets(self) -> int:
-        """Capture now, before serving, the graph of each bucket the runner pads one image or two to:
-        one call of random pixels each (``Padding.bucket_call_grids``). A server's first requests then
-        do not pay for these captures. Call it under the grad mode the server's calls run in (``torch.no_grad()`` or
-        ``torch.inference_mode()``): the staging buffers made here serve them, and tensors made
-        under inference mode cannot be written outside it. Returns how many graphs were captured
-        (0 without graphs or padding). Compiles the attention kernels first (``prepare_kernels``)."""
+        """Capture each padded bucket's graph before serving, so first requests do not pay for it; returns
+        how many. Call it under the server's grad mode: tensors made under inference mode cannot be
+        written outside it, and the staging made here serves its calls."""
         self.prepare_kernels()
         runner = self._graph_runner
         if runner is None or runner.padding is None:
@@ -294,9 +260,7 @@ class VisionTower(nn.Module, ABC):
             raise ValueError(f"pixel_values is on {pixel_values.device}; the tower is on {self.device}")
 
     def _prepare(self, grid_thw: Sequence[Sequence[int]] | torch.Tensor, num_patches: int) -> PreparedLayout:
-        # Keyed on the host grid and row count, so a repeated request skips the layout's host work
-        # (segment offsets, and for windowed towers a partition over every merge block). Only valid
-        # grids are ever cached: a miss builds the layout, which validates and raises.
+        # Only valid grids are cached: a miss builds the layout, which validates and raises.
         key = (host_grid_thw(grid_thw), num_patches, self.device)
         with self._layouts_lock:
             prepared = self._layouts.get(key)
@@ -331,11 +295,8 @@ class PatchEmbed(nn.Module):
 
 
 class VisionRotaryEmbedding(nn.Module):
-    """Axial 2-D rotary angles: the first half of each head rotates by row, the second by column.
-
-    Qwen3-VL and Qwen2.5-VL compute the same angles (transformers' ``head_dim // 2`` axial
-    frequencies, ``rope_theta`` 10000).
-    """
+    """Axial 2-D rotary angles, as transformers' Qwen3-VL and Qwen2.5-VL: half of each head by row,
+    half by column."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
@@ -368,12 +329,8 @@ class VisionAttention(nn.Module):
 
 
 class VisionBlock(nn.Module):
-    """Pre-norm attention and MLP; the tower picks the norm (LayerNorm, RMSNorm) and the MLP.
-
-    Each residual add is fused with the norm that follows it (``rocm_vit.fusion.add_norm``): the
-    block takes its input already normalised by ``norm1`` and returns its output normalised by the
-    next norm in the stack (the next block's ``norm1``, or the merger's).
-    """
+    """Pre-norm attention and MLP. Each residual add is fused with the norm after it, so a block takes
+    its input normalised by ``norm1`` and returns it normalised by the next norm in the stack."""
 
     def __init__(
         self, config: TowerConfig, backend: AttentionBackend, norm: Callable[[int], nn.Module], mlp: nn.Module
@@ -407,12 +364,8 @@ def run_blocks(
     final_norm: nn.Module,
     taps: Mapping[int, Callable[[torch.Tensor], torch.Tensor]] = MappingProxyType({}),
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """The block stack: ``(final_norm(x), {i: taps[i](x after block i)})``.
-
-    ``block_layer_args[i]`` is block ``i``'s attention arguments. Every residual add runs fused
-    with the norm after it, the last one with ``final_norm`` (the merger's pre-shuffle norm). A tap
-    is called as soon as its block is done (it may launch work on another stream).
-    """
+    """``(final_norm(x), {i: taps[i](x after block i)})``; a tap runs as soon as its block is done (it
+    may launch work on another stream)."""
     x, normed = add_norm(x, None, blocks[0].norm1)
     tapped = {}
     for index, (block, layer_args) in enumerate(zip(blocks, block_layer_args, strict=True)):

@@ -1,13 +1,11 @@
 """What one eager call costs the host and the device: ``rocm-vit bench``'s host, device and kernel columns.
 
-Host ms is the time to enqueue one call while the device is still busy with a ``torch.cuda._sleep``
-queued ahead of it, so the host never waits on the device; device ms is events around the same call,
-which the device then runs back to back; kernels are the device activities of one call under the
-profiler (kernels, memsets and copies). A sample whose call had started on the device before the host
-returned is retried with a longer sleep ahead (``busy_ahead`` says whether every sample held).
+Host ms is timed while a ``torch.cuda._sleep`` queued ahead keeps the device busy, so the host never
+waits on it (a sample the device caught up with is retried with a longer sleep; ``busy_ahead`` says
+whether all held); device ms is events around the same call.
 
-Imports torch alone: tests/gpu_launch_bench.py loads this file by path to measure a tree whose bench
-lacks these columns.
+tests/gpu_launch_bench.py loads this file by path to measure a tree whose bench lacks these columns;
+that tree needs ``rocm_vit.workloads.workload`` (90789ee or later).
 """
 
 from __future__ import annotations
@@ -19,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+
+from rocm_vit.workloads.workload import median_ms
 
 # The sleep queued ahead of a timed call: at least this long, doubled while a sample's call started
 # on the device before its host returned.
@@ -45,18 +45,10 @@ class EagerCost:
 
 
 def eager_cost(call: Callable[[], object], device: torch.device, repeats: int) -> EagerCost:
-    """Host and device time of ``call`` (one warm-up first), and the device activities it launches.
-
-    On a CPU the host time is the call's wall time (nothing runs asynchronously).
-    """
-    call()
+    """Host and device time of ``call`` (one warm-up first), and the device activities it launches."""
     if device.type != "cuda":
-        samples = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            call()
-            samples.append((time.perf_counter() - started) * 1e3)
-        return EagerCost(statistics.median(samples), None, None, True)
+        return EagerCost(median_ms(call, device, repeats), None, None, True)
+    call()
     host, dev, busy, ahead_ms = [], [], True, FIRST_AHEAD_MS
     while len(host) < repeats:
         host_ms, device_ms, held = _timed_behind_sleep(call, device, ahead_ms)

@@ -1,7 +1,5 @@
 """The serving scenarios ``rocm-vit bench-memory`` measures on a GPU: streams of calls through a
-tower's graph runner, and what its memory and its outputs did. ``cli/bench_memory.py`` parses the
-arguments, sets the targets and prints the table; ``report`` runs the command. Figures:
-docs/benchmarks.md, "`rocm-vit bench-memory`".
+tower's graph runner, and what its memory and outputs did (docs/benchmarks.md, "`rocm-vit bench-memory`").
 """
 
 from __future__ import annotations
@@ -28,16 +26,13 @@ from rocm_vit.workloads.workload import (
     revisiting_workloads,
 )
 
-# Who holds reserved memory (``_reserved_by_holder``).
 HOLDERS = ("graph pools", "runner's stream (staging)", "default stream (eager calls)", "other streams (side)")
 # random: reserved memory is measured against its level after this share of the calls.
 WARM_UP_SHARE = 0.1
-# churn: #27's stream through a CHURN_DEPTH-block tower, every layout captured at its first call.
 CHURN_DEPTH = 4
 CHURN_CAPACITY = 16
 CHURN_MAX_TOKENS = 65536
 CHURN_AMPLE_BUDGET_BYTES = 64 << 30
-# capture-stall: another thread's matmul loop while layouts are captured.
 CAPTURE_STALL_LAYOUTS = 24
 LOOP_MATMULS = 4
 LOOP_SIDE = 4096
@@ -221,9 +216,8 @@ def streams(tower: VisionTower, budget_bytes: int, max_side_px: int, seed: int) 
 
 
 def churn(preset_name: str, default_budget: int, calls: int, seed: int) -> dict:
-    """#27's stream: random layouts through a shallow tower of the preset's widths, every layout
-    captured at its first call; once with an ample budget, once with the default. Every output is
-    compared with the eager run of the same call, bit for bit."""
+    """Random layouts through a shallow tower, each captured at its first call, with an ample budget
+    and the default; every output compared with its eager run bit for bit."""
     tower = build_tower(preset_name, torch.device("cuda"), torch.bfloat16, None, seed, depth=CHURN_DEPTH)
     stream = churn_stream(calls, seed, tower.config)
     pixels = _PixelRows(stream, tower, seed)
@@ -277,8 +271,7 @@ class _SyncingGraphs(CudaGraphs):
 
 
 class _SteadyLoop:
-    """Another thread's stream kept busy: each iteration allocates and multiplies, then waits for its
-    stream; the host time of every iteration is recorded with when it ended."""
+    """Another thread's stream kept busy (allocate, multiply, wait), each iteration's time recorded."""
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
@@ -360,9 +353,7 @@ def capture_stall(tower: VisionTower, seed: int) -> dict:
 
 
 def _reserved_by_holder(runner: object) -> dict[str, int]:
-    """Reserved bytes by holder: private pools (the graphs' and their warm-ups'), the runner's stream
-    (its staging), the default stream (this command's eager calls), other streams (a tower's side
-    stream)."""
+    """Reserved bytes by holder: private pools, the runner's stream, the default stream, other streams."""
     held: Counter[str] = Counter({name: 0 for name in HOLDERS})
     default_stream = torch.cuda.default_stream().cuda_stream
     store = getattr(runner, "_store", None)  # the runner's graphs and staging, and the stream they were made on
@@ -380,11 +371,8 @@ def _reserved_by_holder(runner: object) -> dict[str, int]:
 
 
 class _PixelRows:
-    """One random buffer on the device; call ``index`` reads its rows from ``index`` on.
-
-    Every call gets other pixels (a replay reading another call's staging shows up as a mismatch),
-    and nothing is allocated or copied from the host while calls are timed.
-    """
+    """One random device buffer; call ``index`` reads rows from ``index`` on, so every call gets other
+    pixels (a replay reading stale staging shows as a mismatch) and nothing is copied while timed."""
 
     def __init__(self, workloads: list[Workload], tower: VisionTower, seed: int) -> None:
         config = tower.config

@@ -100,7 +100,7 @@ def video_stream(calls: int, seed: int) -> Stream:
 
 
 def standard_streams(calls: int, seed: int) -> list[Stream]:
-    """The streams the issue's targets name, in the order ``bench-traffic`` prints them."""
+    """The streams the serving targets of ``bench-traffic`` name, in the order it prints them."""
     return [
         chat_stream(calls, seed),
         chat_stream(calls, seed, CHECKPOINT_MAX_PIXELS),
@@ -140,11 +140,9 @@ SIGHTINGS = ("repeats", "first sightings", "repeats over the guard", "first sigh
 def oracle_by_sighting(
     grids: Sequence[tuple[GridTHW, ...]], oracle: Sequence[Sequence[float]], max_tokens: int
 ) -> dict[str, float] | None:
-    """The share of the oracle's saving (its sampled savings) on each of ``SIGHTINGS``: calls whose
-    exact layout came earlier in the stream, which a graph captured from that call can serve, and a
-    layout's first call, which only a padded graph can; within the memory guard of ``max_tokens``
-    patches or over it. The oracle counts them all, so this bounds what any policy that captures a
-    layout before it replays it can realize. ``None`` where nothing was sampled."""
+    """The share of the oracle's saving on each of ``SIGHTINGS`` (a repeated layout, which a captured
+    graph can serve; a first call, which only a padded one can; within ``max_tokens`` or over): a
+    bound on any policy that captures before it replays. ``None`` where nothing was sampled."""
     seen: set[tuple[int, ...]] = set()
     totals = dict.fromkeys(SIGHTINGS, 0.0)
     for grid, samples in zip(grids, oracle, strict=True):
@@ -159,8 +157,7 @@ def oracle_by_sighting(
 
 
 def sighting_lines(report: dict[str, Any]) -> list[str]:
-    """Per stream of ``report``, where the oracle's saving lies (``oracle_by_sighting``), and what a
-    first sighting is; no lines where nothing was sampled."""
+    """Per stream, where the oracle's saving lies (``oracle_by_sighting``)."""
     lines = [
         f"{stream['stream']}: the oracle's saving lies "
         + ", ".join(f"{share:.0%} on {sighting}" for sighting, share in stream["oracle_by_sighting"].items())

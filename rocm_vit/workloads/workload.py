@@ -116,10 +116,8 @@ def mixed_stream(
     hot_share: float = 0.8,
     max_side_px: int = DEFAULT_ONE_OFF_MAX_SIDE_PX,
 ) -> list[Workload]:
-    """A serving stream: ``round(calls * hot_share)`` calls to ``hot`` repeated layouts, the rest one-offs.
-
-    One-offs never share a graph key with each other or a hot layout.
-    """
+    """A serving stream: ``round(calls * hot_share)`` calls to ``hot`` repeated layouts, the rest
+    one-offs sharing no graph key."""
     if calls < 0 or hot < 1 or not 0.0 <= hot_share <= 1.0:
         raise ValueError(
             f"mixed_stream needs calls >= 0, hot >= 1, 0 <= hot_share <= 1; got {calls}, {hot}, {hot_share}"

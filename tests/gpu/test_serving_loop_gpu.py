@@ -1,7 +1,7 @@
 """A serving loop on a real GPU (natively, and emulating ROCm under ``make gpu-test``): the calls a
 server makes around every ViT call, beside every way rocm-vit captures, and what compiles after start.
 
-A capture on a thread of its own was broken by the serving thread's device synchronize (issue 44,
+A capture on a thread of its own was broken by the serving thread's device synchronize (7e093f3,
 the H200: 4 of the first 6 calls of a Qwen3-VL-8B loop failed) and, on HIP, by a synchronous copy
 from pageable memory (ROCm/rocm-systems issue 11698). rocm-vit captures inside the call that makes a
 layout eligible and while the server starts; these tests make the server's calls around all of them.

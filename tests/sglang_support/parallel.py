@@ -21,7 +21,7 @@ graphs (``CudaGraphs``) into which ``injected_failures.InjectedFailures`` inject
 ``PyNcclCommunicator`` on every group (its all-reduces captured through it), and, for the
 ``custom_all_reduce`` episode, a stand-in of SGLang's CUDA custom all-reduce keeping its capture
 contract (``custom_all_reduce.gpu_sglang_custom_allreduce``: its kernels are sgl_kernel's, which
-cannot be installed on the GPU machines we are lent). NVLink multicast is off in every rank
+cannot be installed on the offline GPU images these tests run on). NVLink multicast is off in every rank
 (``rank_harness.rank_environment``).
 """
 

@@ -24,7 +24,7 @@ from env_vars import set_env  # tests/, on the path of every importer (pytest's 
 
 # NVLink multicast (NVLS) off in every rank, whatever the device: NCCL's NVLS algorithms, torch's
 # symmetric memory and NVSHMEM each create multicast objects (cuMulticastCreate) where it is on, and
-# the GPU machines we are lent must never have one made.
+# the shared GPU machines these tests run on must never have one made.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # rocm-vit's settings for the ranks: a layout is captured from its first call, small graphs, no padding.
 SERVING_SETTINGS = {

@@ -1,11 +1,8 @@
 """SGLang's vision attention on rocm-vit: the ``aiter_attn`` slot and the rotary policy.
 
-``AiterVisionAttention`` keeps SGLang's constructor and forward signature and runs the policy's
-backend for a caller that names aiter (``AttentionPolicy.for_aiter``). It takes a graph runner's
-list, SGLang's precomputed metadata or a bare ``cu_seqlens`` tensor, and reads nothing back from the
-device when host data is given. ``rotary_pos_emb`` replaces both rotary helpers of
-``VisionAttention.forward``, so eager and graph mode run ``rocm_vit.rotary.apply_rotary``. What
-SGLang's own versions did: docs/sglang.md, "What the plugin changes".
+Both keep SGLang's signatures, read nothing back from the device when host data is given, and run
+the same function with and without graphs. What SGLang's own versions did: docs/sglang.md, "What
+the plugin changes".
 """
 
 from __future__ import annotations
@@ -29,10 +26,8 @@ logger = logging.getLogger(__name__)
 class AiterVisionAttention(nn.Module):
     """SGLang's ``aiter_attn`` slot, backed by rocm-vit's aiter varlen attention or the tuned ``auto``.
 
-    Construction fails, naming what is missing, where aiter cannot run (as SGLang's does). Window
-    sizes and attention sinks are ignored, as SGLang's aiter backend ignores them. Under ``auto``,
-    SGLang's eager path (graphs off) reads the segment lengths back once per forward to choose as
-    the graph path does, so both compute the same bits.
+    Construction fails where aiter cannot run, as SGLang's does. Under ``auto``, the eager path reads
+    the segment lengths back once per forward to choose as the graph path does: the same bits.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -44,11 +39,8 @@ class AiterVisionAttention(nn.Module):
         self._prepare(head_dim, kwargs.get("num_heads"), kwargs.get("num_kv_heads"))
 
     def _prepare(self, head_dim: int | None, heads: int | None, kv_heads: int | None) -> None:
-        """Load or build aiter's kernel while SGLang builds the model, not in the first request.
-
-        SGLang constructs its models under the checkpoint's dtype and on the serving device as
-        defaults. A failure here is logged and left to the first call, which raises it as before.
-        """
+        """Load or build aiter's kernel while SGLang builds the model (under its dtype and device as
+        defaults), not in the first request; a failure is left to the first call."""
         dtype, device = torch.get_default_dtype(), torch.get_default_device()
         if dtype not in (torch.float16, torch.bfloat16) or not all(isinstance(n, int) for n in (head_dim, heads)):
             logger.debug("aiter_attn: not prepared (default dtype %s, head dim %s, heads %s)", dtype, head_dim, heads)
@@ -72,10 +64,8 @@ class AiterVisionAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention over packed ``q`` ``[N, H, D]``, ``k``/``v`` ``[N, KH, D]``; returns ``[N, H, D]``.
 
-        ``cu_seqlens`` is a graph runner's list (``[cu_seqlens, max_seqlen, seq_lens]`` from rocm-vit's
-        adapter, ``SGLANG_GRAPH_ARGS["aiter_attn"]``, or ``[cu_seqlens, max_seqlen]``), or (eager) a
-        tensor, SGLang's ``SingletonCache`` or ``None`` (one segment per batch row), in which case
-        ``forward_metadata.max_seqlen`` or a host ``max_seqlen`` keyword spares the device read.
+        ``cu_seqlens``: a graph runner's list, or (eager) a tensor, SGLang's ``SingletonCache`` or
+        ``None``; ``forward_metadata.max_seqlen`` or a ``max_seqlen`` keyword spares the device read.
         """
         if isinstance(cu_seqlens, list):
             layer_args = self.attention.layer_args_from_tensor(*cu_seqlens)
@@ -112,12 +102,8 @@ _last_lengths: tuple[VisionAttentionMetadata | None, tuple[int, ...]] = (None, (
 def rotary_pos_emb(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SGLang's ``apply_rotary_pos_emb`` contract on rocm-vit's rotary: returns the rotated ``(q, k)``.
-
-    ``VisionAttention`` passes q ``[N, H, D]``, k ``[N, KH, D]`` and cos/sin ``[N, D]``: those are
-    rotated in place by ``apply_rotary`` (the Triton kernel on CUDA and ROCm, the same function
-    with and without graphs). Other shapes keep SGLang's eager native helper.
-    """
+    """SGLang's ``apply_rotary_pos_emb`` contract on rocm-vit's rotary: the rotated ``(q, k)``, in place
+    for ``[N, H, D]`` q/k and ``[N, D]`` cos/sin; other shapes keep SGLang's native helper."""
     if unsqueeze_dim != 1 or q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
         return apply_rotary_pos_emb_native_eager(q, k, cos, sin, unsqueeze_dim)
     apply_rotary(q, k, cos, sin)

@@ -34,11 +34,7 @@ def eager_unsupported_reason(vit: nn.Module) -> str | None:
 
 
 def unsupported_reason(vit: nn.Module, upstream: Any) -> str | None:
-    """What else rocm-vit's runner needs from ``vit`` and SGLang's runner, or ``None``.
-
-    Checked at construction, after ``eager_unsupported_reason``, so that a changed SGLang release is
-    refused with the reason instead of failing inside a request.
-    """
+    """What else rocm-vit's runner needs from ``vit`` and SGLang's runner, or ``None``."""
     blocks = vit.blocks
     attn = getattr(blocks[0], "attn", None)
     if not isinstance(getattr(attn, "qkv_backend_name", None), str):

@@ -24,10 +24,8 @@ _finder: _PostImportFinder | None = None
 
 
 def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> None:
-    """Call ``callback(module)`` now if ``module_name`` is imported, else right after its import.
-
-    The callback runs inside the importer's ``import`` statement: it must not raise.
-    """
+    """Call ``callback(module)`` now or right after its import; it runs inside the importer's
+    ``import`` statement, so it must not raise."""
     module = sys.modules.get(module_name)
     if module is not None:
         callback(module)
@@ -37,11 +35,8 @@ def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> N
 
 
 def replace_attribute(owner: ModuleType | type, name: str, replacement: Any, *, rebind: bool = True) -> None:
-    """Set ``owner.name = replacement``, remembering the original for ``original``.
-
-    With ``rebind``, SGLang's module-level references follow too (``from`` imports, tables such as
-    ``QKV_BACKEND_IMPL``).
-    """
+    """Set ``owner.name = replacement``, remembering the original; with ``rebind``, SGLang's
+    module-level references (``from`` imports, tables) follow too."""
     current = getattr(owner, name)
     _originals.setdefault(_key(owner, name), current)
     setattr(owner, name, replacement)

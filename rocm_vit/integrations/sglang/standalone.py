@@ -1,10 +1,8 @@
 """SGLang's own Qwen3-VL vision tower outside a server, for ``rocm-vit bench-sglang``'s worker.
 
-What a server would build, without a checkpoint or a scheduler: SGLang's distributed state at world
-size 1 (as ``sglang.test.layer_ut_utils`` sets it up), then SGLang's ``Qwen3VLMoeVisionModel`` at a
-rocm-vit preset's sizes, under the checkpoint's dtype, with ``--mm-attention-backend``, random
-weights. Whether rocm-vit's plugin is loaded is the caller's choice (``load_plugin``), made before the
-tower is built, as SGLang loads plugins before the model. SGLang is imported inside each function.
+What a server would build, without a checkpoint or a scheduler, so the benchmark times SGLang's own
+code: its distributed state at world size 1 and its tower at a preset's sizes, random weights. The
+plugin, if wanted, is loaded before the tower is built, as SGLang loads plugins before the model.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from rocm_vit.tower_config import Qwen3VLVisionConfig
 
 
 def init_world(device: str, role: str = "bench") -> None:
-    """SGLang's parallel state for one process, as ``sglang.test.layer_ut_utils`` sets it up: gloo on a
-    CPU, NCCL on a GPU; ``role`` is what SGLang's runtime context records this process as."""
+    """SGLang's parallel state for one process, as ``sglang.test.layer_ut_utils`` sets it up."""
     from sglang.srt.distributed import parallel_state
     from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
@@ -46,8 +43,8 @@ def init_world(device: str, role: str = "bench") -> None:
 
 
 def load_plugin() -> bool:
-    """rocm-vit's plugin, loaded as SGLang loads it (``load_plugins``), and directly where the
-    entry point is not installed (a checkout on ``PYTHONPATH``). Whether it was already loaded."""
+    """rocm-vit's plugin, loaded as SGLang loads it, or directly from a checkout without the entry
+    point; whether it was already loaded."""
     import sglang.srt.plugins
 
     import rocm_vit.integrations.sglang as plugin

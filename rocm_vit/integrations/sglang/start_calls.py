@@ -1,9 +1,7 @@
 """The calls an SGLang vision tower makes at server start, through SGLang's own entries.
 
-``startup.py`` says when they run (after SGLang's own graphs, on every rank in the model's module
-order); this module says what they are: the padded buckets' captures (the routine ``VisionTower``
-runs too, ``graphs.padding.capture_buckets``) and an eager warm-up that compiles what a request's
-eager call would.
+``startup.py`` says when they run; this module says what they are: the padded buckets' captures and
+an eager warm-up that compiles what a request's eager call would.
 """
 
 from __future__ import annotations
@@ -18,9 +16,8 @@ from rocm_vit.graphs.padding import bucket_calls, capture_buckets, pixel_width
 
 
 def capture_tower_buckets(vit: nn.Module, runner: Any, still_serving: Callable[[], bool]) -> int:
-    """Capture ``runner``'s bucket graphs through ``vit.forward_with_cuda_graph``, SGLang's graph
-    path, so each graph has a request's shapes and dtypes. Returns how many were captured: 0 for a
-    tower without SGLang's patch embedding or graph path, or once ``still_serving()`` is false."""
+    """Capture ``runner``'s bucket graphs through SGLang's graph path, so each has a request's shapes
+    and dtypes. Returns how many (0 for a tower without that path)."""
     width = pixel_width(getattr(vit, "patch_embed", None))
     if width is None or not callable(getattr(vit, "forward_with_cuda_graph", None)):
         return 0
@@ -32,12 +29,9 @@ def capture_tower_buckets(vit: nn.Module, runner: Any, still_serving: Callable[[
 
 
 def warm_up_tower(vit: nn.Module, max_tokens: int | None) -> None:
-    """An eager call of a random image through SGLang's own ``forward`` under ``no_grad`` and one
-    under ``inference_mode``: what a request's eager call compiles (rocm-vit's compiled rotary where
-    it is chosen: seconds) compiles here instead. Dynamo compiles once per kind of tensor (an inference
-    tensor's dispatch keys differ) and for every token count (no duck sizing); captures at start
-    compile the ``no_grad`` kind only. With ``max_tokens`` (a runner serves the tower) the image is
-    larger, so nothing is captured or counted towards a capture; else two merge blocks square."""
+    """An eager call through SGLang's ``forward`` under ``no_grad`` and one under ``inference_mode``
+    (Dynamo compiles once per kind of tensor), so no request compiles. With ``max_tokens`` the image
+    is larger than it, so nothing is captured or counted towards a capture."""
     width = pixel_width(getattr(vit, "patch_embed", None))
     merge = getattr(vit, "spatial_merge_size", None)
     if width is None or not isinstance(merge, int):

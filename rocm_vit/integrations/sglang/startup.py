@@ -1,12 +1,11 @@
 """The ViT's padded buckets captured while SGLang starts, after its own graphs (or, in an encode
 server, after its weights load), then eager warm-up calls.
 
-Without this, the first request that lands in each bucket waits for that bucket's capture, or shares
-the host with it (docs/design.md, "Buckets before traffic"); with graphs off, the first request
-compiles what SGLang's eager forward compiles lazily (rocm-vit's compiled rotary, where chosen).
-``ModelRunner.init_cuda_graphs`` runs after the weights are loaded and the KV cache is sized, on
-every TP rank in step, under ``torch.no_grad()``: the bucket graphs come out of the same budget and
-reserve as the graphs captured while serving, and every rank captures the same list.
+Without this, the first request in each bucket waits for its capture (docs/design.md, "Buckets
+before traffic"), and with graphs off compiles what the eager forward compiles lazily (rocm-vit's
+compiled rotary, where chosen). ``ModelRunner.init_cuda_graphs`` runs after the KV cache is sized,
+on every TP rank in step: the buckets come out of the serving budget, and every rank captures the
+same list.
 """
 
 from __future__ import annotations
@@ -45,26 +44,18 @@ def model_runner_model(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def loaded_model(model: Any, device: Any) -> Any:
-    """The model of the encode server's ``maybe_precompile_model_kernels_after_loading``.
-
-    An encode server of disaggregated serving (``MMEncoder``) builds no ``ModelRunner``, so
-    ``init_cuda_graphs`` never runs there; ``MMEncoder.__init__`` calls that once the weights are
-    loaded, on every rank of the encoder's TP group (each DP worker alone)."""
+    """The model of the encode server's ``maybe_precompile_model_kernels_after_loading``: an
+    ``MMEncoder`` builds no ``ModelRunner``, and calls that on every rank once the weights load."""
     return model
 
 
 @torch.no_grad()  # as SGLang's own captures: inference mode may write these tensors, not the reverse
 def capture_vit_buckets(model: nn.Module) -> int:
-    """Capture the padded buckets of each ViT in ``model`` whose runner is to
-    (``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``, on by default with ViT graphs), then warm each ViT up
-    with an eager call under ``no_grad`` and one under ``inference_mode``
-    (``ViTGraphRunnerAdapter.warm_up``): what a request's eager call would compile compiles here,
-    whatever SGLang serves under. A tower whose captures fail here captures its buckets when requests
-    reach them, one whose warm-up fails compiles in its first request; both are logged and the
-    server starts. Except under tensor parallelism (``shares_decisions``): a failure the runner did
-    not agree on is this rank's alone, its peers wait inside the tower's collectives for calls it
-    will not make, so it is raised and fails this rank's start rather than hang the group. Returns
-    how many graphs were captured."""
+    """Capture each ViT's padded buckets (``SGLANG_VIT_CUDA_GRAPH_CAPTURE_BUCKETS``), then warm it up
+    eagerly under ``no_grad`` and ``inference_mode``, so requests compile nothing. A failure is
+    logged and the server starts; under tensor parallelism a failure the ranks did not agree on is
+    raised, failing this rank's start rather than leaving its peers in the tower's collectives.
+    Returns how many graphs were captured."""
     captured = 0
     for adapter in adapters_in(model):
         if adapter.captures_buckets_at_start:

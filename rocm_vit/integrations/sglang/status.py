@@ -1,9 +1,7 @@
 """What ``rocm-vit doctor`` says about the SGLang plugin, computed without starting SGLang.
 
-Whether SGLang would load it (entry point installed, ``SGLANG_PLUGINS`` allow-list,
-``ROCM_VIT_DISABLE``), the SGLang version and its verdict, and which hooks apply. On a tested
-release the hooks are reported from the version alone and SGLang is not imported; on any other
-release each hook's module is imported and its targets checked, as ``load`` would check them.
+Whether SGLang would load it, its version's verdict and which hooks apply: from the version alone on
+a tested release (SGLang not imported), else by importing each hook's module as ``load`` would.
 """
 
 from __future__ import annotations

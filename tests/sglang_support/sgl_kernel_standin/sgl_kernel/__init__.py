@@ -1,6 +1,6 @@
 """A test-only stand-in for ``sgl_kernel`` (the ``sglang-kernel`` wheel), for GPU machines without it.
 
-``sglang-kernel`` is hundreds of MB and built for one torch, so it cannot reach the lent GPU
+``sglang-kernel`` is hundreds of MB and built for one torch, so it cannot reach offline GPU
 machines; SGLang 0.5.23 imports names from it when its layers load on a CUDA torch, though its
 Qwen3-VL vision path calls none of them with ``triton_attn`` or ``sdpa`` (docs/sglang.md, "SGLang
 on a GPU machine without a package index"). Each name here is one SGLang imports unconditionally on
