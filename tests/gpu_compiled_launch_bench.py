@@ -20,7 +20,7 @@ Each process resolves one policy, so ``product`` runs in a child process of its 
 1x224 on an H100: product ~9 ms of host, plain ~10, compiled-py ~4 (~250 launches through Triton's
 Python launcher, ~12 µs each), compiled-cpp ~1.5 (~4 µs a launch); device time within 10 % of plain's;
 outputs within bf16 rounding of plain's (Inductor fuses, so not bit for bit). If compiled-cpp
-holds the host under 3 ms, compiled launches are the route to #56's host goal. Run on an H100 on
+holds the host under 3 ms, compiled launches are the route to a 3 ms host. Run on an H100 on
 2026-12-07: 5.1-7.3 ms, its kernels 24-25 % longer (docs/benchmarks.md, "GEMM epilogues and GEMM
 launches"); the prediction failed.
 """

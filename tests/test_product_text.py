@@ -33,7 +33,10 @@ LEAKS = {
     "a development session": re.compile(r"\bses" + r"sion \d+", re.IGNORECASE),
 }
 # An issue or PR number, or "#" and a number: internal unless an upstream project is the word before it.
-NUMBERED_REFERENCE = re.compile(r"(?P<before>[\w./-]*)\s*(?P<ref>\b(?:issues?|PRs?|pull request) #?\d+|#\d+\b)", re.I)
+# Not "()#3": a C++ lambda's number in a kernel's name.
+NUMBERED_REFERENCE = re.compile(
+    r"(?P<before>[\w./-]*)\s*(?P<ref>\b(?:issues?|PRs?|pull request) #?\d+|(?<!\(\))#\d+\b)", re.I
+)
 UPSTREAM = re.compile(
     r"(^|/)(sglang|vllm|pytorch|torch|rocm|hip|aiter|atom|triton|transformers|flash-attention|cutlass"
     r"|rocm-systems|warp|cuda-python|huggingface)$",
@@ -117,6 +120,7 @@ def test_each_kind_of_leak_is_found(line: str) -> None:
         "see https://github.com/pytorch/pytorch/issues/155684#issuecomment-1",
         "round(ms, 3) rounds once; a round trip; the other way round",
         "attach report.md to your issue",
+        "at::native::GeluType)::{lambda()#3}::operator()() const",
         "since 7e093f3 (2026-12-05) captures run inline; - **2026-12-01** (8a25837): pools flat",
     ],
 )
