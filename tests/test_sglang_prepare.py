@@ -73,6 +73,12 @@ def test_a_known_layout_runs_as_many_ops_for_sixteen_images_as_for_one(report: d
     assert ops["1"] == ops["16"], ops
 
 
+def test_prepared_layouts_stay_within_the_byte_budget_and_an_evicted_one_is_rebuilt(report: dict[str, Any]) -> None:
+    held = report["byte_budget"]
+    assert held["layouts"] == 2 and held["bytes"] <= held["budget"], held
+    assert held["evicted_again"] is True
+
+
 def test_what_the_cache_does_not_cover_runs_sglangs_function_with_one_log_line(report: dict[str, Any]) -> None:
     assert report["without_interpolation_hook"] is True
     assert report["split_table"] == [True, True]

@@ -81,6 +81,7 @@ def main() -> None:
         report["ops_on_a_known_layout"] = {
             str(images): _ops_per_call(fp32_tower, ours, [(1, 4, 4)] * images) for images in (1, 16)
         }
+        report["byte_budget"] = _within_byte_budget(ours, sglangs)
         tower = _tiny_tower(torch.float32)
         tower.pos_embed.tp_size = 2  # as a VocabParallelEmbedding split over two ranks
         pixels, grid = _inputs(LAYOUTS["video"], torch.float32)
@@ -88,6 +89,26 @@ def main() -> None:
         report["split_table"] = [_same(ours(tower, pixels, grid), expected) for _ in range(2)]
     report["logs"] = [record.getMessage() for record in records]
     torch.save(report, report_path)
+
+
+def _within_byte_budget(ours: Any, sglangs: Any) -> dict[str, Any]:
+    """Layouts kept under a budget of two of these layouts, and the first one rebuilt once evicted."""
+    from rocm_vit.integrations.sglang import prepare
+
+    tower = _tiny_tower(torch.float32)
+    grids = [LAYOUTS["wide_image"], LAYOUTS["tall_image_same_offsets"], [(1, 4, 4), (1, 4, 4)]]  # 32 patches each
+    inputs = [_inputs(grid, torch.float32) for grid in grids]
+    budget = prepare.LAYOUT_CACHE_BYTES
+    prepare.LAYOUT_CACHE_BYTES = 2 * prepare.prepared_layout(tower, tuple(grids[0])).device_bytes
+    try:
+        for pixels, grid in inputs:
+            ours(tower, pixels, grid)
+        cache = prepare._tower_cache(tower)
+        held = {"layouts": len(cache), "bytes": cache.bytes_held, "budget": prepare.LAYOUT_CACHE_BYTES}
+        pixels, grid = inputs[0]
+        return {**held, "evicted_again": _same(ours(tower, pixels, grid), sglangs(tower, pixels, grid))}
+    finally:
+        prepare.LAYOUT_CACHE_BYTES = budget
 
 
 def _tiny_tower(dtype: torch.dtype) -> torch.nn.Module:

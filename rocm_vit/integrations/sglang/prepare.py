@@ -26,8 +26,9 @@ from rocm_vit.models.positions import rotary_position_ids
 
 logger = logging.getLogger(__name__)
 
-# Layouts kept per tower: rotary tables are [N, head_dim / 2] fp32 pairs, a few MiB at 10k patches.
-LAYOUTS_PER_TOWER = 16
+# Device bytes of prepared layouts kept per tower, least recently used out first (the newest always
+# stays). Qwen3-VL-8B: 336 bytes a patch (cos/sin 2 x 36 fp32, taps, weights), 5.4 MiB at 16k patches.
+LAYOUT_CACHE_BYTES = 64 << 20
 _CACHE_ATTRIBUTE = "_rocm_vit_prepared_layouts"
 
 
@@ -40,6 +41,10 @@ class PreparedLayout:
     cos: torch.Tensor  # [N, rotary_dim]
     sin: torch.Tensor
     cu_seqlens: torch.Tensor  # [frames + 1] int32, CPU
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.taps, self.weights, self.cos, self.sin))
 
 
 def prepare_graph_inputs_from_cache(original: Callable[..., tuple]) -> Callable[..., tuple]:
@@ -86,17 +91,11 @@ def unsupported_reason(tower: Any) -> str | None:
 
 def prepared_layout(tower: Any, grid: tuple[GridTHW, ...]) -> PreparedLayout:
     """``grid``'s ``PreparedLayout`` for ``tower``, built at its first call; ``ValueError`` on a bad grid."""
-    cache, lock = _tower_cache(tower)
-    with lock:
-        prepared = cache.get(grid)
-        if prepared is not None:
-            cache.move_to_end(grid)
-            return prepared
-    prepared = _build(tower, VisionLayout.from_grid_thw(grid, tower.spatial_merge_size))
-    with lock:
-        cache[grid] = prepared
-        while len(cache) > LAYOUTS_PER_TOWER:
-            cache.popitem(last=False)
+    cache = _tower_cache(tower)
+    prepared = cache.get(grid)
+    if prepared is None:
+        prepared = _build(tower, VisionLayout.from_grid_thw(grid, tower.spatial_merge_size))
+        cache.put(grid, prepared)
     return prepared
 
 
@@ -154,15 +153,43 @@ def _merge_block_order(grid: torch.Tensor, merge: int) -> torch.Tensor:
     return blocks.reshape(h * w, channels)
 
 
+class _LayoutCache:
+    """Prepared layouts by ``grid_thw``, least recently used out first past ``LAYOUT_CACHE_BYTES``."""
+
+    def __init__(self) -> None:
+        self._layouts: OrderedDict[tuple[GridTHW, ...], PreparedLayout] = OrderedDict()
+        self.bytes_held = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._layouts)
+
+    def get(self, grid: tuple[GridTHW, ...]) -> PreparedLayout | None:
+        with self._lock:
+            prepared = self._layouts.get(grid)
+            if prepared is not None:
+                self._layouts.move_to_end(grid)
+            return prepared
+
+    def put(self, grid: tuple[GridTHW, ...], prepared: PreparedLayout) -> None:
+        with self._lock:
+            if grid in self._layouts:  # another thread built it meanwhile
+                return
+            self._layouts[grid] = prepared
+            self.bytes_held += prepared.device_bytes
+            while self.bytes_held > LAYOUT_CACHE_BYTES and len(self._layouts) > 1:
+                self.bytes_held -= self._layouts.popitem(last=False)[1].device_bytes
+
+
 _CACHES_LOCK = threading.Lock()
 
 
-def _tower_cache(tower: Any) -> tuple[OrderedDict[tuple[GridTHW, ...], PreparedLayout], threading.Lock]:
+def _tower_cache(tower: Any) -> _LayoutCache:
     # On the tower: its layouts live and die with it, and no other tower's device or dtype can mix in.
     with _CACHES_LOCK:
         found = tower.__dict__.get(_CACHE_ATTRIBUTE)
         if found is None:
-            found = tower.__dict__[_CACHE_ATTRIBUTE] = (OrderedDict(), threading.Lock())
+            found = tower.__dict__[_CACHE_ATTRIBUTE] = _LayoutCache()
     return found
 
 
