@@ -1,6 +1,7 @@
 """rocm-vit's ``_prepare_graph_inputs`` against SGLang's own, in a process of its own; writes a report.
 
-Run by tests/test_sglang_prepare.py as ``python prepare_scenario.py REPORT.pt``. A process of its own
+Run by tests/test_sglang_prepare.py as ``python prepare_scenario.py REPORT.pt`` and by
+tests/gpu/test_sglang_prepare_gpu.py with ``--device cuda`` (the fused kernel). A process of its own
 because the hooks patch SGLang's Qwen3-VL class for the life of the process. SGLang's function runs
 with hook ``qwen3_vl_graph_interpolation`` applied (what a server with the plugin runs); each layout
 is prepared twice by rocm-vit (built, then from the cache), and layouts that share token count and
@@ -9,6 +10,7 @@ offsets follow each other.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -35,11 +37,17 @@ LAYOUTS = {
     "seven_images": [(1, 4, 4), (1, 6, 8), (1, 4, 4), (2, 8, 6), (1, 6, 8), (1, 4, 6), (1, 4, 4)],
 }
 PATCH_DIM = 3 * 2 * 4 * 4
+DEVICE = "cpu"  # --device
 OUTPUTS = ("x", "cu_seqlens", "cos", "sin")
 
 
 def main() -> None:
-    report_path = Path(sys.argv[1])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("report", type=Path)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     logging.basicConfig(level=logging.WARNING)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
@@ -48,10 +56,14 @@ def main() -> None:
 
     from sglang.srt.models import qwen3_vl
 
+    if DEVICE == "cuda":
+        from scenario import _sgl_kernel_standin_where_missing
+
+        _sgl_kernel_standin_where_missing()
     from rocm_vit.integrations.sglang import hooks, standalone
     from rocm_vit.integrations.sglang.prepare import prepare_graph_inputs_from_cache
 
-    standalone.init_world("cpu", role="test")
+    standalone.init_world(DEVICE, role="test")
     tower_class = qwen3_vl.Qwen3VLMoeVisionModel
     sglangs = tower_class._prepare_graph_inputs
     by_name = {hook.name: hook for hook in hooks.HOOKS}
@@ -87,8 +99,11 @@ def main() -> None:
         pixels, grid = _inputs(LAYOUTS["video"], torch.float32)
         expected = sglangs(tower, pixels, grid)
         report["split_table"] = [_same(ours(tower, pixels, grid), expected) for _ in range(2)]
+    from rocm_vit.fusion import fused_ops_name
+
+    report["fused_ops"] = fused_ops_name()
     report["logs"] = [record.getMessage() for record in records]
-    torch.save(report, report_path)
+    torch.save(report, args.report)
 
 
 def _within_byte_budget(ours: Any, sglangs: Any) -> dict[str, Any]:
@@ -112,12 +127,14 @@ def _within_byte_budget(ours: Any, sglangs: Any) -> dict[str, Any]:
 
 
 def _tiny_tower(dtype: torch.dtype) -> torch.nn.Module:
+    """Head dim 16 on a CPU, 64 on a GPU (where SGLang's rotary class loads its own kernel for others)."""
     from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
 
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        tower = Qwen3VLMoeVisionModel(tiny_qwen3_vl_config(hidden_size=64)).eval()
+        with torch.device(DEVICE):
+            tower = Qwen3VLMoeVisionModel(tiny_qwen3_vl_config(hidden_size=64 if DEVICE == "cpu" else 256)).eval()
     finally:
         torch.set_default_dtype(default_dtype)
     generator = torch.Generator().manual_seed(3)
