@@ -59,7 +59,7 @@ def prepare_graph_inputs_from_cache(original: Callable[..., tuple]) -> Callable[
             grid = host_grid_thw(grid_thw)
             prepared = prepared_layout(self, grid)
         except ValueError as error:  # a grid SGLang may still serve (or reject in its own words)
-            _log_once(f"grid_thw not prepared here ({error})")
+            _log_once("a grid_thw the cache does not take", error)
             return original(self, x, grid_thw)
         x = x.to(device=self.device, dtype=self.dtype, non_blocking=True)
         x = self.patch_embed(x)
@@ -196,7 +196,9 @@ def _tower_cache(tower: Any) -> _LayoutCache:
 _logged: set[str] = set()
 
 
-def _log_once(reason: str) -> None:
+def _log_once(reason: str, detail: object = None) -> None:
+    """One warning per ``reason`` (a fixed text); ``detail``, the first case's, is logged with it."""
     if reason not in _logged:
         _logged.add(reason)
-        logger.warning("rocm-vit: Qwen3-VL's inputs before the blocks are SGLang's: %s", reason)
+        suffix = "" if detail is None else f" ({detail})"
+        logger.warning("rocm-vit: Qwen3-VL's inputs before the blocks are SGLang's: %s%s", reason, suffix)
