@@ -63,7 +63,10 @@ def prepare_graph_inputs_from_cache(original: Callable[..., tuple]) -> Callable[
             return original(self, x, grid_thw)
         x = x.to(device=self.device, dtype=self.dtype, non_blocking=True)
         x = self.patch_embed(x)
-        x = add_position_embedding(x, self.pos_embed.weight, prepared.taps, prepared.weights, round_products=True)
+        if whole_table(self):
+            x = add_position_embedding(x, self.pos_embed.weight, prepared.taps, prepared.weights, round_products=True)
+        else:
+            x += _looked_up_position_embedding(self, prepared)
         return x, prepared.cu_seqlens, prepared.cos, prepared.sin
 
     functools.update_wrapper(_prepare_graph_inputs, original, assigned=("__doc__",))
@@ -76,17 +79,24 @@ def unsupported_reason(tower: Any) -> str | None:
 
     if getattr(type(tower), "fast_pos_embed_interpolate", None) is not fast_pos_embed_interpolate:
         return "hook qwen3_vl_graph_interpolation is not applied, so SGLang's graph path interpolates by its own rule"
-    table = getattr(tower.pos_embed, "weight", None)
-    if table is None:
+    if getattr(tower.pos_embed, "weight", None) is None:
         return f"pos_embed is {type(tower.pos_embed).__name__}, not a table on this rank"
-    if getattr(tower.pos_embed, "tp_size", 1) != 1:
-        return f"pos_embed is split over {tower.pos_embed.tp_size} tensor-parallel ranks"
-    quant_method = type(getattr(tower.pos_embed, "quant_method", None)).__name__
-    if quant_method not in ("UnquantizedEmbeddingMethod", "NoneType"):
-        return f"pos_embed is quantized ({quant_method})"
-    if table.dtype != tower.dtype or table.shape[0] < tower.num_position_embeddings:
-        return f"pos_embed.weight is {tuple(table.shape)} {table.dtype}, the tower runs {tower.dtype}"
     return None
+
+
+def whole_table(tower: Any) -> bool:
+    """Whether ``pos_embed.weight`` is the whole table in the tower's dtype, which the fused add reads.
+
+    Otherwise (split over tensor-parallel ranks, quantized) SGLang's module looks the rows up.
+    """
+    table = tower.pos_embed.weight
+    quant_method = type(getattr(tower.pos_embed, "quant_method", None)).__name__
+    return (
+        getattr(tower.pos_embed, "tp_size", 1) == 1
+        and quant_method in ("UnquantizedEmbeddingMethod", "NoneType")
+        and table.dtype == tower.dtype
+        and table.shape[0] >= tower.num_position_embeddings
+    )
 
 
 def prepared_layout(tower: Any, grid: tuple[GridTHW, ...]) -> PreparedLayout:
@@ -97,6 +107,13 @@ def prepared_layout(tower: Any, grid: tuple[GridTHW, ...]) -> PreparedLayout:
         prepared = _build(tower, VisionLayout.from_grid_thw(grid, tower.spatial_merge_size))
         cache.put(grid, prepared)
     return prepared
+
+
+def _looked_up_position_embedding(tower: Any, prepared: PreparedLayout) -> torch.Tensor:
+    """SGLang's interpolation ops at the cached taps: its module's lookup (and all-reduce), its roundings."""
+    rows = tower.pos_embed(prepared.taps.t())  # [4, N, C]
+    rows *= prepared.weights.t().to(rows.dtype)[:, :, None]
+    return rows.sum(dim=0)
 
 
 def _build(tower: Any, layout: VisionLayout) -> PreparedLayout:
