@@ -3,9 +3,10 @@
 SGLang 0.5.23's ``_prepare_graph_inputs`` rebuilds the position-embedding taps, the rotary position ids
 and the offsets from ``grid_thw`` at every call: host loops and small kernels per image. Here they are
 built once per layout (SGLang's own ops on the tower's device, so the same bits) and kept; a call on a
-known layout runs the patch embedding (SGLang's module) and rocm-vit's position-embedding add, nothing
-that grows with the image count. Output equals SGLang's graph path under hook
-``qwen3_vl_graph_interpolation`` bit for bit; other cases run SGLang's function (docs/sglang.md).
+known layout runs the patch embedding (SGLang's module) and rocm-vit's position-embedding add (SGLang's
+lookup where the table is split over ranks), nothing that grows with the image count. Output equals
+SGLang's graph path under hook ``qwen3_vl_graph_interpolation`` bit for bit; other cases run SGLang's
+function (docs/sglang.md).
 """
 
 from __future__ import annotations
