@@ -2,7 +2,8 @@
 
 Replaces torch's five launches and ``[N, 4, C]`` fp32 intermediate, with eager torch's roundings (tap order).
 Shapes: ``x`` ``[N, C]`` and ``table`` ``[P, C]`` contiguous, one dtype; ``taps`` ``[N, 4]`` int64/int32;
-``weights`` ``[N, 4]`` fp32; ``C`` <= 16384. Allocates nothing, never syncs; one binary per ``(C, dtype)``.
+``weights`` ``[N, 4]`` fp32; ``C`` <= 16384. Allocates nothing, never syncs; one binary per ``(C, dtype)`` and
+rounding (``round_products``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ NUM_TAPS = 4
 
 
 def add_position_embedding_(
-    x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor
+    x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor, *, round_products: bool = False
 ) -> torch.Tensor:
-    """``x += (table[taps] * weights[..., None]).sum(1).to(x.dtype)``; returns ``x``; unchecked (``supports``)."""
+    """``x += (table[taps] * weights[..., None]).sum(1).to(x.dtype)``; returns ``x``; unchecked (``supports``).
+
+    ``round_products``: each weighted row rounded to ``x.dtype`` before the fp32 sum (SGLang's Qwen3-VL).
+    """
     rows, hidden = x.shape
     if rows:
         block = next_power_of_2(hidden)
@@ -30,7 +34,7 @@ def add_position_embedding_(
         launch = fast_launch.launcher(
             _add_position_embedding_kernel, num_warps=max(1, min(8, block // 256)), enable_fp_fusion=False
         )
-        launch((rows,), x, table, taps, weights, hidden, block, NUM_TAPS)  # HIDDEN, BLOCK, TAPS
+        launch((rows,), x, table, taps, weights, hidden, block, NUM_TAPS, round_products)
     return x
 
 
@@ -52,7 +56,14 @@ def supports(x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: 
 
 @triton.jit
 def _add_position_embedding_kernel(
-    x_ptr, table_ptr, taps_ptr, weights_ptr, HIDDEN: tl.constexpr, BLOCK: tl.constexpr, TAPS: tl.constexpr
+    x_ptr,
+    table_ptr,
+    taps_ptr,
+    weights_ptr,
+    HIDDEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TAPS: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -61,7 +72,10 @@ def _add_position_embedding_kernel(
     for tap in tl.static_range(TAPS):
         index = tl.load(taps_ptr + row * TAPS + tap).to(tl.int64)
         weight = tl.load(weights_ptr + row * TAPS + tap)
-        acc += tl.load(table_ptr + index * HIDDEN + cols, mask=mask, other=0.0).to(tl.float32) * weight
+        product = tl.load(table_ptr + index * HIDDEN + cols, mask=mask, other=0.0).to(tl.float32) * weight
+        if ROUND_PRODUCTS:
+            product = product.to(x_ptr.dtype.element_ty).to(tl.float32)
+        acc += product
     x = tl.load(x_ptr + row * HIDDEN + cols, mask=mask, other=0.0)
     out = x.to(tl.float32) + acc.to(x.dtype).to(tl.float32)
     tl.store(x_ptr + row * HIDDEN + cols, out.to(x.dtype), mask=mask)

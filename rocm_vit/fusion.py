@@ -48,15 +48,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def add_position_embedding(
-    x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor
+    x: torch.Tensor, table: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor, *, round_products: bool = False
 ) -> torch.Tensor:
     """``x + (table[taps] * weights[..., None]).sum(1).to(x.dtype)``, Qwen3-VL's interpolated positions;
-    fused, in place into ``x``."""
+    fused, in place into ``x``. ``round_products``: each weighted row rounded to ``x.dtype`` before the
+    fp32 sum, as SGLang's Qwen3-VL rounds."""
     if _fused_enabled():
         kernels = _position_kernels()
         if kernels.supports(x, table, taps, weights):
-            return kernels.add_position_embedding_(x, table, taps, weights)
-    return x + (F.embedding(taps, table) * weights[:, :, None]).sum(1).to(x.dtype)
+            return kernels.add_position_embedding_(x, table, taps, weights, round_products=round_products)
+    products = F.embedding(taps, table) * weights[:, :, None]
+    if round_products:
+        return x + products.to(x.dtype).sum(1, dtype=torch.float32).to(x.dtype)
+    return x + products.sum(1).to(x.dtype)
 
 
 def norm_kind(norm: nn.Module) -> str | None:

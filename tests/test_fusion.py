@@ -167,6 +167,19 @@ def test_cpu_position_embedding_is_the_plain_interpolation() -> None:
     assert torch.equal(fusion.add_position_embedding(x, table, taps, weights), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_cpu_position_embedding_rounds_each_weighted_row_when_asked(dtype: torch.dtype) -> None:
+    """``round_products``: SGLang's Qwen3-VL ops (rows times weights in the table's dtype, summed over taps)."""
+    case = _position_cases()[f"pos_1152_{str(dtype)[6:]}"]
+    taps, table, x = case["taps"], case["table"], case["x"]
+    weights = case["weights"].to(dtype)  # SGLang rounds the weights to the tower's dtype
+    sglangs = x + (nn.functional.embedding(taps.t(), table) * weights.t()[:, :, None]).sum(0)
+    rounded = fusion.add_position_embedding(x, table, taps, weights.float(), round_products=True)
+    assert torch.equal(rounded, sglangs)
+    if dtype != torch.float32:  # the rounding is what makes them equal
+        assert not torch.equal(fusion.add_position_embedding(x, table, taps, weights.float()), sglangs)
+
+
 def _silu_cases() -> dict[str, dict]:
     generator = torch.Generator().manual_seed(12)
     cases = {}

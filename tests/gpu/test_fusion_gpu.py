@@ -185,3 +185,19 @@ def test_position_embedding_kernel_is_as_accurate_as_the_plain_interpolation(fus
     reference = x.double() + (F.embedding(taps, table.double()) * weights.double()[:, :, None]).sum(1)
     fused = fusion.add_position_embedding(x.clone(), table, taps, weights)
     _assert_as_accurate_as_torch(fused, plain, reference)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_position_embedding_kernel_rounds_each_weighted_row_as_sglangs_qwen3_vl(fused_ops, dtype: torch.dtype) -> None:
+    """``round_products``: SGLang's ``fast_pos_embed_interpolate_from_list`` ops, bit for bit."""
+    assert fused_ops(True) == "fused"
+    generator = torch.Generator(device=DEVICE).manual_seed(12)
+    table = torch.randn(48 * 48, 1152, generator=generator, device=DEVICE).to(dtype)
+    x = torch.randn(3000, 1152, generator=generator, device=DEVICE).to(dtype)
+    taps = torch.randint(0, table.shape[0], (3000, 4), generator=generator, device=DEVICE)
+    weights = torch.rand(3000, 4, generator=generator, device=DEVICE).to(dtype)  # SGLang rounds them
+    # SGLang's order: [4, N, C] rows times weights in the table's dtype, summed over the taps.
+    sglangs = x + (F.embedding(taps.t(), table) * weights.t()[:, :, None]).sum(0)
+    fused = fusion.add_position_embedding(x.clone(), table, taps, weights.float(), round_products=True)
+    assert torch.equal(fused, sglangs)

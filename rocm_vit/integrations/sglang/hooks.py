@@ -95,6 +95,13 @@ def _install_qwen3_vl_interpolation(qwen3_vl: ModuleType) -> None:
     replace_attribute(qwen3_vl.Qwen3VLMoeVisionModel, "fast_pos_embed_interpolate", fast_pos_embed_interpolate)
 
 
+def _install_qwen3_vl_prepare(qwen3_vl: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.prepare import prepare_graph_inputs_from_cache
+
+    tower = qwen3_vl.Qwen3VLMoeVisionModel
+    replace_attribute(tower, "_prepare_graph_inputs", prepare_graph_inputs_from_cache(tower._prepare_graph_inputs))
+
+
 def _install_qwen2_5_vl_graph_gate(qwen2_5_vl: ModuleType) -> None:
     from rocm_vit.integrations.sglang.qwen2_5_vl import lift_graph_gate
 
@@ -200,6 +207,18 @@ HOOKS: tuple[Hook, ...] = (
             "Qwen3VLMoeVisionModel._use_vectorized_pos_embed": ("self", "num_images"),
         },
         install=_install_qwen3_vl_interpolation,
+    ),
+    Hook(
+        name="qwen3_vl_prepare_from_cache",
+        module=_QWEN3_VL,
+        targets=(f"{_QWEN3_VL}.Qwen3VLMoeVisionModel._prepare_graph_inputs",),
+        signatures={
+            "Qwen3VLMoeVisionModel._prepare_graph_inputs": ("self", "x", "grid_thw"),
+            "Qwen3VLMoeVisionModel.forward_with_cuda_graph": ("self", "x", "grid_thw"),
+            "Qwen3VLMoeVisionModel.rot_pos_emb": ("self", "grid_thw"),
+            "Qwen3VLMoeVisionModel.fast_pos_embed_interpolate_from_list": ("self", "grid_thw"),
+        },
+        install=_install_qwen3_vl_prepare,
     ),
     Hook(
         name="qwen2_5_vl_graph_gate",

@@ -1,0 +1,54 @@
+"""Hook ``qwen3_vl_prepare_from_cache`` on a GPU: SGLang's own ``_prepare_graph_inputs``, bit for bit.
+
+Runs tests/sglang_support/prepare_scenario.py with ``--device cuda``: the taps built by SGLang's ops
+on the GPU (its ``linspace`` there) and the position embedding added by rocm-vit's Triton kernel with
+SGLang's rounding, against SGLang's function on the same tower, at fp32 and bf16.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() is False)"
+    ),
+    pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed"),
+]
+
+SCENARIO = Path(__file__).resolve().parents[1] / "sglang_support" / "prepare_scenario.py"
+DTYPES = ("float32", "bfloat16")
+
+
+def test_prepared_inputs_equal_sglangs_on_a_gpu_through_the_fused_kernel(tmp_path: Path) -> None:
+    path = tmp_path / "report.pt"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
+    env.update(ROCM_VIT_PROFILE="off")
+    done = subprocess.run(
+        [sys.executable, str(SCENARIO), str(path), "--device", "cuda"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and path.exists(), f"scenario failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    report = torch.load(path)
+    assert report["fused_ops"] == "fused"
+    results = {key: value for key, value in report.items() if key.endswith(DTYPES)}
+    differing = {
+        f"{key} {when} {output}": equal
+        for key, result in results.items()
+        for when, outputs in result.items()
+        for output, equal in outputs.items()
+        if equal is not True
+    }
+    assert results and not differing, differing
+    assert report["ops_on_a_known_layout"]["1"] == report["ops_on_a_known_layout"]["16"]

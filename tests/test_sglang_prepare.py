@@ -1,0 +1,91 @@
+"""rocm-vit's Qwen3-VL ``_prepare_graph_inputs`` (hook ``qwen3_vl_prepare_from_cache``) against SGLang's own.
+
+The real SGLang 0.5.23 runs in a process of its own (tests/sglang_support/prepare_scenario.py: the
+hooks patch SGLang's class for the life of a process); the tests read its report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "tests" / "sglang_support" / "prepare_scenario.py"
+DTYPES = ("float32", "bfloat16")
+LAYOUT_COUNT = 7  # prepare_scenario.LAYOUTS
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None,
+    reason="sglang is not installed (make venv installs ci/requirements-sglang.txt)",
+)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    path = tmp_path_factory.mktemp("prepare") / "report.pt"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
+    env.update(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", ROCM_VIT_PROFILE="off")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(SCENARIO), str(path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and path.exists(), f"scenario failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    return torch.load(path)
+
+
+def _layout_results(report: dict[str, Any]) -> dict[str, dict]:
+    return {key: value for key, value in report.items() if key.endswith(DTYPES)}
+
+
+def test_the_hook_fits_the_tested_release_and_replaces_sglangs_function(report: dict[str, Any]) -> None:
+    assert report["mismatch"] is None
+    assert report["installed"] == "rocm_vit.integrations.sglang.prepare._prepare_graph_inputs"
+
+
+def test_every_layout_prepares_sglangs_inputs_bit_for_bit_built_and_from_the_cache(report: dict[str, Any]) -> None:
+    results = _layout_results(report)
+    assert len(results) == LAYOUT_COUNT * len(DTYPES)
+    differing = {
+        f"{key} {when} {output}": equal
+        for key, result in results.items()
+        for when, outputs in result.items()
+        for output, equal in outputs.items()
+        if equal is not True
+    }
+    assert not differing, differing
+
+
+def test_a_layout_with_anothers_token_count_and_offsets_gets_its_own_taps(report: dict[str, Any]) -> None:
+    # (1, 8, 4) right after (1, 4, 8): one segment of 32 patches each, other interpolation taps.
+    for dtype in DTYPES:
+        assert report[f"tall_image_same_offsets_{dtype}"]["cached"]["x"] is True
+
+
+def test_a_known_layout_runs_as_many_ops_for_sixteen_images_as_for_one(report: dict[str, Any]) -> None:
+    ops = report["ops_on_a_known_layout"]
+    assert ops["1"] == ops["16"], ops
+
+
+def test_prepared_layouts_stay_within_the_byte_budget_and_an_evicted_one_is_rebuilt(report: dict[str, Any]) -> None:
+    held = report["byte_budget"]
+    assert held["layouts"] == 2 and held["bytes"] <= held["budget"], held
+    assert held["evicted_again"] is True
+
+
+def test_a_table_split_over_ranks_is_looked_up_by_sglangs_module_at_the_cached_taps(report: dict[str, Any]) -> None:
+    assert report["split_table"] == [True, True]  # bf16, built then cached; no fallback (next test)
+
+
+def test_without_the_interpolation_hook_sglangs_function_runs_with_one_log_line(report: dict[str, Any]) -> None:
+    assert report["without_interpolation_hook"] == [True, True]
+    reasons = [message.partition("are SGLang's: ")[2] for message in report["logs"]]
+    assert reasons == [
+        "hook qwen3_vl_graph_interpolation is not applied, so SGLang's graph path interpolates by its own rule"
+    ]
