@@ -281,9 +281,14 @@ def _recorded_launches() -> Iterator[tuple[str, Case, tuple, str | None]]:
                 table = torch.empty(shape["position_table"], hidden, dtype=dtype)
                 taps = torch.zeros(4, triton_pos_embed.NUM_TAPS, dtype=torch.int64)
                 weights = torch.zeros(4, triton_pos_embed.NUM_TAPS, dtype=torch.float32)
-                call = functools.partial(triton_pos_embed.add_position_embedding_, x, table, taps, weights)
-                label = f"C{hidden}, table {shape['position_table']}, int64 taps"
-                yield "triton_pos_embed", Case(dtype_name, label), _record_one(call), None
+                # rocm-vit's own towers; SGLang's Qwen3-VL under the plugin rounds each weighted row.
+                for round_products in (False, True):
+                    call = functools.partial(
+                        triton_pos_embed.add_position_embedding_, x, table, taps, weights, round_products=round_products
+                    )
+                    label = f"C{hidden}, table {shape['position_table']}, int64 taps"
+                    label += ", rows rounded (SGLang's)" if round_products else ""
+                    yield "triton_pos_embed", Case(dtype_name, label), _record_one(call), None
             if shape["gated_width"]:
                 gate_up = torch.empty(4, 2 * shape["gated_width"], dtype=dtype)
                 call = functools.partial(triton_silu_mul.silu_mul, gate_up)
