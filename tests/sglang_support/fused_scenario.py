@@ -21,8 +21,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE))
 sys.path.append(str(HERE.parent))
 
-import torch  # noqa: E402
 import scenario  # noqa: E402
+import torch  # noqa: E402
 from env_vars import set_env  # noqa: E402
 from toy_tower import tiny_qwen3_vl_config  # noqa: E402
 

@@ -31,7 +31,8 @@ _QWEN3_VL = "sglang.srt.models.qwen3_vl"
 
 def unrecognised_reason(vit: nn.Module) -> str | None:
     """Why ``FusedBlocks`` cannot run ``vit`` (SGLang's vision tower), or ``None``."""
-    kinds = sorted({type(block).__name__ for block in vit.blocks if not _is_sglangs(block, _QWEN3_VL, "Qwen3_VisionBlock")})
+    others = [block for block in vit.blocks if not _is_sglangs(block, _QWEN3_VL, "Qwen3_VisionBlock")]
+    kinds = sorted({type(block).__name__ for block in others})
     if kinds:
         return f"blocks of {', '.join(kinds)}: rocm-vit fuses SGLang's Qwen3_VisionBlock only"
     for index, block in enumerate(vit.blocks):
@@ -85,7 +86,8 @@ class FusedBlocks:
             residual, normed = add_norm(residual, _mlp(block.mlp, normed), self._next_norms[index])
             merger = self._deepstack.get(index)
             if merger is not None:  # post-shuffle norm: over merge² tokens at once
-                deepstack.append(_project(merger, add_norm(residual.view(-1, merger.hidden_size), None, merger.norm)[1]))
+                _, merged_normed = add_norm(residual.view(-1, merger.hidden_size), None, merger.norm)
+                deepstack.append(_project(merger, merged_normed))
         merged = _project(self.vit.merger, normed.view(-1, self.vit.merger.hidden_size))
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
 
