@@ -646,21 +646,21 @@ def _adapter_safety(model: torch.nn.Module, inputs: list, eager: list[torch.Tens
 
 
 def _fallback_from_the_callers_input(model: torch.nn.Module, inputs: list, eager: list[torch.Tensor]) -> bool:
-    """A runner whose eager run fails midway (its second block raises once), after SGLang's first
-    block added into its input in place: SGLang's eager blocks serve the call from the caller's
-    input, which the runner never wrote, equal to SGLang's eager forward."""
+    """A runner whose eager run fails midway (its second block's fc2 raises once), after its first
+    block ran: SGLang's eager blocks (which add into their input in place) serve the call from the
+    caller's input, which the runner never wrote, equal to SGLang's eager forward."""
     from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
 
     # Every call eager in the runner, unpadded (a padded run takes padded copies of its inputs).
     with set_env({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": "0", "SGLANG_VIT_CUDA_GRAPH_PADDING": "0"}):
         model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
-    block = model.blocks[1]
+    fc2 = model.blocks[1].mlp.linear_fc2  # called by rocm-vit's fused blocks and SGLang's alike
 
     def fails_once(*args: Any, **kwargs: Any) -> torch.Tensor:
-        del block.forward  # SGLang's own from now on
+        del fc2.forward  # SGLang's own from now on
         raise RuntimeError("stand-in: the second block fails")
 
-    block.forward = fails_once
+    fc2.forward = fails_once
     served = _run(model, inputs[:1], graphs=True)[0]
     return model.graph_runners.stats()["failures"] == 1 and torch.equal(served, eager[0])
 
