@@ -692,6 +692,20 @@ def test_doctor_says_which_all_reduce_sglang_picks_and_what_graphs_do_with_it(
     assert says in all_reduce_verdict(environ, platform)
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (None, "rocm-vit's fused glue between SGLang's linear modules (ROCM_VIT_SGLANG_BLOCKS=rocm-vit)"),
+        ("sglang", "SGLang's own blocks (ROCM_VIT_SGLANG_BLOCKS=sglang)"),
+        ("fused", "unknown: ROCM_VIT_SGLANG_BLOCKS = 'fused' is not one of rocm-vit, sglang"),
+    ],
+)
+def test_doctor_says_which_blocks_the_plugin_runs(value: str | None, says: str) -> None:
+    from rocm_vit.integrations.sglang.status import blocks_verdict
+
+    assert blocks_verdict({} if value is None else {"ROCM_VIT_SGLANG_BLOCKS": value}).startswith(says)
+
+
 def test_captures_inside_sglangs_all_reduce_stop_before_its_table_overflows() -> None:
     """Each capture inside SGLang's ``capture()`` takes one ``rank_data`` entry (64 bytes) per
     all-reduce for good: once another capture would not fit, entering raises (on every rank alike,
