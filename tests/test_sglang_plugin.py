@@ -150,6 +150,9 @@ def test_aiter_attn_replacement_matches_sglangs_sdpa(report: dict[str, Any]) -> 
 def test_graph_path_through_the_adapter_equals_eager_bitwise(report: dict[str, Any]) -> None:
     graphs = report["graph_vs_eager"]
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
+    # rocm-vit's fused glue, on a CPU's plain ops: SGLang's eager forward, bit for bit.
+    assert graphs["blocks"] == "rocm-vit: fused glue between SGLang's linear modules"
+    assert all(graphs["equal_to_sglangs_eager"]) and len(graphs["equal_to_sglangs_eager"]) == 12
     assert graphs["first_output_survives_replays"]
     # Equal token counts with other boundaries get their own graph. A layout's first call runs eagerly:
     # what it saves does not yet repay a fifth of a capture (PAYBACK_SHARE); every later call replays.
