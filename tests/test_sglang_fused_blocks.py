@@ -88,3 +88,12 @@ def test_an_unrecognised_block_runs_sglangs_blocks_and_says_why(report: dict[str
     kept = report["unrecognised"]
     assert kept["blocks"] == "sglang: block 2: norm2 is a RMSNorm, not an affine nn.LayerNorm"
     assert kept["bitwise_equal"] and all(kept["bitwise_equal"])
+
+
+def test_qwen2_5_vl_windowed_blocks_run_fused_and_replay_their_eager_bits(report: dict[str, Any]) -> None:
+    """RMSNorm blocks attending within windows and items: the fused glue, graphs equal to its eager
+    calls; against SGLang's blocks, whose RMSNorm scales before rounding, within bf16 steps."""
+    for dtype, one in report["qwen2_5_vl"].items():
+        assert one["blocks"] == "rocm-vit: fused glue between SGLang's linear modules", dtype
+        assert one["replays"] == 3 and all(one["graph_vs_eager"]) and len(one["graph_vs_eager"]) == 6, (dtype, one)
+        assert 0 < one["fused_vs_sglang"]["max_relative"] < TRANSFORMERS_TOLERANCE[dtype], (dtype, one)

@@ -51,6 +51,7 @@ def main() -> None:
     # ROCm's decisions differ from CUDA's in what the CPU cannot run (the GELU epilogue): bf16 only.
     for name, dtypes in (("cuda", ("fp32", "bf16")), ("rocm", ("bf16",))):
         report[name] = _under_policy(_facts()[name], dtypes, state, inputs, reference)
+    report["qwen2_5_vl"] = _qwen2_5_vl(generator)
     report["sglang_setting"] = _sglang_blocks_kept(state, inputs, {"ROCM_VIT_SGLANG_BLOCKS": "sglang"})
     report["unrecognised"] = _sglang_blocks_kept(state, inputs, {}, unrecognised=True)
     Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
@@ -91,6 +92,40 @@ def _under_policy(
             one["fused_vs_transformers"] = _difference(fused_eager, reference)
             one["sglang_vs_transformers"] = _difference(sglang_eager, reference)
             result[dtype_name] = one
+    return result
+
+
+def _qwen2_5_vl(generator: torch.Generator) -> dict[str, Any]:
+    """SGLang's windowed Qwen2.5-VL tower (RMSNorm) under CUDA's policy: graphs against the fused eager
+    calls, and the fused path against SGLang's eager blocks (its own RMSNorm rounds as transformers'
+    does not: docs/numerics.md)."""
+    from rocm_vit import policy
+    from rocm_vit.integrations.sglang.graph_runner import ViTGraphRunnerAdapter
+    from rocm_vit.settings import Settings
+
+    grids = [[(1, 8, 8)], [(1, 6, 10)], [(1, 4, 8)]]
+    inputs = [(torch.randn(scenario._patches(g), scenario.PATCH_DIM, generator=generator), g) for g in grids]
+    chosen = policy.resolve_policy(_facts()["cuda"], Settings(attention_backend="sdpa"), None)
+    result: dict[str, Any] = {}
+    with policy.use_policy(chosen):
+        for dtype_name in ("fp32", "bf16"):
+            model = scenario._tiny_qwen2_5_vl("cpu", attention="aiter_attn")
+            scenario._randomise(model, torch.Generator().manual_seed(5))
+            model.to(DTYPES[dtype_name])
+            requests = [(pixels.to(DTYPES[dtype_name]), grid) for pixels, grid in inputs]
+            sglang_eager = scenario._run_2_5(model, requests, graphs=False)
+            outputs = {}
+            for name, capacity in (("eager", "0"), ("graphs", "16")):
+                with set_env({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": capacity, "SGLANG_VIT_CUDA_GRAPH_PADDING": "0"}):
+                    adapter = ViTGraphRunnerAdapter(model, mechanism=scenario._stand_in_mechanism())
+                model.cuda_graph_runner = adapter
+                outputs[name] = scenario._run_2_5(model, requests + requests, graphs=True)
+            result[dtype_name] = {
+                "blocks": adapter.stats()["blocks"],
+                "replays": adapter.stats()["replays"],
+                "graph_vs_eager": [torch.equal(a, b) for a, b in zip(outputs["graphs"], outputs["eager"], strict=True)],
+                "fused_vs_sglang": _difference(outputs["eager"][: len(requests)], sglang_eager),
+            }
     return result
 
 

@@ -158,19 +158,23 @@ class SGLangBlocks:
         segmentation (``"full"``, Qwen2.5-VL's ``"window"``), the keyword arguments a block attending
         within it takes; ``rotary``: the rotary keyword arguments every block takes."""
         vit = self.vit
-        if self._fused is not None:  # Qwen3-VL: one segmentation, rotary as cos and sin
-            block_args_per_block = [block_args["full"]] * len(vit.blocks)
-            return self._fused.run(x, block_args_per_block, rotary["rotary_pos_emb_cos"], rotary["rotary_pos_emb_sin"])
+        per_block = [block_args[self._segmentation(index, block_args)] for index in range(len(vit.blocks))]
+        if self._fused is not None:
+            cos, sin = rotary.get("position_embeddings") or (rotary["rotary_pos_emb_cos"], rotary["rotary_pos_emb_sin"])
+            return self._fused.run(x, per_block, cos, sin)
         hidden = x.unsqueeze(1)  # SGLang's blocks take [S, B=1, hidden]
         deepstack = []
         for index, block in enumerate(vit.blocks):
-            windowed = "window" in block_args and index not in self._full_attention_blocks
-            hidden = block(hidden, **block_args["window" if windowed else "full"], **rotary)
+            hidden = block(hidden, **per_block[index], **rotary)
             slot = self._deepstack_slots.get(index)
             if slot is not None:
                 deepstack.append(vit.deepstack_merger_list[slot](hidden))
         merged = vit.merger(hidden)
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
+
+    def _segmentation(self, index: int, block_args: Mapping[str, Any]) -> str:
+        """Qwen2.5-VL: blocks outside ``fullatt_block_indexes`` attend within windows."""
+        return "window" if "window" in block_args and index not in self._full_attention_blocks else "full"
 
     def use_sglang_blocks(self, why: str) -> None:
         """SGLang's own block loop from now on (the adapter's fallback once its runner stopped)."""

@@ -142,6 +142,6 @@ def blocks_verdict(environ: dict[str, str] | None = None) -> str:
         return f"SGLang's own blocks ({name}=sglang): graphs replay SGLang's eager forward bit for bit"
     return (
         f"rocm-vit's fused glue between SGLang's linear modules ({name}=rocm-vit) for towers of SGLang's "
-        "Qwen3_VisionBlock (Qwen3-VL, Qwen3.5); any other tower runs SGLang's blocks, the reason in the "
-        "log and in the runner's stats()['blocks']"
+        "Qwen3_VisionBlock (Qwen3-VL, Qwen3.5) or Qwen2_5_VisionBlock (Qwen2.5-VL); any other tower runs "
+        "SGLang's blocks, the reason in the log and in the runner's stats()['blocks']"
     )
