@@ -209,6 +209,8 @@ def test_after_a_runner_failure_every_request_is_served_equal_to_sglangs_eager_f
     assert (fallback["error"], fallback["served"]) == (None, 51)
     assert fallback["bitwise_equal"] == [True] * 51
     assert (fallback["failures"], fallback["serves_graphs"]) == (1, False)
+    # The fallback is SGLang's own blocks, not rocm-vit's fused glue.
+    assert fallback["blocks_after"] == "sglang: rocm-vit's runner stopped serving after a failure"
 
 
 @needs_sglang

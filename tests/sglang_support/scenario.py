@@ -729,6 +729,7 @@ def _fallback_serves_every_request(state: dict, inputs: list, aiter_kernel: Call
         "bitwise_equal": [torch.equal(a, b) for a, b in zip(served, eager, strict=False)],
         "failures": stats["failures"],
         "serves_graphs": adapter.serves_graphs,
+        "blocks_after": stats["blocks"],
     }
 
 
