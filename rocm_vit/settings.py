@@ -27,6 +27,7 @@ ENV_NAMES: dict[str, str] = {
     "rotary": "ROCM_VIT_ROTARY",
     "fused_ops": "ROCM_VIT_FUSED_OPS",
     "disable": "ROCM_VIT_DISABLE",
+    "sglang_blocks": "ROCM_VIT_SGLANG_BLOCKS",
     "use_aiter": "SGLANG_USE_AITER",
     "vit_cuda_graph": "SGLANG_VIT_ENABLE_CUDA_GRAPH",
     "graph_cache_capacity": "SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY",
@@ -47,6 +48,9 @@ _SGLANG_BOOLEANS = {"use_aiter": _SGLANG_GET_BOOL_ENV_VAR, "vit_cuda_graph": _SG
 # Captures on a thread of their own broke when any other thread synchronized the device meanwhile
 # (docs/design.md, "Hazards"): captures run inside the call that triggers them.
 _REMOVED: dict[str, str] = {"graph_defer_captures": "SGLANG_VIT_CUDA_GRAPH_DEFER_CAPTURES"}
+
+# ROCM_VIT_SGLANG_BLOCKS: rocm-vit's fused glue between SGLang's linear modules, or SGLang's own blocks.
+SGLANG_BLOCKS = ("rocm-vit", "sglang")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -70,6 +74,7 @@ class Settings:
     rotary: str | None = None
     fused_ops: bool = True
     disable: bool = False
+    sglang_blocks: str = "rocm-vit"  # SGLANG_BLOCKS: what runs between SGLang's linear modules under the plugin
     use_aiter: bool = False
     vit_cuda_graph: bool = False
     graph_cache_capacity: int = DEFAULT_CAPACITY
@@ -142,6 +147,10 @@ def _parse(name: str, annotation: str, value: object) -> object:
         if number < 0:
             raise ValueError(f"{source} = {value!r} must be >= 0")
         return number
+    if name == "sglang_blocks":
+        if text.lower() not in SGLANG_BLOCKS:
+            raise ValueError(f"{source} = {value!r} is not one of {', '.join(SGLANG_BLOCKS)}")
+        return text.lower()
     return text.lower() or None
 
 

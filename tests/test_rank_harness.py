@@ -80,6 +80,8 @@ def test_cpu_ranks_see_no_device_and_gpu_ranks_every_one() -> None:
     assert cpu["CUDA_VISIBLE_DEVICES"] == cpu["HIP_VISIBLE_DEVICES"] == ""
     assert "CUDA_VISIBLE_DEVICES" not in cuda and "HIP_VISIBLE_DEVICES" not in cuda
     assert rank_harness.MULTICAST_OFF.items() <= cpu.items() and rank_harness.MULTICAST_OFF.items() <= cuda.items()
+    # GPU ranks compare with SGLang's eager forward bit for bit: SGLang's blocks, not the fused glue.
+    assert cuda["ROCM_VIT_SGLANG_BLOCKS"] == "sglang" and "ROCM_VIT_SGLANG_BLOCKS" not in cpu
     with pytest.raises(ValueError, match="'rocm'"):
         rank_harness.rank_environment("rocm")
 

@@ -24,6 +24,7 @@ def test_defaults_without_environment() -> None:
         "rotary": None,
         "fused_ops": True,
         "disable": False,
+        "sglang_blocks": "rocm-vit",
         "use_aiter": False,
         "vit_cuda_graph": False,
         "graph_cache_capacity": 32,
@@ -104,6 +105,11 @@ def test_fused_ops_can_be_turned_off() -> None:
     assert load_settings({"ROCM_VIT_FUSED_OPS": "1"}).fused_ops is True
 
 
+def test_sglang_blocks_choose_rocm_vits_glue_or_sglangs_blocks() -> None:
+    assert load_settings({"ROCM_VIT_SGLANG_BLOCKS": " SGLang "}).sglang_blocks == "sglang"
+    assert load_settings({"ROCM_VIT_SGLANG_BLOCKS": "rocm-vit"}).sglang_blocks == "rocm-vit"
+
+
 def test_graph_cache_settings_parse_integers() -> None:
     assert load_settings({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": " 8 "}).graph_cache_capacity == 8
     assert load_settings({"SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY": "0"}).graph_cache_capacity == 0
@@ -129,6 +135,8 @@ def test_graph_cache_settings_parse_integers() -> None:
         ("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "1.5", "is not an integer"),
         ("SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY", "-1", "must be >= 0"),
         ("SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS", "-1", "must be >= 0"),
+        ("ROCM_VIT_SGLANG_BLOCKS", "fused", "is not one of rocm-vit, sglang"),
+        ("ROCM_VIT_SGLANG_BLOCKS", "", "is not one of rocm-vit, sglang"),
     ],
 )
 def test_bad_environment_values_raise_naming_the_variable(name: str, value: str, complaint: str) -> None:

@@ -81,6 +81,13 @@ def test_graphs_are_kept_under_tensor_parallelism_and_replay_the_eager_bits(rank
         assert [counts.get(name, 0) for name in ("registered", "exchanges", "captured_registered")] == [0, 0, 0]
 
 
+def test_every_rank_serves_through_rocm_vits_fused_blocks(ranks: list[dict]) -> None:
+    """The fused glue between SGLang's linear modules, whose all-reduces the test above counts: on a
+    CPU's plain ops its output is SGLang's eager forward's, bit for bit."""
+    for report in _episode(ranks, "serve"):
+        assert report["blocks"] == "rocm-vit: fused glue between SGLang's linear modules", report
+
+
 def test_ranks_that_run_the_same_calls_take_the_same_decisions(ranks: list[dict]) -> None:
     reports = _episode(ranks, "serve")
     by_group: dict[str, list[dict]] = {}

@@ -150,6 +150,9 @@ def test_aiter_attn_replacement_matches_sglangs_sdpa(report: dict[str, Any]) -> 
 def test_graph_path_through_the_adapter_equals_eager_bitwise(report: dict[str, Any]) -> None:
     graphs = report["graph_vs_eager"]
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12
+    # rocm-vit's fused glue, on a CPU's plain ops: SGLang's eager forward, bit for bit.
+    assert graphs["blocks"] == "rocm-vit: fused glue between SGLang's linear modules"
+    assert all(graphs["equal_to_sglangs_eager"]) and len(graphs["equal_to_sglangs_eager"]) == 12
     assert graphs["first_output_survives_replays"]
     # Equal token counts with other boundaries get their own graph. A layout's first call runs eagerly:
     # what it saves does not yet repay a fifth of a capture (PAYBACK_SHARE); every later call replays.
@@ -206,6 +209,8 @@ def test_after_a_runner_failure_every_request_is_served_equal_to_sglangs_eager_f
     assert (fallback["error"], fallback["served"]) == (None, 51)
     assert fallback["bitwise_equal"] == [True] * 51
     assert (fallback["failures"], fallback["serves_graphs"]) == (1, False)
+    # The fallback is SGLang's own blocks, not rocm-vit's fused glue.
+    assert fallback["blocks_after"] == "sglang: rocm-vit's runner stopped serving after a failure"
 
 
 @needs_sglang
@@ -690,6 +695,20 @@ def test_doctor_says_which_all_reduce_sglang_picks_and_what_graphs_do_with_it(
     from rocm_vit.integrations.sglang.status import all_reduce_verdict
 
     assert says in all_reduce_verdict(environ, platform)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (None, "rocm-vit's fused glue between SGLang's linear modules (ROCM_VIT_SGLANG_BLOCKS=rocm-vit)"),
+        ("sglang", "SGLang's own blocks (ROCM_VIT_SGLANG_BLOCKS=sglang)"),
+        ("fused", "unknown: ROCM_VIT_SGLANG_BLOCKS = 'fused' is not one of rocm-vit, sglang"),
+    ],
+)
+def test_doctor_says_which_blocks_the_plugin_runs(value: str | None, says: str) -> None:
+    from rocm_vit.integrations.sglang.status import blocks_verdict
+
+    assert blocks_verdict({} if value is None else {"ROCM_VIT_SGLANG_BLOCKS": value}).startswith(says)
 
 
 def test_captures_inside_sglangs_all_reduce_stop_before_its_table_overflows() -> None:

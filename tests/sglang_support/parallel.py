@@ -171,6 +171,7 @@ def _serve(model: torch.nn.Module, rank: int, world_size: int, failure: str | No
         "eager_runs": {reason: count for reason, count in stats["eager_runs"].items() if count},
         "failures": stats["failures"],
         "stopped": stats["stopped"],
+        "blocks": stats["blocks"],
         "agrees": adapter._agree is not None,
         "communicator": None if adapter.all_reduce is None else adapter.all_reduce.communicator,
         "all_reduce": _difference(_all_reduce_counts(model), before),

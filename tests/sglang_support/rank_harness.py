@@ -33,6 +33,10 @@ SERVING_SETTINGS = {
     "SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS": "256",
     "SGLANG_VIT_CUDA_GRAPH_PADDING": "0",
 }
+# The episodes compare the runner with SGLang's eager forward bit for bit. On a GPU rocm-vit's fused
+# glue differs from SGLang's blocks in the last bits (docs/numerics.md), so GPU ranks keep SGLang's
+# blocks; on a CPU's plain ops the fused glue is SGLang's blocks bit for bit, and CPU ranks run it.
+_GPU_ONLY = {"ROCM_VIT_SGLANG_BLOCKS": "sglang"}
 _CPU_ONLY = {
     "TORCHDYNAMO_DISABLE": "1",  # SGLang's eager rotary is torch.compile'd: minutes of C++ on a CPU
     "CUDA_VISIBLE_DEVICES": "",
@@ -55,7 +59,7 @@ def rank_environment(device: str) -> dict[str, str]:
     rocm-vit's settings, and on a CPU no device visible (a GPU rank sees every device and picks its own)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r} is neither 'cpu' nor 'cuda'")
-    return {**MULTICAST_OFF, **SERVING_SETTINGS, **(_CPU_ONLY if device == "cpu" else {})}
+    return {**MULTICAST_OFF, **SERVING_SETTINGS, **(_CPU_ONLY if device == "cpu" else _GPU_ONLY)}
 
 
 def failing_rank_arguments(step: str | None, rank: int, world_size: int) -> dict[str, int]:

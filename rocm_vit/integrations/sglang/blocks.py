@@ -1,7 +1,9 @@
-"""SGLang's eager block loop, and the arguments its attention backends take when graphs are on.
+"""The block loop the adapter runs, and the arguments SGLang's attention backends take when graphs are on.
 
-``SGLangBlocks`` runs a tower's blocks, deepstack taps and merger as SGLang's eager ``forward``
-does: the adapter's eager path (``eager``, from ``run``'s arguments) and what the runner captures
+``SGLangBlocks`` runs a tower's blocks, deepstack taps and merger: rocm-vit's fused glue between
+SGLang's linear modules (``fused_blocks``) where it recognises the blocks and
+``ROCM_VIT_SGLANG_BLOCKS`` allows, else SGLang's own block loop as its eager ``forward`` runs it. The
+adapter's eager path (``eager``, from ``run``'s arguments) and what the runner captures
 (``forward_blocks``) share one loop. ``GraphArgs`` says, per backend, the list a block's
 ``cu_seqlens`` takes in graph mode, built from a layout's ``segment_args``.
 """
@@ -22,6 +24,7 @@ from torch import nn
 
 from rocm_vit.attention import VarlenArgs
 from rocm_vit.integrations.sglang.contract import parameters
+from rocm_vit.integrations.sglang.fused_blocks import FusedBlocks, unrecognised_reason
 from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, stream_capturing
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.recent import remember
@@ -72,11 +75,30 @@ SGLANG_GRAPH_ARGS: dict[str, GraphArgs] = {
 
 
 class SGLangBlocks:
-    """SGLang's block loop over ``vit`` (checked by ``contract.eager_unsupported_reason``): its
-    full-attention blocks (Qwen2.5-VL), deepstack taps (Qwen3-VL) and rotary form, read once."""
+    """The block loop over ``vit`` (checked by ``contract.eager_unsupported_reason``): its
+    full-attention blocks (Qwen2.5-VL), deepstack taps (Qwen3-VL) and rotary form, read once.
 
-    def __init__(self, vit: nn.Module) -> None:
+    ``sglang_blocks``: ``"rocm-vit"`` runs ``FusedBlocks`` where ``unrecognised_reason`` finds nothing
+    against it (else SGLang's loop, logged once with the reason); ``"sglang"`` SGLang's loop.
+    ``blocks`` says which runs and why.
+    """
+
+    def __init__(self, vit: nn.Module, sglang_blocks: str = "rocm-vit") -> None:
         self.vit = vit
+        self._fused: FusedBlocks | None = None
+        if sglang_blocks == "sglang":
+            self.blocks = "sglang: ROCM_VIT_SGLANG_BLOCKS=sglang"
+        else:
+            try:
+                problem = unrecognised_reason(vit)
+            except Exception as error:  # a changed SGLang release: its own blocks serve
+                problem = f"reading its blocks failed ({type(error).__name__}: {error})"
+            if problem is None:
+                self._fused = FusedBlocks(vit)
+                self.blocks = "rocm-vit: fused glue between SGLang's linear modules"
+            else:
+                self.blocks = f"sglang: {problem}"
+                logger.warning("rocm-vit: SGLang's own blocks run %s: %s", type(vit).__name__, problem)
         self._full_attention_blocks = frozenset(int(i) for i in getattr(vit, "fullatt_block_indexes", None) or ())
         self._deepstack_slots = {
             block: slot for slot, block in enumerate(getattr(vit, "deepstack_visual_indexes", None) or ())
@@ -136,16 +158,29 @@ class SGLangBlocks:
         segmentation (``"full"``, Qwen2.5-VL's ``"window"``), the keyword arguments a block attending
         within it takes; ``rotary``: the rotary keyword arguments every block takes."""
         vit = self.vit
+        per_block = [block_args[self._segmentation(index, block_args)] for index in range(len(vit.blocks))]
+        if self._fused is not None:
+            cos, sin = rotary.get("position_embeddings") or (rotary["rotary_pos_emb_cos"], rotary["rotary_pos_emb_sin"])
+            return self._fused.run(x, per_block, cos, sin)
         hidden = x.unsqueeze(1)  # SGLang's blocks take [S, B=1, hidden]
         deepstack = []
         for index, block in enumerate(vit.blocks):
-            windowed = "window" in block_args and index not in self._full_attention_blocks
-            hidden = block(hidden, **block_args["window" if windowed else "full"], **rotary)
+            hidden = block(hidden, **per_block[index], **rotary)
             slot = self._deepstack_slots.get(index)
             if slot is not None:
                 deepstack.append(vit.deepstack_merger_list[slot](hidden))
         merged = vit.merger(hidden)
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
+
+    def _segmentation(self, index: int, block_args: Mapping[str, Any]) -> str:
+        """Qwen2.5-VL: blocks outside ``fullatt_block_indexes`` attend within windows."""
+        return "window" if "window" in block_args and index not in self._full_attention_blocks else "full"
+
+    def use_sglang_blocks(self, why: str) -> None:
+        """SGLang's own block loop from now on (the adapter's fallback once its runner stopped)."""
+        if self._fused is not None:
+            self._fused = None
+            self.blocks = f"sglang: {why}"
 
     def rotary_kwargs(
         self,

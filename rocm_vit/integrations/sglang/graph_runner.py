@@ -77,7 +77,8 @@ class ViTGraphRunnerAdapter:
         self.captures_buckets_at_start = settings.vit_cuda_graph and settings.graph_capture_buckets
         _ADAPTERS.add(self)
         eager_problem = eager_unsupported_reason(vit)
-        self._blocks = SGLangBlocks(vit) if eager_problem is None else None  # SGLang's eager block loop
+        # The block loop rocm-vit serves the tower with: fused glue, or SGLang's own (settings.sglang_blocks).
+        self._blocks = SGLangBlocks(vit, settings.sglang_blocks) if eager_problem is None else None
         problem = eager_problem or unsupported_reason(vit, self._upstream)
         if problem is None:
             self._runner, problem = self._build_runner(settings, mechanism)
@@ -235,6 +236,8 @@ class ViTGraphRunnerAdapter:
 
     def _stop_serving(self) -> None:
         self._failures.stop()
+        if self._blocks is not None:
+            self._blocks.use_sglang_blocks("rocm-vit's runner stopped serving after a failure")
         if self._runner is not None:
             self._stopped_stats = self._runner.stats()
         self._runner = None
@@ -267,9 +270,10 @@ class ViTGraphRunnerAdapter:
     def stats(self) -> dict[str, Any]:
         """The rocm-vit runner's counters (captures, replays, evictions, eager runs by reason, bytes
         held), plus ``failures`` (calls rocm-vit failed and handed to SGLang) and ``stopped`` (after
-        a failure, every call goes to SGLang)."""
+        a failure, every call goes to SGLang) and ``blocks`` (which block loop runs, and why)."""
         stats = self._runner.stats() if self._runner is not None else dict(self._stopped_stats)
-        return {**stats, "failures": self._failures.count, "stopped": self._runner is None}
+        blocks = None if self._blocks is None else self._blocks.blocks
+        return {**stats, "failures": self._failures.count, "stopped": self._runner is None, "blocks": blocks}
 
 
 def adapters_in(model: nn.Module) -> list[ViTGraphRunnerAdapter]:

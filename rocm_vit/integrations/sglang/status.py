@@ -38,6 +38,7 @@ def plugin_status() -> dict[str, Any]:
         "loads": _loads(entry_point),
         "hooks": _hook_verdicts(version),
         "tensor_parallel_all_reduce": all_reduce_verdict(),
+        "blocks": blocks_verdict(),
     }
     if entry_point is None:
         status["error"] = (
@@ -138,3 +139,22 @@ def _hook_verdicts(version: str) -> dict[str, str]:
         problem = hook.mismatch(module)
         verdicts[hook.name] = f"applies: {', '.join(hook.targets)}" if problem is None else f"left out: {problem}"
     return verdicts
+
+
+def blocks_verdict(environ: dict[str, str] | None = None) -> str:
+    """What the plugin's runner runs between SGLang's linear modules (``ROCM_VIT_SGLANG_BLOCKS``).
+
+    Which towers fit is known only once SGLang builds one: the runner logs it and its ``stats()``
+    carry it (``blocks``)."""
+    try:
+        chosen = check_settings(environ).sglang_blocks
+    except ValueError as error:
+        return f"unknown: {error}"
+    name = ENV_NAMES["sglang_blocks"]
+    if chosen == "sglang":
+        return f"SGLang's own blocks ({name}=sglang): graphs replay SGLang's eager forward bit for bit"
+    return (
+        f"rocm-vit's fused glue between SGLang's linear modules ({name}=rocm-vit) for towers of SGLang's "
+        "Qwen3_VisionBlock (Qwen3-VL, Qwen3.5) or Qwen2_5_VisionBlock (Qwen2.5-VL); any other tower runs "
+        "SGLang's blocks, the reason in the log and in the runner's stats()['blocks']"
+    )
