@@ -106,6 +106,7 @@ def test_graph_configurations_skip_on_a_cpu_and_run_on_a_gpu() -> None:
 def test_worker_gets_its_configuration_and_no_other(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SGLANG_USE_AITER", "1")  # left over from an earlier ROCm run
     monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
+    monkeypatch.setenv("ROCM_VIT_SGLANG_BLOCKS", "sglang")  # the caller's choice reaches s alone
     args = argparse.Namespace(preset="qwen3-vl-8b", layouts="1x224", seed=0, stream_max_pixels=None, breakdown=False)
     b, d = (worker_command(key, CONFIGS[key], "cuda", args, 20, 1000, tmp_path / "r.json", 240) for key in "bd")
     assert b[b.index("--attention") + 1] == "triton_attn" and "--graphs" in b and "--plugin" not in b
@@ -117,7 +118,10 @@ def test_worker_gets_its_configuration_and_no_other(monkeypatch: pytest.MonkeyPa
     on_cpu = worker_command("a", CONFIGS["a"], "cpu", args, 20, 1000, tmp_path / "r.json", 240)
     assert on_cpu[on_cpu.index("--attention") + 1] == "sdpa" and on_cpu[on_cpu.index("--dtype") + 1] == "float32"
     environ_c, environ_d = worker_environ(CONFIGS["c"]), worker_environ(CONFIGS["d"])
-    assert not {"SGLANG_USE_AITER", "SGLANG_VIT_ENABLE_CUDA_GRAPH", "ROCM_VIT_EMULATE"} & set(environ_c)
+    assert not {"SGLANG_USE_AITER", "SGLANG_VIT_ENABLE_CUDA_GRAPH", "ROCM_VIT_EMULATE", "ROCM_VIT_SGLANG_BLOCKS"} & set(
+        environ_c
+    )
+    assert worker_environ(CONFIGS["s"])["ROCM_VIT_SGLANG_BLOCKS"] == "sglang"
     assert (environ_d["ROCM_VIT_EMULATE"], environ_d["SGLANG_USE_AITER"]) == ("rocm", "1")
     assert environ_c["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
 

@@ -71,12 +71,22 @@ CONFIGS: dict[str, Configuration] = {
         stream=False,
     ),
 }
+# The plugin keeping SGLang's blocks (ROCM_VIT_SGLANG_BLOCKS=sglang): what c was before the fused glue.
+CONFIGS["s"] = dataclasses.replace(
+    CONFIGS["c"], label="rocm-vit, SGLang's blocks", environ={"ROCM_VIT_SGLANG_BLOCKS": "sglang"}
+)
 # rocm-vit's own tower on SGLang's weights, each in its twin's process: SGLang's Triton kernel for c's
 # triton_attn, the plugin's pick for d's aiter_attn slot; served as the plugin serves (padded buckets first).
 CONFIGS["o"] = dataclasses.replace(CONFIGS["c"], label="rocm-vit's own tower", twin="c")
 CONFIGS["r"] = dataclasses.replace(CONFIGS["d"], label="rocm-vit's own tower, ROCm decisions", twin="d")
 # What a worker's environment never inherits: each configuration sets its own.
-_CONTROLLED = ("SGLANG_VIT_ENABLE_CUDA_GRAPH", "ROCM_VIT_EMULATE", "SGLANG_USE_AITER", "ROCM_VIT_DISABLE")
+_CONTROLLED = (
+    "SGLANG_VIT_ENABLE_CUDA_GRAPH",
+    "ROCM_VIT_EMULATE",
+    "SGLANG_USE_AITER",
+    "ROCM_VIT_DISABLE",
+    "ROCM_VIT_SGLANG_BLOCKS",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--configs",
         default="abcd",
-        help="which of a b c d o r to run, in order (default abcd; o, r: rocm-vit's own tower)",
+        help="which of a b c d s o r to run, in order (default abcd; s: c on SGLang's blocks; o, r: rocm-vit's tower)",
     )
     parser.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="layout specs, as rocm-vit bench takes them")
     parser.add_argument("--warm", type=int, default=None, help="warm calls per layout (default 20; --quick 5)")
