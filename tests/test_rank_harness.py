@@ -180,19 +180,3 @@ def test_failures_are_injected_on_the_last_rank_alone() -> None:
     assert rank_harness.failing_rank_arguments(None, 3, 4) == {}
     with pytest.raises(ValueError, match="no failure step 'launch'"):
         rank_harness.failing_rank_arguments("launch", 1, 2)
-
-
-def test_the_rank_benchmark_table_gives_each_layout_its_slowest_ranks_time() -> None:
-    sys.path.append(str(Path(__file__).resolve().parent))
-    from gpu_ranks_bench import table
-
-    def report(eager_ms: float, graph_ms: float) -> dict:
-        row = {"patches": 256, "eager_ms": eager_ms, "graph_ms": graph_ms, "replays": 23, "captures": 1}
-        return {"rows": {"1x256": row}, "communicator": "PyNccl", "device": "NVIDIA H100"}
-
-    lines = table({2: [report(4.0, 1.0), report(6.0, 2.0)], 1: [report(3.0, 1.5)]}).splitlines()
-    assert lines[0].startswith("| layout | patches | TP | eager ms | graph ms | eager / graph |")
-    assert lines[2:] == [
-        "| 1x256 | 256 | 1 | 3.000 | 1.500 | 2.00 | 23 | PyNccl | NVIDIA H100 |",
-        "| 1x256 | 256 | 2 | 6.000 | 2.000 | 3.00 | 23 | PyNccl | NVIDIA H100 |",
-    ]

@@ -6,7 +6,7 @@ which the device then runs back to back; kernels are the device activities of on
 profiler (kernels, memsets and copies). A sample whose call had started on the device before the host
 returned is retried with a longer sleep ahead (``busy_ahead`` says whether every sample held).
 
-Imports torch alone: tests/gpu_launch_bench.py loads this file by path to measure a tree whose bench
+Imports torch alone: benchmarks/launch_bench.py loads this file by path to measure a tree whose bench
 lacks these columns.
 """
 
