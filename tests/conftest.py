@@ -8,6 +8,14 @@ import pytest
 import torch
 from gpu_deadline import deadline, gpu_test_timeout_s
 
+# Without a GPU, one intra-op thread here and in the tests' subprocesses: the CPU suite's tensors are
+# small, and on a machine of few cores shared with the suite's own subprocesses torch's threads spin
+# against each other (a tiny tower's test took 44 s with two threads on a busy 2-core machine, 2 s
+# with one). The GPU tiers keep torch's default for their CPU references.
+if not torch.cuda.is_available():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 TESTS = Path(__file__).parent
-# Children's code after the line that puts tests/ on sys.path (line 1): a sleep stands in for a host
-# thread blocked in a device sync.
+# Children's code after the line that puts tests/ on sys.path (line 1): a sleep 60 times the deadline
+# stands in for a host thread blocked in a device sync (it exits 0 where the deadline misses it).
 BLOCKED = """import time
 from gpu_deadline import deadline
 with deadline(0.5):
     time.sleep(30)
 """
+# The block does nothing, and the child lives past the deadline so that a watchdog left armed fires.
 FINISHED = """import time
 from gpu_deadline import deadline
 with deadline(0.5):
@@ -29,16 +29,13 @@ def _child(code: str) -> subprocess.CompletedProcess:
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r})\n{code}"],
         capture_output=True,
         text=True,
-        timeout=60,
     )
 
 
 def test_a_block_past_its_deadline_exits_with_the_tracebacks():
-    start = time.monotonic()
     child = _child(BLOCKED)
     assert child.returncode == 1, child
     assert "Timeout" in child.stderr and 'File "<string>", line 5' in child.stderr, child.stderr  # the sleep
-    assert time.monotonic() - start < 20
 
 
 def test_a_block_within_its_deadline_cancels_it():

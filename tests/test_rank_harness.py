@@ -1,24 +1,28 @@
-"""The device-independent parts of the SGLang rank runs (tests/sglang_support/rank_harness.py and
-injected_failures.py), on a CPU in seconds: what the GPU ranks of tests/gpu/test_sglang_ranks_gpu.py
-rely on before any of them can run there.
+"""The device-independent parts of the SGLang rank runs (tests/sglang_support/rank_harness.py), on a
+CPU in seconds: what the GPU ranks of tests/gpu/test_sglang_ranks_gpu.py rely on before any of them
+can run there. Each spawned rank imports this module: it imports no torch, so a rank starts in a
+fraction of a second (the injected failures, which need torch: tests/test_injected_failures.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.append(str(Path(__file__).resolve().parent / "sglang_support"))
 import rank_harness
-from injected_failures import InjectedFailures
 
-from rocm_vit.graphs.torch_graphs import HostGraphs
+# The run's deadline where it is not what a test checks: a guard against a hang only, as these ranks
+# exit on their own, each in about a second.
+HANG_S = 120
 
 
 def _write_environment(rank: int, out: str) -> None:
@@ -32,14 +36,28 @@ def _hang_on(rank: int, hanging_rank: int, out: str) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _started(target: Callable[..., None], args: tuple, nprocs: int, errors_dir: Path) -> Iterator[rank_harness.Ranks]:
+    """Ranks that are killed as the test ends, whatever it found (a rank of ``_hang_on`` never exits)."""
+    ranks = rank_harness.start_ranks(target, args, nprocs, {}, errors_dir)
+    try:
+        yield ranks
+    finally:
+        for process in ranks.processes:
+            process.kill()  # a no-op on one that exited
+            process.join()
+
+
 def _raise_on(rank: int, failing_rank: int) -> None:
     if rank == failing_rank:
         raise ValueError(f"rank {rank} cannot build its tower")
 
 
 def _hang_in_episode(rank: int, errors_dir: str) -> None:
+    if rank == 0:  # the failing rank: gone
+        return
     with rank_harness.episode_deadline(0.5, "fail_capture", rank, Path(errors_dir)):
-        while rank == 1:  # the failing rank's peer waits for it: the same deadline ends it
+        while True:  # its peer waits for it: the episode's deadline ends it
             time.sleep(0.05)
 
 
@@ -62,7 +80,7 @@ def test_every_spawned_rank_runs_with_nvlink_multicast_off(tmp_path: Path) -> No
     rank's environment from its first instruction, and the parent's is left as it was."""
     before = dict(os.environ)
     environment = rank_harness.rank_environment("cuda")
-    rank_harness.spawn_ranks(_write_environment, (str(tmp_path),), 2, 60, environment, tmp_path / "errors")
+    rank_harness.spawn_ranks(_write_environment, (str(tmp_path),), 2, HANG_S, environment, tmp_path / "errors")
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert {name: seen[name] for name in rank_harness.MULTICAST_OFF} == {
@@ -87,21 +105,28 @@ def test_cpu_ranks_see_no_device_and_gpu_ranks_every_one() -> None:
 
 
 def test_a_rank_still_running_at_the_deadline_is_killed_and_named(tmp_path: Path) -> None:
-    with pytest.raises(rank_harness.RanksHung, match=r"ranks \[1\] of 2 still running"):
-        rank_harness.spawn_ranks(_hang_on, (1, str(tmp_path)), 2, 4, {}, tmp_path / "errors")
-    assert (tmp_path / "rank0.started").exists() and (tmp_path / "rank1.started").exists()
+    """The deadline comes once rank 0 has returned and rank 1 runs its endless loop, however long a
+    busy machine takes to start them: no rank races the clock."""
+    with _started(_hang_on, (1, str(tmp_path)), 2, tmp_path / "errors") as ranks:
+        ranks.processes[0].join()
+        while not (tmp_path / "rank1.started").exists():
+            assert ranks.processes[1].is_alive(), "rank 1 exited before it started to hang"
+            time.sleep(0.05)
+        with pytest.raises(rank_harness.RanksHung, match=r"_hang_on: ranks \[1\] of 2 still running after 0 s"):
+            rank_harness.end_ranks(ranks, 0)
+        assert [process.exitcode for process in ranks.processes] == [0, -signal.SIGKILL]
 
 
 def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path: Path) -> None:
     with pytest.raises(rank_harness.RanksFailed, match=r"ranks \[0\] of 2 failed") as failed:
-        rank_harness.spawn_ranks(_raise_on, (0,), 2, 60, {}, tmp_path / "errors")
+        rank_harness.spawn_ranks(_raise_on, (0,), 2, HANG_S, {}, tmp_path / "errors")
     assert "ValueError: rank 0 cannot build its tower" in str(failed.value)
 
 
 def test_an_episode_past_its_own_deadline_ends_its_ranks_saying_where(tmp_path: Path) -> None:
     """The run's deadline is far; the episode's ends the rank that waits, naming the episode."""
     with pytest.raises(rank_harness.RanksFailed, match=r"ranks \[1\] of 2 failed") as failed:
-        rank_harness.spawn_ranks(_hang_in_episode, (str(tmp_path / "errors"),), 2, 60, {}, tmp_path / "errors")
+        rank_harness.spawn_ranks(_hang_in_episode, (str(tmp_path / "errors"),), 2, HANG_S, {}, tmp_path / "errors")
     message = str(failed.value)
     assert f"exit code {rank_harness.EPISODE_HUNG_EXIT_CODE}" in message
     assert "episode 'fail_capture' still running after 0.5 s on rank 1 (a hang)" in message
@@ -157,72 +182,3 @@ def test_failures_are_injected_on_the_last_rank_alone() -> None:
     assert rank_harness.failing_rank_arguments(None, 3, 4) == {}
     with pytest.raises(ValueError, match="no failure step 'launch'"):
         rank_harness.failing_rank_arguments("launch", 1, 2)
-
-
-def _capture(mechanism: InjectedFailures, fn) -> tuple:
-    return mechanism.capture(fn, mechanism.new_pool(torch.device("cpu")), "runner")
-
-
-def test_injected_failures_fail_each_step_once_before_it_runs_anything() -> None:
-    """The arguments of the CPU stand-in graphs, on a real mechanism (here the host one)."""
-    runs: list[str] = []
-
-    def forward() -> torch.Tensor:
-        runs.append("forward")
-        return torch.ones(2)
-
-    for arguments, step, error in (
-        ({"fail_warm_ups": 1}, lambda m: m.warm_up(forward, None, "runner"), RuntimeError),
-        ({"fail_captures": 1}, lambda m: _capture(m, forward), torch.OutOfMemoryError),
-    ):
-        mechanism = InjectedFailures(HostGraphs(), **arguments)
-        with pytest.raises(error, match="injected"):
-            step(mechanism)
-        assert runs == [] and mechanism.injected == list(arguments)
-        step(mechanism)  # once only
-        assert runs == ["forward"]
-        runs.clear()
-    mechanism = InjectedFailures(HostGraphs(), fail_replays=1)
-    graph, _ = _capture(mechanism, forward)
-    runs.clear()
-    with pytest.raises(RuntimeError, match="injected: the replay failed"):
-        mechanism.replay(graph)
-    assert runs == []
-
-
-def test_an_injected_serving_replay_failure_spares_each_graphs_first_replay() -> None:
-    mechanism = InjectedFailures(HostGraphs(), fail_later_replays=1)
-    first, _ = _capture(mechanism, lambda: torch.ones(2))
-    second, _ = _capture(mechanism, lambda: torch.ones(2))
-    mechanism.replay(first)
-    mechanism.replay(second)  # a new graph's check: not a serving replay
-    with pytest.raises(RuntimeError, match="serving replay"):
-        mechanism.replay(first)
-    mechanism.replay(first)
-    assert mechanism.injected == ["fail_later_replays"]
-
-
-def test_an_injected_corrupt_capture_replays_other_bits_than_its_warm_up() -> None:
-    output = torch.tensor([1.0, -3.0])
-    mechanism = InjectedFailures(HostGraphs(), corrupt_captures=1)
-    graph, _ = _capture(mechanism, lambda: output.clone())
-    replayed = graph.fn()
-    assert not torch.equal(replayed, output) and torch.equal(replayed, 2 * output)
-    clean, _ = _capture(mechanism, lambda: output.clone())
-    assert torch.equal(clean.fn(), output)
-
-
-def test_the_rank_benchmark_table_gives_each_layout_its_slowest_ranks_time() -> None:
-    sys.path.append(str(Path(__file__).resolve().parent))
-    from gpu_ranks_bench import table
-
-    def report(eager_ms: float, graph_ms: float) -> dict:
-        row = {"patches": 256, "eager_ms": eager_ms, "graph_ms": graph_ms, "replays": 23, "captures": 1}
-        return {"rows": {"1x256": row}, "communicator": "PyNccl", "device": "NVIDIA H100"}
-
-    lines = table({2: [report(4.0, 1.0), report(6.0, 2.0)], 1: [report(3.0, 1.5)]}).splitlines()
-    assert lines[0].startswith("| layout | patches | TP | eager ms | graph ms | eager / graph |")
-    assert lines[2:] == [
-        "| 1x256 | 256 | 1 | 3.000 | 1.500 | 2.00 | 23 | PyNccl | NVIDIA H100 |",
-        "| 1x256 | 256 | 2 | 6.000 | 2.000 | 3.00 | 23 | PyNccl | NVIDIA H100 |",
-    ]

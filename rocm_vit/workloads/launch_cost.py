@@ -4,7 +4,7 @@ Host ms is timed while a ``torch.cuda._sleep`` queued ahead keeps the device bus
 waits on it (a sample the device caught up with is retried with a longer sleep; ``busy_ahead`` says
 whether all held); device ms is events around the same call.
 
-tests/gpu_launch_bench.py loads this file by path to measure a tree whose bench lacks these columns;
+benchmarks/launch_bench.py loads this file by path to measure a tree whose bench lacks these columns;
 that tree needs ``rocm_vit.workloads.workload`` (90789ee or later).
 """
 

@@ -10,6 +10,7 @@ that a spawned rank starts in a fraction of a second where it needs none (tests/
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import random
@@ -78,6 +79,16 @@ class RanksHung(RuntimeError):
     """Ranks were still running at the deadline (killed): a hang."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Ranks:
+    """Ranks started by ``start_ranks``: ``processes[rank]`` runs ``target``, which writes a traceback
+    to ``errors_dir`` where it raises."""
+
+    target: str
+    processes: list[Any]
+    errors_dir: Path
+
+
 def spawn_ranks(
     target: Callable[..., None],
     args: tuple,
@@ -87,18 +98,29 @@ def spawn_ranks(
     errors_dir: Path,
     preload: Sequence[str] = (),
 ) -> None:
-    """``target(rank, *args)`` in ``nprocs`` spawned processes under ``environment`` (set before each
-    starts, so NCCL and torch read it at their first import); returns once all exit.
+    """``target(rank, *args)`` in ``nprocs`` spawned processes under ``environment`` (``start_ranks``);
+    returns once all exit, else ends them at ``deadline_s`` (``end_ranks``)."""
+    end_ranks(start_ranks(target, args, nprocs, environment, errors_dir, preload), deadline_s)
+
+
+def start_ranks(
+    target: Callable[..., None],
+    args: tuple,
+    nprocs: int,
+    environment: dict[str, str],
+    errors_dir: Path,
+    preload: Sequence[str] = (),
+) -> Ranks:
+    """The started processes of ``target(rank, *args)`` for each rank of ``nprocs``, ``environment``
+    set before each starts (NCCL and torch read it at their first import); a rank that raises writes
+    its traceback to ``errors_dir``.
 
     ``preload``: modules imported once, by a fork server that then forks each rank (``forkserver``
     start method), instead of by every fresh rank: on a CPU a rank's start is mostly SGLang's
     imports. The server starts at the first such call, under ``environment``, and serves every later
     one: those must pass the same ``preload`` and ``environment`` (else ``ValueError``). Name only
     modules a rank would import before anything it tests (a module imported before a hook that
-    waits for it would meet the hook differently).
-
-    Raises ``RanksHung`` naming the ranks still running at ``deadline_s`` (every one of them killed),
-    else ``RanksFailed`` with each failed rank's traceback (written to ``errors_dir``)."""
+    waits for it would meet the hook differently)."""
     errors_dir.mkdir(parents=True, exist_ok=True)
     context = _fork_server_context(tuple(preload), environment) if preload else multiprocessing.get_context("spawn")
     with set_env(environment):
@@ -108,6 +130,15 @@ def spawn_ranks(
         ]
         for process in processes:
             process.start()
+    return Ranks(getattr(target, "__name__", repr(target)), processes, errors_dir)
+
+
+def end_ranks(ranks: Ranks, deadline_s: float) -> None:
+    """Waits up to ``deadline_s`` from now for every rank to exit.
+
+    Raises ``RanksHung`` naming the ranks still running then (every one of them killed), else
+    ``RanksFailed`` with each failed rank's traceback."""
+    processes, nprocs = ranks.processes, len(ranks.processes)
     deadline = time.monotonic() + deadline_s
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
@@ -116,11 +147,12 @@ def spawn_ranks(
         processes[rank].kill()
         processes[rank].join()
     if running:
-        raise RanksHung(f"{getattr(target, '__name__', target)}: ranks {running} of {nprocs} still running "
-                        f"after {deadline_s} s (a hang); killed")  # fmt: skip
+        raise RanksHung(
+            f"{ranks.target}: ranks {running} of {nprocs} still running after {deadline_s} s (a hang); killed"
+        )
     failed = {rank: process.exitcode for rank, process in enumerate(processes) if process.exitcode != 0}
     if failed:
-        tracebacks = "\n".join(_error_of(errors_dir, rank, code) for rank, code in failed.items())
+        tracebacks = "\n".join(_error_of(ranks.errors_dir, rank, code) for rank, code in failed.items())
         raise RanksFailed(f"ranks {sorted(failed)} of {nprocs} failed:\n{tracebacks}")
 
 

@@ -7,10 +7,11 @@ rocm-vit's graph (its all-reduces captured through SGLang's PyNccl), the median 
 A row's time is its slowest rank's (a request waits for every rank). NVLink multicast is off in every
 rank. A TP size past this host's GPUs is left out, and said so. Prints a table last.
 
-    python tests/gpu_ranks_bench.py [--tp 1 2 4] [--out ranks_bench.json]
+    python benchmarks/ranks_bench.py [--tp 1 2 4] [--out ranks_bench.json]
 
 With ``--out``, the TP sizes a file of an earlier run holds stay in it and in the table, so that each
 size can run in a command of its own (each within ten minutes).
+Not run on GPUs yet: no result is recorded (docs/benchmarks.md).
 
 (A script, run from the repository root with the checkout on PYTHONPATH.)
 """
@@ -23,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SUPPORT = Path(__file__).resolve().parent / "sglang_support"
-sys.path.append(str(SUPPORT))
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path += [str(TESTS), str(TESTS / "sglang_support")]  # the rank harness the GPU rank tests run on
 import parallel  # noqa: E402
 import rank_harness  # noqa: E402
 

@@ -5,8 +5,8 @@ GEMMs are cuBLAS's, and ~230 µs of host from Python (docs/benchmarks.md, "Eager
 after"). Fewer launches need GEMMs with epilogues; this measures whether a Triton GEMM can be that
 GEMM before anything in ``backends/`` depends on one. Prototype kernels live here until one wins.
 
-    python tests/gpu_gemm_epilogue_bench.py             # on a GPU: the table prints last
-    python tests/gpu_gemm_epilogue_bench.py --rows 196  # fewer token counts
+    python benchmarks/gemm_epilogue_bench.py             # on a GPU: the table prints last
+    python benchmarks/gemm_epilogue_bench.py --rows 196  # fewer token counts
 
 Per shape and token count, device µs a call, replayed from a CUDA graph of 20 calls that cycle over
 weight copies larger than L2 together (in a forward each block's weights arrive cold):

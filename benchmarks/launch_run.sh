@@ -11,7 +11,7 @@ set -u
 OUT=${OUT:-/tmp/launch-run}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
-BENCH="$PY tests/gpu_launch_bench.py"
+BENCH="$PY benchmarks/launch_bench.py"
 MEASURE_ARGS=${MEASURE_ARGS:-}  # e.g. "--preset tiny --layouts 1x64 --repeats 1" for a CPU smoke run
 ROCM="ROCM_VIT_EMULATE=rocm SGLANG_USE_AITER=1"
 step() {  # step NAME TIMEOUT_S "ENV=... COMMAND": output to $OUT/NAME.log, its tail here; keeps going on failure

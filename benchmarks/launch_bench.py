@@ -5,13 +5,19 @@ tree, ``PYTHONPATH=.`` for this checkout) with this checkout's ``rocm_vit/worklo
 loaded by path, so a tree whose ``bench`` lacks these columns is measured the same way as this one.
 ``compare`` prints one table of the JSON files ``measure`` wrote, before against after per mode.
 
-    PYTHONPATH=.base python tests/gpu_launch_bench.py measure --label before --out before.json
-    PYTHONPATH=. python tests/gpu_launch_bench.py measure --label after --out after.json
-    python tests/gpu_launch_bench.py compare before.json after.json
-    PYTHONPATH=. python tests/gpu_launch_bench.py host-profile --layouts 1x224,1x1024
-    PYTHONPATH=. python tests/gpu_launch_bench.py python-profile --layouts 1x224
+    PYTHONPATH=.base python benchmarks/launch_bench.py measure --label before --out before.json
+    PYTHONPATH=. python benchmarks/launch_bench.py measure --label after --out after.json
+    python benchmarks/launch_bench.py compare before.json after.json
+    PYTHONPATH=. python benchmarks/launch_bench.py host-profile --layouts 1x224,1x1024
+    PYTHONPATH=. python benchmarks/launch_bench.py python-profile --layouts 1x224
 
-(A script, not ``-m tests.gpu_launch_bench``: run from the repository root of either tree.)
+``launches`` times single kernels' launches (host µs a call behind a busy device) in this tree;
+benchmarks/launch_run.sh runs it all, before and after interleaved, on one card. Run on an H100 on
+2026-12-07, 27893e6 before and 598453a after: docs/benchmarks.md, "Eager cost before and after the
+launch path" (the table, where the host goes, launch floors), and b33cdca's ``python-profile``: no
+Python hotspot ("GEMM epilogues and GEMM launches", M).
+
+(A script, run from the repository root of either tree.)
 """
 
 from __future__ import annotations
