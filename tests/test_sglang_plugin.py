@@ -289,6 +289,9 @@ def test_doctor_on_the_tested_release_reports_every_hook_without_importing_sglan
 ) -> None:
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
     monkeypatch.delenv("ROCM_VIT_DISABLE", raising=False)
+    # Tests before this one may have imported SGLang: hide it, so what collect() imports shows.
+    for name in [name for name in sys.modules if name == "sglang" or name.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
     section = collect()["sglang"]
     assert (section["installed"], section["verdict"], section["loads"]) == ("0.5.23", "tested release", "yes")
     assert section["entry_point"] == "rocm_vit.integrations.sglang:load"
