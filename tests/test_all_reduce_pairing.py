@@ -87,6 +87,10 @@ class _ToyBlocks:
         self._group = group
         self.weight = torch.linspace(-1, 1, HIDDEN * HIDDEN).reshape(HIDDEN, HIDDEN)
         self.eager_calls = 0
+        self.blocks = "toy blocks"
+
+    def use_sglang_blocks(self, why: str) -> None:
+        """The adapter's fallback once its runner stopped: the toy blocks stay the toy blocks."""
 
     def rotary(self, position_embeddings: Any, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
         return cos, sin
@@ -131,7 +135,7 @@ def _adapter(vit: torch.nn.Module, group: Any, graph_runner: Any, mechanism: Any
     from test_graph_runner import StandInGraphs
 
     graph_runner.agreement_group = lambda _: group
-    graph_runner.SGLangBlocks = lambda vit: _ToyBlocks(vit, group)
+    graph_runner.SGLangBlocks = lambda vit, blocks_setting: _ToyBlocks(vit, group)
     graph_runner.original = lambda module, name: lambda vit: None
     graph_runner.eager_unsupported_reason = graph_runner.unsupported_reason = lambda *args: None
     return graph_runner.ViTGraphRunnerAdapter(vit, mechanism=mechanism or StandInGraphs())

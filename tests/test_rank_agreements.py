@@ -166,6 +166,7 @@ def test_a_forward_that_raises_under_tensor_parallelism_is_never_run_again_on_th
     forwards: list[str] = []
     blocks = object.__new__(SGLangBlocks)
     blocks.vit, blocks._takes_position_embeddings, blocks._layouts = torch.nn.Module(), False, OrderedDict()
+    blocks._fused, blocks.blocks = None, "sglang: a stand-in tower"  # SGLang's block loop, as the setting keeps it
 
     def run_blocks(x: torch.Tensor, block_args: object, rotary: object) -> torch.Tensor:
         forwards.append("forward")
