@@ -85,11 +85,15 @@ class _ToyBlocks:
 
     def __init__(self, vit: torch.nn.Module, group: Any) -> None:
         self._group = group
+        self.blocks = "toy: two all-reduces"  # which block loop runs, as the adapter's stats report it
         self.weight = torch.linspace(-1, 1, HIDDEN * HIDDEN).reshape(HIDDEN, HIDDEN)
         self.eager_calls = 0
 
     def rotary(self, position_embeddings: Any, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
         return cos, sin
+
+    def use_sglang_blocks(self, why: str) -> None:  # one loop here, fused or not: only the report says so
+        self.blocks = f"sglang: {why}"
 
     def layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> Any:
         from rocm_vit.layout import AttentionLayout
@@ -131,7 +135,7 @@ def _adapter(vit: torch.nn.Module, group: Any, graph_runner: Any, mechanism: Any
     from test_graph_runner import StandInGraphs
 
     graph_runner.agreement_group = lambda _: group
-    graph_runner.SGLangBlocks = lambda vit: _ToyBlocks(vit, group)
+    graph_runner.SGLangBlocks = lambda vit, sglang_blocks: _ToyBlocks(vit, group)  # the fused or SGLang's: one toy
     graph_runner.original = lambda module, name: lambda vit: None
     graph_runner.eager_unsupported_reason = graph_runner.unsupported_reason = lambda *args: None
     return graph_runner.ViTGraphRunnerAdapter(vit, mechanism=mechanism or StandInGraphs())
