@@ -1,4 +1,4 @@
-"""Two gloo ranks under SGLang's own custom all-reduce, through rocm-vit's SGLang adapter.
+"""Gloo ranks (two; four for the stand-in's sums) under SGLang's own custom all-reduce, through rocm-vit.
 
 Each rank builds ``ViTGraphRunnerAdapter`` (its ``__init__``, plan and runner as in a server) over a
 toy tower whose forward makes two all-reduces through the stand-in of SGLang's ``CustomAllreduce``
@@ -34,10 +34,10 @@ HIDDEN = 8
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
 
 
-def _init(rank: int, store: str) -> None:
+def _init(rank: int, store: str, world_size: int = WORLD_SIZE) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD_SIZE,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # fmt: skip
 
 
@@ -85,15 +85,15 @@ class _ToyBlocks:
 
     def __init__(self, vit: torch.nn.Module, group: Any) -> None:
         self._group = group
+        self.blocks = "toy: two all-reduces"  # which block loop runs, as the adapter's stats report it
         self.weight = torch.linspace(-1, 1, HIDDEN * HIDDEN).reshape(HIDDEN, HIDDEN)
         self.eager_calls = 0
-        self.blocks = "toy blocks"
-
-    def use_sglang_blocks(self, why: str) -> None:
-        """The adapter's fallback once its runner stopped: the toy blocks stay the toy blocks."""
 
     def rotary(self, position_embeddings: Any, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
         return cos, sin
+
+    def use_sglang_blocks(self, why: str) -> None:  # one loop here, fused or not: only the report says so
+        self.blocks = f"sglang: {why}"
 
     def layout(self, offsets: tuple[int, ...], window_offsets: tuple[int, ...] | None) -> Any:
         from rocm_vit.layout import AttentionLayout
@@ -135,7 +135,7 @@ def _adapter(vit: torch.nn.Module, group: Any, graph_runner: Any, mechanism: Any
     from test_graph_runner import StandInGraphs
 
     graph_runner.agreement_group = lambda _: group
-    graph_runner.SGLangBlocks = lambda vit, blocks_setting: _ToyBlocks(vit, group)
+    graph_runner.SGLangBlocks = lambda vit, sglang_blocks: _ToyBlocks(vit, group)  # the fused or SGLang's: one toy
     graph_runner.original = lambda module, name: lambda vit: None
     graph_runner.eager_unsupported_reason = graph_runner.unsupported_reason = lambda *args: None
     return graph_runner.ViTGraphRunnerAdapter(vit, mechanism=mechanism or StandInGraphs())
@@ -243,6 +243,35 @@ def pairing_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 def test_the_stand_in_reads_nan_where_one_rank_replays_and_another_runs_eagerly(pairing_reports: list[dict]) -> None:
     for report in pairing_reports:
         assert report["stand_in_mixed_is_nan"] and report["stand_in_alike_sums"] == [2.0] * 4, report
+
+
+def _stand_in_sums_rank(rank: int, store: str, out: str, world_size: int) -> None:
+    sys.path[:0] = [str(HERE), str(HERE / "sglang_support")]
+    from custom_all_reduce import sglang_custom_allreduce
+
+    _init(rank, store, world_size)
+    try:
+        group = _sglang_group(rank, world_size)
+        ca_comm = sglang_custom_allreduce(group, lambda: False, "rocm")
+        data = torch.randn(1536, generator=torch.Generator().manual_seed(rank))  # a 24-patch row block
+        plain = data.clone()
+        dist.all_reduce(plain, group=group.device_group)
+        equal = [torch.equal(ca_comm._reduce(data, registered=mode), plain) for mode in (False, True)]
+        Path(out, f"rank{rank}.json").write_text(json.dumps(equal))
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_sglang
+def test_the_stand_in_sums_as_a_plain_all_reduce_past_two_ranks(tmp_path: Path) -> None:
+    """Four ranks, each in either mode: the stand-in's sum is gloo's plain all-reduce's, bit for bit, as
+    SGLang's kernel sums alike whether it reads registered inputs or its start buffer (reduced with
+    its mode beside it, one element more, gloo summed the data in another order past two ranks)."""
+    world_size = 4
+    mp.start_processes(_stand_in_sums_rank, args=(str(tmp_path / "store"), str(tmp_path), world_size),
+                       nprocs=world_size, start_method="spawn")  # fmt: skip
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world_size)]
+    assert reports == [[True, True]] * world_size
 
 
 @pytest.mark.slow

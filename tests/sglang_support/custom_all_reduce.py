@@ -223,13 +223,18 @@ def sglang_custom_allreduce(group: Any, capturing: Callable[[], bool], variant: 
             return self._reduce(input, registered=replaying is not None and not self.use_amd_deterministic_impl)
 
         def _reduce(self, input: torch.Tensor, registered: bool) -> torch.Tensor:
-            """The sum over the group, each rank's mode beside its data: ranks that mixed read stale data."""
-            packed = torch.cat([input.reshape(-1), input.new_full((1,), float(registered))])
-            dist.all_reduce(packed, group=self._reduce_group)
-            if packed[-1].item() not in (0, self.world_size):
+            """The sum over the group, each rank's mode exchanged beside it: ranks that mixed read stale
+            data. The data is reduced alone, as an eager all-reduce of it is: gloo splits a tensor into
+            chunks by its length, so one element more would sum it in another order past two ranks,
+            where SGLang's kernel sums the same in either mode."""
+            modes = torch.tensor([float(registered)])
+            dist.all_reduce(modes, group=self._reduce_group)
+            output = input.clone()
+            dist.all_reduce(output, group=self._reduce_group)
+            if modes.item() not in (0, self.world_size):
                 self.mixed_reads += 1
                 return torch.full_like(input, float("nan"))
-            return packed[:-1].view_as(input)
+            return output
 
     return SGLangCustomAllreduce()
 
