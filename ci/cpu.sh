@@ -15,5 +15,12 @@ echo "== lint: ruff check, ruff format --check"
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 
-echo "== tests: not gpu and not rocm"
-run_pytest -m "not gpu and not rocm" tests
+# One pytest worker per core, at most four (each holds torch and the tests' subprocesses); a file's
+# tests stay on one worker, so a module's fixture (a tower, a spawned scenario) is built once.
+workers=${PYTEST_WORKERS:-$("$PY" -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}
+echo "== tests: not gpu and not rocm ($workers workers)"
+if [ "$workers" -gt 1 ] && "$PY" -c 'import xdist' 2>/dev/null; then
+  run_pytest -n "$workers" --dist loadfile -m "not gpu and not rocm" tests
+else
+  run_pytest -m "not gpu and not rocm" tests
+fi
