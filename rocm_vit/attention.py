@@ -172,7 +172,7 @@ class _VarlenAttention(AttentionBackend):
         max_seqlen: int | None = None,
         seq_lens: Sequence[int] | None = None,
     ) -> VarlenArgs:
-        return VarlenArgs(cu_seqlens, _host_max_seqlen(self.name, cu_seqlens, max_seqlen, seq_lens))
+        return VarlenArgs(cu_seqlens, host_max_seqlen(self.name, cu_seqlens, max_seqlen, seq_lens))
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_args: VarlenArgs, scale: float
@@ -437,9 +437,10 @@ def _host_seq_lens(backend: str, cu_seqlens: torch.Tensor, seq_lens: Sequence[in
     return tuple(end - start for start, end in itertools.pairwise(offsets))
 
 
-def _host_max_seqlen(
+def host_max_seqlen(
     backend: str, cu_seqlens: torch.Tensor, max_seqlen: int | None, seq_lens: Sequence[int] | None
 ) -> int:
+    """``max_seqlen`` as a host int: given, from host ``seq_lens``, else read back once (with a warning)."""
     if isinstance(max_seqlen, torch.Tensor):
         raise TypeError(f"{backend}: max_seqlen must be a host int, not a tensor (reading it would sync)")
     if max_seqlen is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rocm_vit.attention import AttentionBackend, get_backend
+from rocm_vit.attention import AttentionBackend, get_backend, host_max_seqlen
 from rocm_vit.layout import Segmentation, VisionLayout
 from rocm_vit.models.qwen3_vl import Qwen3VLVisionTower
 from rocm_vit.policy import active_policy
@@ -96,9 +96,7 @@ class SGLangTritonAttention(AttentionBackend):
     def layer_args_from_tensor(
         self, cu_seqlens: torch.Tensor, max_seqlen: int | None = None, seq_lens: Sequence[int] | None = None
     ) -> SGLangTritonArgs:
-        if max_seqlen is None:
-            max_seqlen = max(seq_lens) if seq_lens is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        return _args(cu_seqlens, max_seqlen)
+        return _args(cu_seqlens, host_max_seqlen(self.name, cu_seqlens, max_seqlen, seq_lens))
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_args: SGLangTritonArgs, scale: float

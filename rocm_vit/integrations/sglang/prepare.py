@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rocm_vit.fusion import add_position_embedding
+from rocm_vit.integrations.sglang.qwen3_vl import fast_pos_embed_interpolate
 from rocm_vit.layout import GridTHW, VisionLayout, host_grid_thw, to_device_async
 from rocm_vit.models.positions import rotary_position_ids
 
@@ -76,8 +77,6 @@ def prepare_graph_inputs_from_cache(original: Callable[..., tuple]) -> Callable[
 
 def unsupported_reason(tower: Any) -> str | None:
     """Why the cache cannot stand in for ``tower``'s own ``_prepare_graph_inputs``, or ``None``."""
-    from rocm_vit.integrations.sglang.qwen3_vl import fast_pos_embed_interpolate
-
     if getattr(type(tower), "fast_pos_embed_interpolate", None) is not fast_pos_embed_interpolate:
         return "hook qwen3_vl_graph_interpolation is not applied, so SGLang's graph path interpolates by its own rule"
     if getattr(tower.pos_embed, "weight", None) is None:
