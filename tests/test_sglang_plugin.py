@@ -397,6 +397,34 @@ def test_hook_on_an_imported_module_runs_at_once_and_rebinds_sglang_references(
     assert imports.original(importer.__name__, "table") == {"slot": replacement, "other": len}
 
 
+class _LazyTable(dict):
+    """A table that loads on iteration, as transformers' lazy auto mappings import every model's config."""
+
+    def items(self):
+        raise AssertionError("the rebind iterated a lazy table")
+
+
+def test_rebinding_reads_a_tables_own_entries_without_iterating_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module of SGLang holding transformers' lazy mappings: iterated, they import hundreds of
+    configs (seconds in every SGLang process at the plugin's load)."""
+
+    def original() -> str:
+        return "sglang"
+
+    def replacement() -> str:
+        return "rocm-vit"
+
+    owner = types.ModuleType("sglang.rocm_vit_test_owner")
+    owner.entry = original
+    importer = types.ModuleType("sglang.rocm_vit_test_importer")
+    importer.table = _LazyTable(slot=original)
+    for module in (owner, importer):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    imports.replace_attribute(owner, "entry", replacement)
+    assert dict(importer.table) == {"slot": replacement}
+
+
 def test_windowed_offsets_come_from_sglangs_layout_key_without_reading_the_tensors() -> None:
     from rocm_vit.integrations.sglang.blocks import host_offsets
 

@@ -69,7 +69,8 @@ def _rebind(current: Any, replacement: Any) -> None:
             if value is current:
                 setattr(module, attribute, replacement)
             elif isinstance(value, dict):
-                for key, entry in list(value.items()):
+                # The stored entries only: transformers' lazy mappings import every config when iterated.
+                for key, entry in list(dict.items(value)):
                     if entry is current:
                         value[key] = replacement
 
