@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,10 @@ def _spawn(target: Any, args: tuple, nprocs: int, errors_dir: Path) -> None:
     """``target(rank, *args)`` in ``nprocs`` processes forked by a server that imported SGLang once
     (``parallel.CPU_PRELOAD``: 25 ranks, each ~5 s of imports on a CPU); a hang past the deadline fails."""
     environment = rank_harness.rank_environment("cpu")
+    # The fork server imports the preload on PYTHONPATH (this process's sys.path reaches only the ranks).
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(SUPPORT), str(SUPPORT.parent), os.environ.get("PYTHONPATH")])
+    )
     try:
         rank_harness.spawn_ranks(target, args, nprocs, DEADLINE_S, environment, errors_dir, parallel.CPU_PRELOAD)
     except rank_harness.RanksHung as hung:

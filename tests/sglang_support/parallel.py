@@ -56,10 +56,12 @@ ALL_REDUCES_PER_CAPTURE = 8
 QWEN3_VL_ALL_REDUCES = 58
 # A rank's episode that runs longer than this has hung (rank_harness.episode_deadline).
 EPISODE_DEADLINE_S = 300
-# What a CPU rank imports before it loads SGLang's plugins (worker: the parallel state, the stand-ins),
-# imported once by the fork server that forks the CPU ranks (rank_harness.spawn_ranks' ``preload``).
-# None of the SGLang modules rocm-vit's hooks wait for (integrations/sglang/hooks.py) is among them
-# or their imports: each rank still imports those after its plugins load, as a fresh process does.
+# What a CPU rank imports before it loads SGLang's plugins (worker: the parallel state, the stand-ins)
+# and the layers SGLang's towers import after (~1.3 s a rank), imported once by the fork server that
+# forks the CPU ranks (rank_harness.spawn_ranks' ``preload``). None of the SGLang modules rocm-vit's
+# hooks wait for (integrations/sglang/hooks.py) is among them or their imports (each rank checks:
+# ``_check_no_hooked_module_imported``): each rank still imports those after its plugins load, as a
+# fresh process does.
 CPU_PRELOAD = (
     "parallel",
     "custom_all_reduce",
@@ -71,6 +73,13 @@ CPU_PRELOAD = (
     "sglang.srt.runtime_context",
     "sglang.srt.server_args",
     "sglang.srt.plugins",
+    "sglang.srt.configs.qwen3_vl",
+    "sglang.srt.layers.layernorm",
+    "sglang.srt.layers.linear",
+    "sglang.srt.layers.quantization",
+    "sglang.srt.layers.rotary_embedding",
+    "sglang.srt.managers.mm_utils",
+    "sglang.srt.models.utils",
 )
 _DEVICE = "cpu"  # this rank's: "cpu" (gloo, stand-in graphs) or "cuda" (NCCL, CUDA graphs); set by worker
 
@@ -80,6 +89,8 @@ def worker(rank: int, world_size: int, rendezvous: str, layout: str, out: str, d
     tower, the episodes, each under its deadline."""
     global _DEVICE
     _DEVICE = device
+    if device == "cpu":
+        _check_no_hooked_module_imported()
     os.environ.update(rank_environment(device))
     if device == "cuda":
         os.environ.update(GPU_LAYOUT_ENVIRONMENT.get(layout, {}))
@@ -105,6 +116,7 @@ def worker(rank: int, world_size: int, rendezvous: str, layout: str, out: str, d
 def write_reference_weights(rank: int, directory: str) -> None:
     """Rank 0 of a world of one: full random weights as a checkpoint holds them, one file per tower
     of ``TOWER_CONFIGS`` in ``directory``."""
+    _check_no_hooked_module_imported()
     os.environ.update(rank_environment("cpu"))
     _sgl_kernel_standin_where_missing()
     _init_serving(0, 1, f"file://{directory}/rendezvous", {})
@@ -615,6 +627,18 @@ def _init_encoder(rank: int, world_size: int, rendezvous: str, fields: dict) -> 
     initialize_model_parallel(backend="gloo")
     initialize_dp_attention_flags(server_args)
     _cpu_rotary()
+
+
+def _check_no_hooked_module_imported() -> None:
+    """A CPU rank starts without the modules rocm-vit's hooks wait for (none in ``CPU_PRELOAD``)."""
+    from rocm_vit.integrations.sglang.hooks import HOOKS
+
+    early = sorted({hook.module for hook in HOOKS} & set(sys.modules))
+    if early:
+        raise RuntimeError(f"imported before rocm-vit's plugin loaded (CPU_PRELOAD): {early}")
+    missing = [name for name in CPU_PRELOAD if name not in sys.modules]
+    if missing:  # the fork server swallows an ImportError: each rank would import them itself
+        raise RuntimeError(f"the fork server did not preload {missing} (not on its PYTHONPATH?)")
 
 
 def _sgl_kernel_standin_where_missing() -> None:
