@@ -17,17 +17,21 @@ if not torch.cuda.is_available():
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-# The files whose module fixtures take longest on a 2-core CPU (setup seconds, measured there: a
-# Gluon compile for sm_90a 107, the fused-blocks scenario 106, the TP layouts 56 + 48 + 28 + 17, the
-# ROCm compile 41, the plugin's load 33, the compile-count scenario 26). They run first, so the
-# pytest workers of `make test` (one file each at a time) do not end with one of them alone.
+# The files that take longest on a 2-core CPU (seconds in `make test`, measured there: the fused-blocks
+# scenario 93, the TP layouts 95 in all, a Gluon compile for sm_90a 60, the ROCm compile 35, the two
+# SGLang benchmarks 23, the all-reduce pairings 23, the compile-count scenario 20, the plugin's load
+# 19, the tail split's merge 13). They are collected first and ci/cpu.sh hands files out in that
+# order (each worker starts with two), so the pytest workers do not end with one of them alone.
 LONGEST_FIRST = (
     "test_sglang_parallel.py",
-    "test_gluon_attn.py",
     "test_sglang_fused_blocks.py",
+    "test_gluon_attn.py",
     "test_aot_rocm.py",
-    "test_sglang_plugin.py",
+    "test_bench_sglang.py",
+    "test_all_reduce_pairing.py",
     "test_compiles_after_start.py",
+    "test_sglang_plugin.py",
+    "test_tail_split.py",
 )
 
 
