@@ -48,11 +48,26 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 py="$VENV/bin/python"
-pip_install=("$py" -m pip install --quiet --disable-pip-version-check --progress-bar off)
+# pip byte-compiles what it installs, one file at a time between its unpacking; here compileall does it
+# on another core while pip installs the next packages, and once more at the end (what is new or
+# changed since). As with pip, a file that does not compile (torch ships Python 3.12-only tests) is skipped.
+pip_install=("$py" -m pip install --quiet --disable-pip-version-check --progress-bar off --no-compile)
+site_packages=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+compiling=""
+compile_installed() {
+  "$py" -m compileall -q -q "$@" "$site_packages" >/dev/null 2>&1 || true
+}
+compile_in_background() {
+  if [ -z "$compiling" ] || ! kill -0 "$compiling" 2>/dev/null; then
+    compile_installed &
+    compiling=$!
+  fi
+}
 
 if ! "$py" -c 'import torch' >/dev/null 2>&1; then
   echo "venv: installing $TORCH_SPEC"
   "${pip_install[@]}" "$TORCH_SPEC"
+  compile_in_background
 fi
 torch_hip=$("$py" -c 'import torch; print(torch.version.hip or "")')
 
@@ -82,9 +97,8 @@ with open("pyproject.toml", "rb") as f:
 PY
 )
 "${pip_install[@]}" "${build_requires[@]}"
-echo "venv: installing rocm-vit (editable) with [$EXTRAS]"
-"${pip_install[@]}" --no-build-isolation -e ".[$EXTRAS]"
 
+triton_spec=()
 if ! "$py" -c 'import triton' >/dev/null 2>&1; then
   if [ -n "$torch_hip" ]; then
     echo "venv: WARNING: torch is a ROCm build ($torch_hip) without Triton; not installing the PyPI" \
@@ -93,9 +107,12 @@ if ! "$py" -c 'import triton' >/dev/null 2>&1; then
     # Pinned: the interpreter tests and the gfx942/gfx950 compile check (tests/aot_rocm.py, which
     # uses Triton's launch internals) were written against it; a new release must not turn CI red.
     echo "venv: installing $TRITON_SPEC (Triton-interpreter tests and the AMD compile check, on CPU)"
-    "${pip_install[@]}" "$TRITON_SPEC"
+    triton_spec=("$TRITON_SPEC")
   fi
 fi
+echo "venv: installing rocm-vit (editable) with [$EXTRAS]"
+"${pip_install[@]}" --no-build-isolation -e ".[$EXTRAS]" ${triton_spec[@]+"${triton_spec[@]}"}
+compile_in_background
 
 # Triton's CPU interpreter needs numpy; Triton < 3.8 breaks with numpy >= 2.4.
 numpy_spec=$("$py" - <<'PY'
@@ -131,4 +148,8 @@ if [ -z "$torch_hip" ] && [ -z "$torch_cuda" ]; then
   echo "venv: installing SGLang for the plugin tests (ci/requirements-sglang.txt, --no-deps)"
   "${pip_install[@]}" --no-deps -r ci/requirements-sglang.txt
 fi
+if [ -n "$compiling" ]; then
+  wait "$compiling" || true
+fi
+compile_installed -j 0
 echo "venv: ready: $("$py" -c 'import sys, torch; print(sys.executable, "torch", torch.__version__)')"
