@@ -47,7 +47,7 @@ from env_vars import set_env
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # fp16 is compiled at Qwen3-VL's head dim only: its cubins equal bf16's in every field a Record holds
 # at every head dim (the same element size, so the same tiles, registers and shared memory; checked
-# at 6435e7c), so one head dim shows that it compiles, at a third of bf16's compile time.
+# at 90e05c0), so one head dim shows that it compiles, at a third of bf16's compile time.
 FP16_HEAD_DIMS = (72,)
 HEADS = 16
 TOKENS = 1024  # segments of 196 and 828 tokens: 160 programs of 192 rows, too few for three consumers
