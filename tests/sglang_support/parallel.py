@@ -116,7 +116,6 @@ def worker(rank: int, world_size: int, rendezvous: str, layout: str, out: str, d
 def write_reference_weights(rank: int, directory: str) -> None:
     """Rank 0 of a world of one: full random weights as a checkpoint holds them, one file per tower
     of ``TOWER_CONFIGS`` in ``directory``."""
-    _check_no_hooked_module_imported()
     os.environ.update(rank_environment("cpu"))
     _sgl_kernel_standin_where_missing()
     _init_serving(0, 1, f"file://{directory}/rendezvous", {})
