@@ -37,3 +37,33 @@ def test_standin_serves_every_sgl_kernel_import_on_a_cuda_torch() -> None:
     absent = {(error["module"], tuple(error["names"])) for error in report["sgl_kernel_import_errors"]}
     assert absent == ALLOWED_ABSENT, report["sgl_kernel_import_errors"]
     assert report["call"].startswith("sgl_kernel.silu_and_mul called: not available here"), report
+
+
+# Run up to SGLang's parallel state with CUDA simulated: by then SGLang's tower module must import.
+_UP_TO_INIT_WORLD = """
+import runpy, sys
+sys.path.insert(0, sys.argv[1])
+import cuda_imports
+cuda_imports._simulate_cuda()
+from rocm_vit.integrations.sglang import standalone
+
+def reached(*args, **kwargs):
+    import sglang.srt.models.qwen3_vl
+    raise SystemExit("reached init_world")
+
+standalone.init_world = reached
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "script, arguments",
+    [("prepare_scenario.py", ["--device", "cuda"]), ("fused_kernels.py", ["--attention", "triton_attn"])],
+)
+def test_gpu_scripts_put_the_standin_on_the_path_before_sglang_loads(tmp_path: Path, script: str, arguments) -> None:
+    """The scripts GPU tests run in processes of their own import SGLang's tower on a CUDA torch."""
+    support = SCRIPT.parent
+    command = [sys.executable, "-c", _UP_TO_INIT_WORLD, str(support), str(support / script), str(tmp_path / "out")]
+    done = subprocess.run([*command, *arguments], capture_output=True, text=True, timeout=300)
+    assert done.stderr.strip().endswith("reached init_world"), done.stderr[-4000:]

@@ -27,6 +27,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 SCENARIO = Path(__file__).resolve().parents[1] / "sglang_support" / "scenario.py"
+PASSED_SETTINGS = ("ROCM_VIT_EMULATE", "ROCM_VIT_ROTARY")
 
 
 def _cannot_run(reason: str) -> None:
@@ -41,11 +42,12 @@ def _scenario(tmp_path: Path, attention: str, **extra_env: str) -> dict:
     if importlib.util.find_spec("sglang") is None:
         _cannot_run("sglang is not installed in this environment (pip install 'rocm-vit[sglang]')")
     path = tmp_path / "report.json"
-    # ROCM_VIT_EMULATE passes: emulating ROCm, the scenario takes every decision a ROCm machine takes.
+    # ROCM_VIT_EMULATE passes: emulating ROCm, the scenario takes every decision a ROCm machine takes;
+    # ROCM_VIT_ROTARY too: the tiers' compiled-rotary pass runs SGLang's towers under it.
     env = {
         key: value
         for key, value in os.environ.items()
-        if key == "ROCM_VIT_EMULATE" or not key.startswith(("SGLANG_", "ROCM_VIT_"))
+        if key in PASSED_SETTINGS or not key.startswith(("SGLANG_", "ROCM_VIT_"))
     }
     env.update(ROCM_VIT_PROFILE="off", **extra_env)  # a profile tuned on this machine would move the padding rule
     # Every layout may be captured at its first call, as in the CPU scenario (tests/test_sglang_plugin.py):

@@ -31,6 +31,9 @@ def main() -> None:
     parser.add_argument("report", type=Path)
     parser.add_argument("--attention", default="triton_attn")
     args = parser.parse_args()
+    from scenario import _sgl_kernel_standin_where_missing
+
+    _sgl_kernel_standin_where_missing()  # before SGLang loads: a CUDA torch makes its layers import sgl_kernel
     from rocm_vit.integrations.sglang import standalone
     from rocm_vit.models import preset
 

@@ -54,12 +54,12 @@ def main() -> None:
     handler.emit = records.append
     logging.getLogger("rocm_vit").addHandler(handler)
 
-    from sglang.srt.models import qwen3_vl
-
-    if DEVICE == "cuda":
+    if DEVICE == "cuda":  # before SGLang loads: a CUDA torch makes its layers import sgl_kernel
         from scenario import _sgl_kernel_standin_where_missing
 
         _sgl_kernel_standin_where_missing()
+    from sglang.srt.models import qwen3_vl
+
     from rocm_vit.integrations.sglang import hooks, standalone
     from rocm_vit.integrations.sglang.prepare import prepare_graph_inputs_from_cache
 
