@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scenario_process import scenario_environ
 
 SCRIPT = Path(__file__).resolve().parent / "sglang_support" / "compiles.py"
 
@@ -35,8 +36,7 @@ SHARDS = max(1, min(2, os.cpu_count() or 1))
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     directory = tmp_path_factory.mktemp("compiles")
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
-    env.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", ROCM_VIT_PROFILE="off")
+    env = scenario_environ(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
     env.update(SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS="256")  # the toy towers' staging
     env.update(OMP_NUM_THREADS="1")  # one thread a shard: two of two threads each thrash 2 cores (48 s)
     paths = [directory / f"report{index}.json" for index in range(SHARDS)]

@@ -12,8 +12,6 @@ import importlib.util
 import inspect
 import json
 import logging
-import os
-import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -22,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from scenario_process import run_scenario, scenario_environ
 
 from rocm_vit.cli.doctor import collect
 from rocm_vit.integrations.sglang import hooks, imports
@@ -43,16 +42,12 @@ needs_sglang = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     path = tmp_path_factory.mktemp("sglang") / "report.json"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
     # SGLang's eager rotary is torch.compile'd: Inductor would spend a minute building C++ on a CPU.
-    env.update(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", ROCM_VIT_PROFILE="off")
+    env = scenario_environ(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
     # Capture every layout at its first call, and size staging for the scenario's small layouts.
     env.update(SGLANG_VIT_CUDA_GRAPH_MIN_HITS="1", SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS=str(STAGING_TOKENS))
     env.update(SGLANG_VIT_CUDA_GRAPH_MEMORY_BUDGET_MB=str(BUDGET_MB), SGLANG_VIT_CUDA_GRAPH_CACHE_CAPACITY="16")
-    done = subprocess.run(
-        [sys.executable, str(SCENARIO), str(path)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0 and path.exists(), f"scenario failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    run_scenario(SCENARIO, path, env=env, timeout=300)
     return json.loads(path.read_text())
 
 

@@ -7,14 +7,12 @@ hooks patch SGLang's class for the life of a process); the tests read its report
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from scenario_process import run_scenario, scenario_environ
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "tests" / "sglang_support" / "prepare_scenario.py"
@@ -30,13 +28,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     path = tmp_path_factory.mktemp("prepare") / "report.pt"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
-    env.update(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", ROCM_VIT_PROFILE="off")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, str(SCENARIO), str(path)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0 and path.exists(), f"scenario failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    env = scenario_environ(TORCHDYNAMO_DISABLE="1", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
+    run_scenario(SCENARIO, path, env=env, timeout=300)
     return torch.load(path)
 
 

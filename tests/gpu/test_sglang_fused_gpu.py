@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from scenario_process import run_scenario, scenario_environ
 
 pytestmark = pytest.mark.gpu
 
@@ -31,17 +29,7 @@ def test_fused_glue_launches_at_least_three_fewer_kernels_a_block(tmp_path: Path
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed in this environment (pip install 'rocm-vit[sglang]')")
     path = tmp_path / "report.json"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
-    env.update(ROCM_VIT_PROFILE="off")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SCRIPT.parents[2]), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(path), "--attention", "triton_attn"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0 and path.exists(), f"failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    run_scenario(SCRIPT, path, "--attention", "triton_attn", env=scenario_environ(), timeout=900)
     report = json.loads(path.read_text())
     print(json.dumps(report, indent=1))
     for layout in ("1x224", "1x512"):

@@ -17,12 +17,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from scenario_process import run_scenario, scenario_environ
 
 pytestmark = pytest.mark.gpu
 
@@ -44,23 +43,11 @@ def _scenario(tmp_path: Path, attention: str, **extra_env: str) -> dict:
     path = tmp_path / "report.json"
     # ROCM_VIT_EMULATE passes: emulating ROCm, the scenario takes every decision a ROCm machine takes;
     # ROCM_VIT_ROTARY too: the tiers' compiled-rotary pass runs SGLang's towers under it.
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key in PASSED_SETTINGS or not key.startswith(("SGLANG_", "ROCM_VIT_"))
-    }
-    env.update(ROCM_VIT_PROFILE="off", **extra_env)  # a profile tuned on this machine would move the padding rule
+    env = scenario_environ(PASSED_SETTINGS, **extra_env)  # a profile tuned on this machine would move the padding rule
     # Every layout may be captured at its first call, as in the CPU scenario (tests/test_sglang_plugin.py):
     # what keeps a first call eager is then the payback rule alone, which the assertions below read.
     env.update(SGLANG_VIT_CUDA_GRAPH_MIN_HITS="1")
-    done = subprocess.run(
-        [sys.executable, str(SCENARIO), str(path), "--device", "cuda", "--attention", attention],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0 and path.exists(), f"scenario failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    run_scenario(SCENARIO, path, "--device", "cuda", "--attention", attention, env=env, timeout=900)
     result = json.loads(path.read_text())
     if "import_error" in result:
         missing = result.get("missing_module")

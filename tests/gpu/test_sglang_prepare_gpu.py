@@ -8,13 +8,11 @@ SGLang's rounding, against SGLang's function on the same tower, at fp32 and bf16
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from scenario_process import run_scenario, scenario_environ
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,16 +28,7 @@ DTYPES = ("float32", "bfloat16")
 
 def test_prepared_inputs_equal_sglangs_on_a_gpu_through_the_fused_kernel(tmp_path: Path) -> None:
     path = tmp_path / "report.pt"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("SGLANG_", "ROCM_VIT_"))}
-    env.update(ROCM_VIT_PROFILE="off")
-    done = subprocess.run(
-        [sys.executable, str(SCENARIO), str(path), "--device", "cuda"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0 and path.exists(), f"scenario failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    run_scenario(SCENARIO, path, "--device", "cuda", env=scenario_environ(), timeout=600)
     report = torch.load(path)
     assert report["fused_ops"] == "fused"
     results = {key: value for key, value in report.items() if key.endswith(DTYPES)}
