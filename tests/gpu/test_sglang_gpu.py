@@ -63,9 +63,10 @@ def _assert_graph_equals_eager(report: dict, attention: str) -> None:
     graphs = report["graph_vs_eager"]
     assert all(graphs["bitwise_equal"]) and len(graphs["bitwise_equal"]) == 12, graphs
     # rocm-vit's fused glue, against SGLang's eager blocks: the fused kernels sum rows in another
-    # order (docs/numerics.md, "SGLang's blocks under the plugin"); bf16 outputs of order 1.
+    # order (docs/numerics.md, "SGLang's blocks under the plugin"): a few bf16 steps of the outputs'
+    # scale (~26 here, whose step is 0.125; 0.25 seen on an H100), as the CPU test bounds it.
     assert graphs["blocks"] == "rocm-vit: fused glue between SGLang's linear modules", graphs
-    assert graphs["max_difference_from_sglangs_eager"] < 0.25, graphs
+    assert graphs["max_difference_from_sglangs_eager"] < 0.02 * graphs["sglangs_eager_max_abs"], graphs
     assert graphs["first_output_survives_replays"]
     # 6 images in 4 attention layouts, twice: 4 captures; a layout's calls run eagerly until their
     # savings repay a fifth of a capture (at most its first, at this host's launch time), then replay.

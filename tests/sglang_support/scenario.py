@@ -397,6 +397,7 @@ def _graph_vs_eager(
         "bitwise_equal": [torch.equal(a, b) for a, b in zip(graphed + again, runner_eager * 2, strict=True)],
         "equal_to_sglangs_eager": [torch.equal(a, b) for a, b in zip(graphed + again, eager * 2, strict=True)],
         "max_difference_from_sglangs_eager": _max_difference(graphed + again, eager + eager),
+        "sglangs_eager_max_abs": max(float(out.float().abs().max()) for out in eager),
         "blocks": stats["blocks"],
         "first_output_survives_replays": torch.equal(graphed[0], kept),
         "captures": stats["captures"],
