@@ -291,3 +291,21 @@ def test_a_saved_report_is_reported_again_without_running(
     status = bench_sglang.run(parser.parse_args(["--from-json", str(saved)]))
     assert status == 1  # d failed in the saved run, as it did then
     assert "c slower than b on 1x512: 4.20 vs 4.00 ms" in capsys.readouterr().out
+
+
+def test_a_saved_report_is_reported_and_plotted_for_the_configurations_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = tmp_path / "report.json"
+    saved.write_text(json.dumps(_report()))
+    drawn = []
+    monkeypatch.setattr(bench_sglang, "plot_report", lambda report, path: drawn.append(list(report["configs"])) or True)
+    parser = argparse.ArgumentParser()
+    bench_sglang.add_arguments(parser)
+    args = ["--from-json", str(saved), "--configs", "ca", "--plot", str(tmp_path / "plot.png")]
+    assert bench_sglang.run(parser.parse_args(args)) == 0  # d, which failed, is left out
+    assert drawn == [["c", "a"]]
+    out = capsys.readouterr().out
+    assert "  c: rocm-vit" in out and "  a: SGLang eager" in out and "b: SGLang graphs" not in out
+    assert bench_sglang.run(parser.parse_args(["--from-json", str(saved), "--configs", "cx"])) == 2
+    assert "holds no configuration ['x'] (it has abcd)" in capsys.readouterr().err

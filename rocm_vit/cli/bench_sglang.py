@@ -31,6 +31,7 @@ import rocm_vit
 # One call each: 1 x 224², 1 x 512², 4 x 512², one 1.3 MP image (1280 x 1024), 2048 x 1600,
 # 6 x 640x360 in one call, a 4-frame 720p video (HxW, as rocm-vit bench writes layouts).
 DEFAULT_LAYOUTS = "1x224,1x512,4x512,1x1024x1280,1x1600x2048,6x360x640,1x720x1280f4"
+DEFAULT_CONFIGS = "abcd"
 SLOWER_LIMIT = 1.02  # the plugin against SGLang's own graphs on a warm layout
 OWN_LIMIT = 1.10  # SGLang's tower under the plugin against rocm-vit's own tower on a warm layout
 _REPORT_MARGIN_S = 20  # a worker's stream stops this long before --worker-timeout
@@ -93,8 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="qwen3-vl-8b", help="the tower's sizes (default qwen3-vl-8b)")
     parser.add_argument(
         "--configs",
-        default="abcd",
-        help="which of a b c d s o r to run, in order (default abcd; s: c on SGLang's blocks; o, r: rocm-vit's tower)",
+        default=None,
+        help="which of a b c d s o r to run, in order (default abcd; s: c on SGLang's blocks; o, r: rocm-vit's "
+        "tower); with --from-json, which of the saved ones to report and plot (default all)",
     )
     parser.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="layout specs, as rocm-vit bench takes them")
     parser.add_argument("--warm", type=int, default=None, help="warm calls per layout (default 20; --quick 5)")
@@ -139,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     warm = args.warm if args.warm is not None else (5 if args.quick else 20)
     calls = args.calls if args.calls is not None else (300 if args.quick else 1000)
-    unknown = sorted(set(args.configs) - set(CONFIGS))
+    keys = args.configs or DEFAULT_CONFIGS
+    unknown = sorted(set(keys) - set(CONFIGS))
     if unknown:
         print(
             f"rocm-vit bench-sglang: unknown configurations {unknown}; choose from {sorted(CONFIGS)}", file=sys.stderr
@@ -157,8 +160,8 @@ def run(args: argparse.Namespace) -> int:
         "configs": {},
     }
     began = time.perf_counter()
-    to_run = [key for key in args.configs if skip_reason(CONFIGS[key], device) is None]
-    for key in args.configs:
+    to_run = [key for key in keys if skip_reason(CONFIGS[key], device) is None]
+    for key in keys:
         config = CONFIGS[key]
         print(f"== bench-sglang {key}: {config.label}", file=sys.stderr, flush=True)
         skipped = skip_reason(config, device)
@@ -182,6 +185,16 @@ def _report_saved(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         print(f"rocm-vit bench-sglang: --from-json {args.from_json}: {error}", file=sys.stderr)
         return 2
+    if args.configs:  # a subset of the saved configurations, in the order named
+        missing = sorted(set(args.configs) - set(report["configs"]))
+        if missing:
+            saved = "".join(report["configs"])
+            print(
+                f"rocm-vit bench-sglang: {args.from_json} holds no configuration {missing} (it has {saved})",
+                file=sys.stderr,
+            )
+            return 2
+        report["configs"] = {key: report["configs"][key] for key in args.configs}
     return _print_report(report, args)
 
 
@@ -485,6 +498,16 @@ def plot_series(report: dict[str, Any]) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
+def _layout_labels(report: dict[str, Any]) -> list[tuple[str, int, float]]:
+    """``(layout, patches, lowest warm ms)`` for each layout any configuration timed."""
+    lowest: dict[str, tuple[int, float]] = {}
+    for result in report["configs"].values():
+        for row in result.get("layouts", {}).get("rows", []):
+            if row.get("warm_ms") and (row["layout"] not in lowest or row["warm_ms"] < lowest[row["layout"]][1]):
+                lowest[row["layout"]] = (row["patches"], row["warm_ms"])
+    return [(layout, patches, ms) for layout, (patches, ms) in lowest.items()]
+
+
 def plot_report(report: dict[str, Any], path: Path) -> bool:
     """Warm latency against patches, log-log, one line a configuration, to ``path``; ``False`` (and
     why, on stderr) where nothing could be drawn."""
@@ -504,6 +527,10 @@ def plot_report(report: dict[str, Any], path: Path) -> bool:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for label, points in series.items():
         axes.plot([p for p, _ in points], [ms for _, ms in points], marker="o", label=label)
+    # Each layout named under its lowest point: at about the same patches, one image and six differ
+    # (attention within each image), which the line alone would not say.
+    for layout, patches, ms in _layout_labels(report):
+        axes.annotate(layout, (patches, ms), textcoords="offset points", xytext=(0, -12), ha="center", fontsize=6)
     device = next((r["device_name"] for r in report["configs"].values() if r.get("device_name")), report["device"])
     title = f"SGLang's {report['preset']} tower, warm calls, {device}"
     axes.set(xscale="log", yscale="log", xlabel="patches per call", ylabel="latency (ms, median)", title=title)
