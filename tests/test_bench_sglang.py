@@ -309,3 +309,19 @@ def test_a_saved_report_is_reported_and_plotted_for_the_configurations_named(
     assert "  c: rocm-vit" in out and "  a: SGLang eager" in out and "b: SGLang graphs" not in out
     assert bench_sglang.run(parser.parse_args(["--from-json", str(saved), "--configs", "cx"])) == 2
     assert "holds no configuration ['x'] (it has abcd)" in capsys.readouterr().err
+
+
+def test_streams_stopped_at_different_calls_are_also_compared_over_the_calls_all_served() -> None:
+    report = _report()
+    for key, times in (("a", [10.0, 20.0, 30.0]), ("b", [1.0, 2.0, 3.0, 400.0]), ("c", [5.0, 5.0, 5.0, 5.0, 5.0])):
+        report["configs"][key]["stream"]["times_ms"] = times
+    streamed = {key: result for key, result in report["configs"].items() if "stream" in result}
+    assert bench_sglang.common_calls_lines(streamed) == [
+        "  over the first 3 calls, which every configuration served (mean / p90 ms): "
+        "a 20.00 / 30.00, b 2.00 / 3.00, c 5.00 / 5.00"
+    ]
+    report["configs"]["b"]["stream"]["times_ms"] = [1.0, 2.0, 3.0]
+    report["configs"]["c"]["stream"]["times_ms"] = [5.0, 5.0, 5.0]
+    assert bench_sglang.common_calls_lines(streamed) == []  # every stream served every call
+    del report["configs"]["a"]["stream"]["times_ms"]  # a report saved before the times were kept
+    assert bench_sglang.common_calls_lines(streamed) == []

@@ -316,7 +316,25 @@ def format_report(report: dict[str, Any]) -> list[str]:
         lines += ["", f"Stream: {report['stream_calls']} calls of {name}, seed {report['seed']}"]
         header, cells = stream_cells(streamed)
         lines += [line.rstrip() for line in table_lines(header, cells)]
+        lines += common_calls_lines(streamed)
     return lines
+
+
+def common_calls_lines(streamed: dict[str, dict[str, Any]]) -> list[str]:
+    """Where a stream stopped early: each configuration's mean and p90 over the calls every one of them
+    served (the stream's first calls), from the per-call times, so that the columns compare the same calls."""
+    from rocm_vit.workloads.traffic import latency_summary
+
+    times = {key: result["stream"].get("times_ms") for key, result in streamed.items()}
+    served = {len(calls) for calls in times.values() if calls is not None}
+    if len(served) < 2 or None in times.values() or min(served) == 0:
+        return []
+    common = min(served)
+    figures = []
+    for key, calls in times.items():
+        summary = latency_summary(calls[:common])
+        figures.append(f"{key} {_ms(summary['mean_ms'])} / {_ms(summary['p90_ms'])}")
+    return [f"  over the first {common} calls, which every configuration served (mean / p90 ms): " + ", ".join(figures)]
 
 
 def _config_line(result: dict[str, Any]) -> str:

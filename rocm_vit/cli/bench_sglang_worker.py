@@ -220,6 +220,7 @@ class _Bench:
         from rocm_vit.workloads.traffic import latency_summary
 
         result["served"] = len(times)
+        result["times_ms"] = [round(ms, 3) for ms in times]  # for figures over the calls every configuration served
         if times:
             result.update(latency_summary(times))
         try:
