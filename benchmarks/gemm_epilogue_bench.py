@@ -1,8 +1,8 @@
 """Can a Triton GEMM hold cuBLAS's device time at the 8B block's shapes, and does the rotary in its epilogue pay?
 
 The experiment behind the launch goals cuBLAS cannot meet: a block is at least 8 launches while its
-GEMMs are cuBLAS's, and ~230 µs of host from Python (docs/benchmarks.md, "Eager cost before and
-after"). Fewer launches need GEMMs with epilogues; this measures whether a Triton GEMM can be that
+GEMMs are cuBLAS's, and ~230 µs of host from Python (docs/benchmarks.md, "Eager host
+cost"). Fewer launches need GEMMs with epilogues; this measures whether a Triton GEMM can be that
 GEMM before anything in ``backends/`` depends on one. Prototype kernels live here until one wins.
 
     python benchmarks/gemm_epilogue_bench.py             # on a GPU: the table prints last

@@ -13,9 +13,9 @@ loaded by path, so a tree whose ``bench`` lacks these columns is measured the sa
 
 ``launches`` times single kernels' launches (host µs a call behind a busy device) in this tree;
 benchmarks/launch_run.sh runs it all, before and after interleaved, on one card. Run on an H100 on
-2026-12-07, 27893e6 before and 598453a after: docs/benchmarks.md, "Eager cost before and after the
-launch path" (the table, where the host goes, launch floors), and b33cdca's ``python-profile``: no
-Python hotspot ("GEMM epilogues and GEMM launches", M).
+2026-12-07, 27893e6 before and 598453a after: docs/benchmarks.md, "Eager host cost" (the tables at
+e510513: the host before and after, where it goes, launch floors), and b33cdca's ``python-profile``:
+no Python hotspot.
 
 (A script, run from the repository root of either tree.)
 """

@@ -66,7 +66,7 @@ ALIGNMENT_TOKENS = 128
 ROTARY_IMPLS = ("triton", "compiled", "native")
 # ROCm takes the Triton kernel too: one launch for q and k, AOT-checked for gfx942/gfx950, where the compiled
 # helper launched four (two kernels, two copies) behind ~0.25 ms of Dynamo and Inductor host work a block
-# (docs/benchmarks.md, "Eager cost before and after"). Without Triton, GPUs take the native helper: the
+# (docs/benchmarks.md, "Eager host cost"). Without Triton, GPUs take the native helper: the
 # compiled one is no choice there (``rotary_unavailable_reason``).
 _DEFAULT_ROTARY = {"cuda": "triton", "rocm": "triton", "cpu": "native"}
 _ROTARY_WHY = {

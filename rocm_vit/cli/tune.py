@@ -229,7 +229,7 @@ def _tune_rotary(
     ``ROTARY_LAYOUTS``; nothing where there is one candidate (a CPU, a GPU without Triton).
 
     Inside the tower, because the kernels' own time is not what separates them: the compiled helper's
-    Dynamo and Inductor host work (docs/benchmarks.md, "Eager cost before and after") shows in eager
+    Dynamo and Inductor host work (docs/benchmarks.md, "Eager host cost") shows in eager
     calls, its four launches a block against the Triton kernel's one in the replays.
     """
     names = [name for name in TUNED_ROTARIES if rotary_unavailable_reason(name, facts) is None]
