@@ -365,24 +365,33 @@ def test_hook_waits_for_its_module_and_runs_before_importers_bind_names(fresh_im
     assert "return 'sglang'" in sys.modules["rocm_vit_test_target"].__loader__.get_source("rocm_vit_test_target")
 
 
+def _sglang_function() -> str:
+    return "sglang"
+
+
+def _rocm_vit_function() -> str:
+    return "rocm-vit"
+
+
+def _sglang_modules(monkeypatch: pytest.MonkeyPatch, *others: types.ModuleType) -> tuple[types.ModuleType, ...]:
+    """An SGLang module owning ``entry`` and one importing it, on ``sys.modules`` with ``others``."""
+    owner = types.ModuleType("sglang.rocm_vit_test_owner")
+    owner.entry = _sglang_function
+    importer = types.ModuleType("sglang.rocm_vit_test_importer")
+    for module in (owner, importer, *others):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    return owner, importer
+
+
 def test_hook_on_an_imported_module_runs_at_once_and_rebinds_sglang_references(
     fresh_imports: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def original() -> str:
-        return "sglang"
-
-    def replacement() -> str:
-        return "rocm-vit"
-
-    owner = types.ModuleType("sglang.rocm_vit_test_owner")
-    owner.entry = original
-    importer = types.ModuleType("sglang.rocm_vit_test_importer")
-    importer.entry = original
-    importer.table = {"slot": original, "other": len}
+    original, replacement = _sglang_function, _rocm_vit_function
     outsider = types.ModuleType("rocm_vit_test_outsider")
     outsider.entry = original
-    for module in (owner, importer, outsider):
-        monkeypatch.setitem(sys.modules, module.__name__, module)
+    owner, importer = _sglang_modules(monkeypatch, outsider)
+    importer.entry = original
+    importer.table = {"slot": original, "other": len}
 
     imports.when_imported(owner.__name__, lambda module: imports.replace_attribute(module, "entry", replacement))
     assert owner.entry is replacement and importer.entry is replacement
@@ -402,22 +411,10 @@ class _LazyTable(dict):
 def test_rebinding_reads_a_tables_own_entries_without_iterating_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A module of SGLang holding transformers' lazy mappings: iterated, they import hundreds of
     configs (seconds in every SGLang process at the plugin's load)."""
-
-    def original() -> str:
-        return "sglang"
-
-    def replacement() -> str:
-        return "rocm-vit"
-
-    owner = types.ModuleType("sglang.rocm_vit_test_owner")
-    owner.entry = original
-    importer = types.ModuleType("sglang.rocm_vit_test_importer")
-    importer.table = _LazyTable(slot=original)
-    for module in (owner, importer):
-        monkeypatch.setitem(sys.modules, module.__name__, module)
-
-    imports.replace_attribute(owner, "entry", replacement)
-    assert dict(importer.table) == {"slot": replacement}
+    owner, importer = _sglang_modules(monkeypatch)
+    importer.table = _LazyTable(slot=_sglang_function)
+    imports.replace_attribute(owner, "entry", _rocm_vit_function)
+    assert dict(importer.table) == {"slot": _rocm_vit_function}
 
 
 def test_windowed_offsets_come_from_sglangs_layout_key_without_reading_the_tensors() -> None:
