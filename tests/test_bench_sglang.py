@@ -144,12 +144,16 @@ def test_a_cpu_run_measures_sglangs_eager_tower_and_skips_the_graph_configuratio
     assert "error" not in a and a["backend"] == "sdpa" and a["sgl_kernel"] == "absent", a
     assert [row["layout"] for row in a["layouts"]["rows"]] == ["1x64", "2x96"]
     assert all(row["warm_ms"] > 0 and row["first_ms"] > 0 for row in a["layouts"]["rows"])
+    # On a CPU a call returns when its work is done: its host time is nearly its wall time.
+    assert all(0 < row["warm_host_ms"] <= row["warm_ms"] for row in a["layouts"]["rows"])
     assert a["stream"]["served"] == a["stream"]["calls"] == 2 and a["stream"]["p90_ms"] > 0
+    assert len(a["stream"]["times_ms"]) == 2
     assert all("needs a GPU" in report["configs"][key]["skipped"] for key in "bcd")
     assert "Layouts: warm median ms" in done.stderr and "a: SGLang eager" in done.stderr
     for row in a["layouts"]["rows"]:  # SGLang's eager forward by kernel class: its linears and its sdpa
         assert row["breakdown"]["gemm"] > 0 and row["breakdown"]["attention"] > 0 and row["breakdown"]["kernels"] > 0
     assert "kernel time per forward" in done.stderr and "1x64 a" in done.stderr
+    assert "Host ms until a warm call returned (median):" in done.stderr
 
 
 def test_a_budget_is_shared_by_the_configurations_left() -> None:
@@ -325,3 +329,20 @@ def test_streams_stopped_at_different_calls_are_also_compared_over_the_calls_all
     assert bench_sglang.common_calls_lines(streamed) == []  # every stream served every call
     del report["configs"]["a"]["stream"]["times_ms"]  # a report saved before the times were kept
     assert bench_sglang.common_calls_lines(streamed) == []
+
+
+def test_host_time_of_warm_calls_is_listed_per_layout_for_each_configuration_that_has_it() -> None:
+    report = _report()
+    rows = {key: report["configs"][key]["layouts"]["rows"] for key in "abc"}
+    rows["a"][0]["warm_host_ms"], rows["c"][0]["warm_host_ms"], rows["c"][1]["warm_host_ms"] = 4.5, 0.25, 0.5
+    ran = {key: report["configs"][key] for key in "abc"}
+    assert bench_sglang.host_lines(ran) == [
+        "",
+        "Host ms until a warm call returned (median):",
+        "  1x224: a 4.50, c 0.25",
+        "  1x512: c 0.50",
+    ]
+    for key_rows in rows.values():
+        for row in key_rows:
+            row.pop("warm_host_ms", None)
+    assert bench_sglang.host_lines(ran) == []  # a report saved before host times were kept

@@ -308,6 +308,7 @@ def format_report(report: dict[str, Any]) -> list[str]:
         header, cells = layout_cells(ran)
         lines += table_lines(header, cells)
         lines += [f"  {line}" for line in layout_notes(ran)]
+        lines += host_lines(ran)
     if any("breakdown" in row for result in ran.values() for row in result["layouts"]["rows"]):
         lines += ["", *breakdown_lines(ran)]
     streamed = {key: result for key, result in configs.items() if "stream" in result}
@@ -335,6 +336,23 @@ def common_calls_lines(streamed: dict[str, dict[str, Any]]) -> list[str]:
         summary = latency_summary(calls[:common])
         figures.append(f"{key} {_ms(summary['mean_ms'])} / {_ms(summary['p90_ms'])}")
     return [f"  over the first {common} calls, which every configuration served (mean / p90 ms): " + ", ".join(figures)]
+
+
+def host_lines(ran: dict[str, dict[str, Any]]) -> list[str]:
+    """Per layout, each configuration's median host ms until a warm call returned (before its device
+    work finished): the Python a replay costs around its graph, where wall and kernel time differ."""
+    rows_by_key = {key: {row["layout"]: row for row in result["layouts"]["rows"]} for key, result in ran.items()}
+    specs = dict.fromkeys(spec for rows in rows_by_key.values() for spec in rows)
+    lines = []
+    for spec in specs:
+        figures = [
+            f"{key} {_ms(rows[spec]['warm_host_ms'])}"
+            for key, rows in rows_by_key.items()
+            if rows.get(spec, {}).get("warm_host_ms") is not None
+        ]
+        if figures:
+            lines.append(f"  {spec}: " + ", ".join(figures))
+    return ["", "Host ms until a warm call returned (median):", *lines] if lines else []
 
 
 def _config_line(result: dict[str, Any]) -> str:

@@ -167,16 +167,21 @@ class _Bench:
         base = self._fresh_runner()
         rows = []
         for spec, grid, pixels in _progress(inputs, "layouts"):
-            first_ms, output = self._timed(pixels, grid)
+            first_ms, output, _ = self._timed(pixels, grid)
             kept = output.cpu()  # off the device: the memory held after the layouts is the runner's
             del output
-            warm_ms = [self._timed(pixels, grid)[0] for _ in range(warm)]
+            warm_ms, host_ms = [], []
+            for _ in range(warm):
+                wall, _, host = self._timed(pixels, grid)
+                warm_ms.append(wall)
+                host_ms.append(host)
             rows.append(
                 {
                     "layout": spec,
                     "patches": sum(t * h * w for t, h, w in grid),
                     "first_ms": first_ms,
                     "warm_ms": statistics.median(warm_ms) if warm_ms else None,
+                    "warm_host_ms": statistics.median(host_ms) if host_ms else None,
                     "output": kept,
                 }
             )
@@ -232,16 +237,18 @@ class _Bench:
 
     # One call -------------------------------------------------------------------------------------
 
-    def _timed(self, pixels: Any, grid: tuple, forward: Callable[..., Any] | None = None) -> tuple[float, Any]:
+    def _timed(self, pixels: Any, grid: tuple, forward: Callable[..., Any] | None = None) -> tuple[float, Any, float]:
         """Wall ms of one call of ``forward`` (the tower's), the device idle before and after, under
-        ``inference_mode`` as SGLang's scheduler serves requests (its ``DynamicGradMode``)."""
+        ``inference_mode`` as SGLang's scheduler serves requests (its ``DynamicGradMode``); its output;
+        and the host ms until the call returned, before the device finished (a replay's host work)."""
         grid_thw = self.torch.tensor(grid, dtype=self.torch.int32)
         self._synchronize()
         started = time.perf_counter()
         with self.torch.inference_mode():
             output = (forward or self.tower)(pixels, grid_thw)
+        returned = time.perf_counter()
         self._synchronize()
-        return (time.perf_counter() - started) * 1e3, output
+        return (time.perf_counter() - started) * 1e3, output, (returned - started) * 1e3
 
     def _own_eager(self, pixels: Any, grid: tuple) -> Any:
         """What the graph path is held to: its eager twin (``_eager_path``)."""
