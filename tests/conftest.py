@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 
 # The files that take longest on a 2-core CPU (seconds in `make test`, measured there: the fused-blocks
-# scenario 60, the TP layouts 95 in all, a Gluon compile for sm_90a 60-80, the ROCm compile 35, the two
+# scenario 62-96, the TP layouts 95-130 in all, a Gluon compile for sm_90a 60-103, the ROCm compile 35-54, the two
 # SGLang benchmarks 23, the all-reduce pairings 23, the compile-count scenario 20, the plugin's load
 # 19, the tail split's merge 13). They are collected first and ci/cpu.sh hands files out in that
 # order (each worker starts with two), so the pytest workers do not end with one of them alone.

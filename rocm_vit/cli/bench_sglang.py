@@ -340,7 +340,8 @@ def common_calls_lines(streamed: dict[str, dict[str, Any]]) -> list[str]:
 
 def host_lines(ran: dict[str, dict[str, Any]]) -> list[str]:
     """Per layout, each configuration's median host ms until a warm call returned (before its device
-    work finished): the Python a replay costs around its graph, where wall and kernel time differ."""
+    work finished; a blocking copy inside the call, as SGLang's ``cu_seqlens.to(device)``, waits in it):
+    the Python a replay costs around its graph, where wall and kernel time differ."""
     rows_by_key = {key: {row["layout"]: row for row in result["layouts"]["rows"]} for key, result in ran.items()}
     specs = dict.fromkeys(spec for rows in rows_by_key.values() for spec in rows)
     lines = []
