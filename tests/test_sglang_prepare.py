@@ -1,4 +1,8 @@
-"""rocm-vit's Qwen3-VL ``_prepare_graph_inputs`` (hook ``qwen3_vl_prepare_from_cache``) against SGLang's own.
+"""rocm-vit's work before the blocks on SGLang's graph path against SGLang's own.
+
+Hooks ``qwen3_vl_prepare_from_cache`` and ``qwen3_vl_graph_forward_from_cache`` (Qwen3-VL's
+``_prepare_graph_inputs`` and ``forward_with_cuda_graph``), ``qwen2_5_vl_graph_forward_from_cache``
+(Qwen2.5-VL's ``forward_with_cuda_graph``).
 
 The real SGLang 0.5.23 runs in a process of its own (tests/sglang_support/prepare_scenario.py: the
 hooks patch SGLang's class for the life of a process); the tests read its report.
@@ -42,6 +46,24 @@ def test_the_hook_fits_the_tested_release_and_replaces_sglangs_function(report: 
     assert report["installed"] == "rocm_vit.integrations.sglang.prepare._prepare_graph_inputs"
 
 
+def test_the_forward_hook_fits_the_tested_release_and_replaces_sglangs_function(report: dict[str, Any]) -> None:
+    assert report["forward_mismatch"] is None
+    assert report["forward_installed"] == "rocm_vit.integrations.sglang.prepare.forward_with_cuda_graph"
+
+
+def test_the_graph_forward_hands_the_runner_sglangs_arguments_with_the_offsets_cached(report: dict[str, Any]) -> None:
+    # SGLang copies its host offsets to the device at every call (a blocking copy); rocm-vit hands
+    # over the layout's cached device offsets: the same tensor object on every call of a layout.
+    results = report["graph_forward"]
+    assert len(results) == 3 * len(DTYPES)
+    assert all(result["same"] for result in results.values()), results
+    assert all(result["offsets_cached"] for result in results.values()), results
+
+
+def test_without_the_interpolation_hook_the_graph_forward_is_sglangs(report: dict[str, Any]) -> None:
+    assert report["forward_without_interpolation_hook"] is True
+
+
 def test_every_layout_prepares_sglangs_inputs_bit_for_bit_built_and_from_the_cache(report: dict[str, Any]) -> None:
     results = _layout_results(report)
     assert len(results) == LAYOUT_COUNT * len(DTYPES)
@@ -82,3 +104,27 @@ def test_without_the_interpolation_hook_sglangs_function_runs_with_one_log_line(
     assert reasons == [
         "hook qwen3_vl_graph_interpolation is not applied, so SGLang's graph path interpolates by its own rule"
     ]
+
+
+def test_qwen2_5_vl_forward_hook_fits_the_tested_release_and_replaces_sglangs_function(
+    report: dict[str, Any],
+) -> None:
+    windows = report["windows"]
+    assert windows["mismatch"] is None
+    assert windows["installed"] == "rocm_vit.integrations.sglang.prepare_windows.forward_with_cuda_graph"
+
+
+def test_qwen2_5_vl_graph_forward_hands_the_runner_sglangs_arguments_with_everything_cached(
+    report: dict[str, Any],
+) -> None:
+    # The window permutation, its inverse, cos/sin and both offsets, bit for bit, at int64 and int32
+    # grids; the offsets tensor the runner gets is the layout's own on every call.
+    results = {key: value for key, value in report["windows"].items() if key.endswith(DTYPES)}
+    assert len(results) == LAYOUT_COUNT * len(DTYPES)
+    assert all(result["same"] for result in results.values()), results
+    assert all(result["offsets_cached"] for result in results.values()), results
+
+
+def test_a_known_qwen2_5_vl_layout_runs_as_many_ops_for_sixteen_images_as_for_one(report: dict[str, Any]) -> None:
+    ops = report["windows"]["ops_on_a_known_layout"]
+    assert ops["1"] == ops["16"], ops

@@ -2,7 +2,10 @@
 
 Runs tests/sglang_support/prepare_scenario.py with ``--device cuda``: the taps built by SGLang's ops
 on the GPU (its ``linspace`` there) and the position embedding added by rocm-vit's Triton kernel with
-SGLang's rounding, against SGLang's function on the same tower, at fp32 and bf16.
+SGLang's rounding, against SGLang's function on the same tower, at fp32 and bf16. Hook
+``qwen3_vl_graph_forward_from_cache`` likewise: the graph runner gets SGLang's arguments, and a warm
+call waits for the device nowhere (``torch.cuda.set_sync_debug_mode("error")``), where SGLang's copies
+its offsets to the device with a blocking copy. Hook ``qwen2_5_vl_graph_forward_from_cache`` the same.
 """
 
 from __future__ import annotations
@@ -41,3 +44,7 @@ def test_prepared_inputs_equal_sglangs_on_a_gpu_through_the_fused_kernel(tmp_pat
     }
     assert results and not differing, differing
     assert report["ops_on_a_known_layout"]["1"] == report["ops_on_a_known_layout"]["16"]
+    for forward in (report["graph_forward"], report["windows"]):
+        calls = {key: value for key, value in forward.items() if key.endswith(DTYPES)}
+        assert calls and all(call["same"] and call["offsets_cached"] for call in calls.values()), calls
+        assert all(call["synchronized"] is None for call in calls.values()), calls

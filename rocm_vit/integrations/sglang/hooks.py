@@ -102,6 +102,23 @@ def _install_qwen3_vl_prepare(qwen3_vl: ModuleType) -> None:
     replace_attribute(tower, "_prepare_graph_inputs", prepare_graph_inputs_from_cache(tower._prepare_graph_inputs))
 
 
+def _install_qwen3_vl_graph_forward(qwen3_vl: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.prepare import forward_with_cuda_graph_from_cache
+
+    tower = qwen3_vl.Qwen3VLMoeVisionModel
+    replace_attribute(
+        tower, "forward_with_cuda_graph", forward_with_cuda_graph_from_cache(tower.forward_with_cuda_graph)
+    )
+
+
+def _install_qwen2_5_vl_graph_forward(qwen2_5_vl: ModuleType) -> None:
+    from rocm_vit.integrations.sglang.prepare_windows import forward_with_cuda_graph_from_cache
+
+    tower = qwen2_5_vl.Qwen2_5_VisionTransformer
+    hooked = forward_with_cuda_graph_from_cache(tower.forward_with_cuda_graph, qwen2_5_vl.permute_inv)
+    replace_attribute(tower, "forward_with_cuda_graph", hooked)
+
+
 def _install_qwen2_5_vl_graph_gate(qwen2_5_vl: ModuleType) -> None:
     from rocm_vit.integrations.sglang.qwen2_5_vl import lift_graph_gate
 
@@ -221,6 +238,20 @@ HOOKS: tuple[Hook, ...] = (
         install=_install_qwen3_vl_prepare,
     ),
     Hook(
+        name="qwen3_vl_graph_forward_from_cache",
+        module=_QWEN3_VL,
+        targets=(f"{_QWEN3_VL}.Qwen3VLMoeVisionModel.forward_with_cuda_graph",),
+        signatures={
+            "Qwen3VLMoeVisionModel.forward_with_cuda_graph": ("self", "x", "grid_thw"),
+            "Qwen3VLMoeVisionModel._prepare_graph_inputs": ("self", "x", "grid_thw"),
+            "Qwen3VLMoeVisionModel.rot_pos_emb": ("self", "grid_thw"),
+            "Qwen3VLMoeVisionModel.fast_pos_embed_interpolate_from_list": ("self", "grid_thw"),
+            # The runner it calls with SGLang's keywords (SGLang's class, or rocm-vit's adapter once applied).
+            "ViTCudaGraphRunner.run": _RUNNER_RUN,
+        },
+        install=_install_qwen3_vl_graph_forward,
+    ),
+    Hook(
         name="qwen2_5_vl_graph_gate",
         module=_QWEN2_5_VL,
         targets=(f"{_QWEN2_5_VL}.Qwen2_5_VisionTransformer.__init__",),
@@ -239,6 +270,19 @@ HOOKS: tuple[Hook, ...] = (
             "envs.SGLANG_VIT_ENABLE_CUDA_GRAPH": None,
         },
         install=_install_qwen2_5_vl_graph_gate,
+    ),
+    Hook(
+        name="qwen2_5_vl_graph_forward_from_cache",
+        module=_QWEN2_5_VL,
+        targets=(f"{_QWEN2_5_VL}.Qwen2_5_VisionTransformer.forward_with_cuda_graph",),
+        signatures={
+            "Qwen2_5_VisionTransformer.forward_with_cuda_graph": ("self", "x", "grid_thw"),
+            "Qwen2_5_VisionTransformer.rot_pos_emb": ("self", "grid_thw"),
+            "Qwen2_5_VisionTransformer.get_window_index": ("self", "grid_thw"),
+            "permute_inv": ("perm",),
+            "ViTCudaGraphRunner.run": _RUNNER_RUN,
+        },
+        install=_install_qwen2_5_vl_graph_forward,
     ),
     Hook(
         name="vit_buckets_at_start",

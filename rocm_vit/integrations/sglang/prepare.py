@@ -1,12 +1,14 @@
 """Qwen3-VL's work before the blocks on SGLang's graph path, from a cache per ``grid_thw`` layout.
 
 SGLang 0.5.23's ``_prepare_graph_inputs`` rebuilds the position-embedding taps, the rotary position ids
-and the offsets from ``grid_thw`` at every call: host loops and small kernels per image. Here they are
-built once per layout (SGLang's own ops on the tower's device, so the same bits) and kept; a call on a
-known layout runs the patch embedding (SGLang's module) and rocm-vit's position-embedding add (SGLang's
-lookup where the table is split over ranks), nothing that grows with the image count. Output equals
-SGLang's graph path under hook ``qwen3_vl_graph_interpolation`` bit for bit; other cases run SGLang's
-function (docs/sglang.md).
+and the offsets from ``grid_thw`` at every call: host loops and small kernels per image; its
+``forward_with_cuda_graph`` then copies the offsets to the device with a blocking copy (a stream
+synchronize per call). Here all of it is built once per layout (SGLang's own ops on the tower's
+device, so the same bits) and kept, the offsets on the device too; a call on a known layout runs the
+patch embedding (SGLang's module) and rocm-vit's position-embedding add (SGLang's lookup where the
+table is split over ranks), nothing that grows with the image count and nothing that waits for the
+device. Output equals SGLang's graph path under hook ``qwen3_vl_graph_interpolation`` bit for bit;
+other cases run SGLang's functions (docs/sglang.md).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -34,6 +36,14 @@ LAYOUT_CACHE_BYTES = 64 << 20
 _CACHE_ATTRIBUTE = "_rocm_vit_prepared_layouts"
 
 
+class HoldsDeviceBytes(Protocol):
+    @property
+    def device_bytes(self) -> int: ...
+
+
+Prepared = TypeVar("Prepared", bound=HoldsDeviceBytes)
+
+
 @dataclass(frozen=True)
 class PreparedLayout:
     """What one ``grid_thw`` layout needs before the blocks, on the tower's device; offsets on the host."""
@@ -42,37 +52,78 @@ class PreparedLayout:
     weights: torch.Tensor  # [N, 4] fp32 holding values of the tower's dtype, as SGLang rounds them
     cos: torch.Tensor  # [N, rotary_dim]
     sin: torch.Tensor
-    cu_seqlens: torch.Tensor  # [frames + 1] int32, CPU
+    cu_seqlens: torch.Tensor  # [frames + 1] int32, CPU: what ``_prepare_graph_inputs`` returns
+    device_cu_seqlens: torch.Tensor  # the same on the tower's device: what the graph runner is given
+    offsets: tuple[int, ...]  # the same as host ints: the runner's layout key
 
     @property
     def device_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.taps, self.weights, self.cos, self.sin))
+        held = (self.taps, self.weights, self.cos, self.sin, self.device_cu_seqlens)
+        return sum(t.numel() * t.element_size() for t in held)
 
 
 def prepare_graph_inputs_from_cache(original: Callable[..., tuple]) -> Callable[..., tuple]:
     """``_prepare_graph_inputs`` served from the per-layout cache; ``original`` where it does not cover the tower."""
 
     def _prepare_graph_inputs(self: Any, x: torch.Tensor, grid_thw: torch.Tensor | list) -> tuple:
-        reason = unsupported_reason(self)
-        if reason is not None:
-            _log_once(reason)
+        embedded = embedded_from_cache(self, x, grid_thw)
+        if embedded is None:
             return original(self, x, grid_thw)
-        try:
-            grid = host_grid_thw(grid_thw)
-            prepared = prepared_layout(self, grid)
-        except ValueError as error:  # a grid SGLang may still serve (or reject in its own words)
-            _log_once("a grid_thw the cache does not take", error)
-            return original(self, x, grid_thw)
-        x = x.to(device=self.device, dtype=self.dtype, non_blocking=True)
-        x = self.patch_embed(x)
-        if whole_table(self):
-            x = add_position_embedding(x, self.pos_embed.weight, prepared.taps, prepared.weights, round_products=True)
-        else:
-            x += _looked_up_position_embedding(self, prepared)
+        x, prepared = embedded
         return x, prepared.cu_seqlens, prepared.cos, prepared.sin
 
     functools.update_wrapper(_prepare_graph_inputs, original, assigned=("__doc__",))
     return _prepare_graph_inputs
+
+
+def forward_with_cuda_graph_from_cache(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``forward_with_cuda_graph`` handing the runner the cached offsets: on the device and as its key.
+
+    SGLang's reads the key from its host offsets, then copies them to the device with a blocking copy.
+    The runner is called with SGLang's arguments; ``original`` runs where the cache does not cover the tower.
+    """
+
+    def forward_with_cuda_graph(self: Any, x: torch.Tensor, grid_thw: torch.Tensor | list) -> torch.Tensor:
+        embedded = embedded_from_cache(self, x, grid_thw)
+        if embedded is None:
+            return original(self, x, grid_thw)
+        x, prepared = embedded
+        return self.graph_runners.run(
+            x=x,
+            position_embeddings=None,
+            rotary_pos_emb_cos=prepared.cos,
+            rotary_pos_emb_sin=prepared.sin,
+            cu_seqlens=prepared.device_cu_seqlens,
+            cu_window_seqlens=None,
+            output_indices=None,
+            attention_layout_key=(prepared.offsets, None),
+        )
+
+    functools.update_wrapper(forward_with_cuda_graph, original, assigned=("__doc__",))
+    return forward_with_cuda_graph
+
+
+def embedded_from_cache(
+    tower: Any, x: torch.Tensor, grid_thw: torch.Tensor | list
+) -> tuple[torch.Tensor, PreparedLayout] | None:
+    """``x`` patch-embedded with its position embedding added, and its layout; ``None`` where SGLang's must run."""
+    reason = unsupported_reason(tower)
+    if reason is not None:
+        _log_once(reason)
+        return None
+    try:
+        grid = host_grid_thw(grid_thw)
+        prepared = prepared_layout(tower, grid)
+    except ValueError as error:  # a grid SGLang may still serve (or reject in its own words)
+        _log_once("a grid_thw the cache does not take", error)
+        return None
+    x = x.to(device=tower.device, dtype=tower.dtype, non_blocking=True)
+    x = tower.patch_embed(x)
+    if whole_table(tower):
+        x = add_position_embedding(x, tower.pos_embed.weight, prepared.taps, prepared.weights, round_products=True)
+    else:
+        x += _looked_up_position_embedding(tower, prepared)
+    return x, prepared
 
 
 def unsupported_reason(tower: Any) -> str | None:
@@ -101,11 +152,22 @@ def whole_table(tower: Any) -> bool:
 
 def prepared_layout(tower: Any, grid: tuple[GridTHW, ...]) -> PreparedLayout:
     """``grid``'s ``PreparedLayout`` for ``tower``, built at its first call; ``ValueError`` on a bad grid."""
-    cache = _tower_cache(tower)
-    prepared = cache.get(grid)
+    return cached_layout(tower, grid, lambda: _build(tower, VisionLayout.from_grid_thw(grid, tower.spatial_merge_size)))
+
+
+def cached_layout(tower: Any, grid: tuple[GridTHW, ...], build: Callable[[], Prepared]) -> Prepared:
+    """``tower``'s entry for ``grid``, from ``build()`` at its first call in this grad mode.
+
+    Per grad mode, as SGLang's per-call tensors are: Dynamo guards on the kind of tensor (inference or
+    not), so an entry built by the start's ``no_grad`` warm-up and read in an ``inference_mode`` request
+    would hand the compiled rotary a mix the start never compiled.
+    """
+    cache = tower_cache(tower)
+    key = (grid, torch.is_inference_mode_enabled())
+    prepared = cache.get(key)
     if prepared is None:
-        prepared = _build(tower, VisionLayout.from_grid_thw(grid, tower.spatial_merge_size))
-        cache.put(grid, prepared)
+        prepared = build()
+        cache.put(key, prepared)
     return prepared
 
 
@@ -129,12 +191,15 @@ def _build(tower: Any, layout: VisionLayout) -> PreparedLayout:
     # SGLang's rot_pos_emb: rows of its own cos/sin cache, gathered by (row, column) per patch.
     cos_table, sin_table = tower.rotary_pos_emb.get_cos_sin(max(max(h, w) for _, h, w in layout.grid_thw))
     positions = to_device_async(rotary_position_ids(layout), device)
+    cu_seqlens = torch.tensor(layout.cu_seqlens, dtype=torch.int32)
     return PreparedLayout(
         taps=torch.cat(taps),
         weights=torch.cat(weights),
         cos=cos_table[positions].flatten(1),
         sin=sin_table[positions].flatten(1),
-        cu_seqlens=torch.tensor(layout.cu_seqlens, dtype=torch.int32),
+        cu_seqlens=cu_seqlens,
+        device_cu_seqlens=to_device_async(cu_seqlens, device),
+        offsets=tuple(layout.cu_seqlens),
     )
 
 
@@ -171,28 +236,28 @@ def _merge_block_order(grid: torch.Tensor, merge: int) -> torch.Tensor:
 
 
 class _LayoutCache:
-    """Prepared layouts by ``grid_thw``, least recently used out first past ``LAYOUT_CACHE_BYTES``."""
+    """Prepared layouts by ``grid_thw`` and grad mode, least recently used out first past ``LAYOUT_CACHE_BYTES``."""
 
     def __init__(self) -> None:
-        self._layouts: OrderedDict[tuple[GridTHW, ...], PreparedLayout] = OrderedDict()
+        self._layouts: OrderedDict[Hashable, HoldsDeviceBytes] = OrderedDict()
         self.bytes_held = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._layouts)
 
-    def get(self, grid: tuple[GridTHW, ...]) -> PreparedLayout | None:
+    def get(self, key: Hashable) -> Any:
         with self._lock:
-            prepared = self._layouts.get(grid)
+            prepared = self._layouts.get(key)
             if prepared is not None:
-                self._layouts.move_to_end(grid)
+                self._layouts.move_to_end(key)
             return prepared
 
-    def put(self, grid: tuple[GridTHW, ...], prepared: PreparedLayout) -> None:
+    def put(self, key: Hashable, prepared: HoldsDeviceBytes) -> None:
         with self._lock:
-            if grid in self._layouts:  # another thread built it meanwhile
+            if key in self._layouts:  # another thread built it meanwhile
                 return
-            self._layouts[grid] = prepared
+            self._layouts[key] = prepared
             self.bytes_held += prepared.device_bytes
             while self.bytes_held > LAYOUT_CACHE_BYTES and len(self._layouts) > 1:
                 self.bytes_held -= self._layouts.popitem(last=False)[1].device_bytes
@@ -201,7 +266,7 @@ class _LayoutCache:
 _CACHES_LOCK = threading.Lock()
 
 
-def _tower_cache(tower: Any) -> _LayoutCache:
+def tower_cache(tower: Any) -> _LayoutCache:
     # On the tower: its layouts live and die with it, and no other tower's device or dtype can mix in.
     with _CACHES_LOCK:
         found = tower.__dict__.get(_CACHE_ATTRIBUTE)
