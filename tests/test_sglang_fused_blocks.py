@@ -90,3 +90,17 @@ def test_qwen2_5_vl_windowed_blocks_run_fused_and_replay_their_eager_bits(report
         assert one["blocks"] == "rocm-vit: fused glue between SGLang's linear modules", dtype
         assert one["replays"] == 3 and all(one["graph_vs_eager"]) and len(one["graph_vs_eager"]) == 6, (dtype, one)
         assert 0 < one["fused_vs_sglang"]["max_relative"] < TRANSFORMERS_TOLERANCE[dtype], (dtype, one)
+
+
+def test_qwen3_vls_mlp_takes_the_gelu_in_fc1s_gemm_only_where_that_gemm_is_all_fc1_does(
+    report: dict[str, Any],
+) -> None:
+    # The epilogue runs on CUDA alone (its GELU is the tanh form there, erf on a CPU): on a GPU,
+    # tests/gpu/test_sglang_fused_gpu.py counts its kernels. Here: which MLPs may take it.
+    problems = report["gelu_epilogue"]
+    assert problems["qwen3_vl"] is None and problems["blocks_taking_it"] == problems["depth"], problems
+    assert problems["erf_gelu"] == "its activation is GELU, not transformers' GELUTanh", problems
+    assert problems["python_tanh_gelu"] == "its GELUTanh is the Python formula, not torch's tanh-GELU", problems
+    assert problems["quantized"] == "linear_fc1 runs Fp8LinearMethod", problems
+    assert problems["bias_returned"] == "linear_fc1 does not add its bias to its output", problems
+    assert problems["qwen2_5_vl"] is not None, problems

@@ -43,7 +43,10 @@ def main() -> None:
     tower = standalone.build_tower(config, "cuda", torch.bfloat16, args.attention)
     patch_dim = config.in_channels * config.temporal_patch_size * config.patch_size**2
     generator = torch.Generator(device="cuda").manual_seed(0)
+    from rocm_vit.policy import active_policy
+
     report: dict = {"depth": config.depth, "attention": args.attention}
+    report["gelu_epilogue"] = active_policy().gelu_epilogue.value  # the fused glue's tanh-GELU in fc1's GEMM
     for name, grid in GRIDS.items():
         patches = sum(t * h * w for t, h, w in grid)
         pixels = torch.randn(patches, patch_dim, generator=generator, device="cuda", dtype=torch.bfloat16)

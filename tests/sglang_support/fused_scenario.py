@@ -53,6 +53,7 @@ def main() -> None:
     for name, dtypes in (("cuda", ("fp32", "bf16")), ("rocm", ("bf16",))):
         report[name] = _under_policy(_facts()[name], dtypes, state, inputs, reference)
     report["qwen2_5_vl"] = _qwen2_5_vl(generator)
+    report["gelu_epilogue"] = _gelu_epilogue_problems()
     report["sglang_setting"] = _sglang_blocks_kept(state, inputs, {"ROCM_VIT_SGLANG_BLOCKS": "sglang"})
     report["unrecognised"] = _sglang_blocks_kept(state, inputs, {}, unrecognised=True)
     Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
@@ -130,6 +131,40 @@ def _qwen2_5_vl(generator: torch.Generator) -> dict[str, Any]:
                 "graph_vs_eager": [torch.equal(a, b) for a, b in zip(outputs["graphs"], twice, strict=True)],
                 "fused_vs_sglang": _difference(outputs["eager"], sglang_eager),
             }
+    return result
+
+
+def _gelu_epilogue_problems() -> dict[str, Any]:
+    """Which MLPs may take the tanh-GELU in fc1's GEMM (``gelu_epilogue_problem``): the toy Qwen3-VL
+    tower's, then one changed at a time as a checkpoint or a server could change it, and Qwen2.5-VL's."""
+    from rocm_vit.integrations.sglang.fused_blocks import FusedBlocks, gelu_epilogue_problem
+
+    class Fp8LinearMethod:  # named as SGLang's, all that is read of it
+        pass
+
+    def erf_gelu(mlp: torch.nn.Module) -> None:
+        mlp.act = torch.nn.GELU()
+
+    def python_tanh_gelu(mlp: torch.nn.Module) -> None:
+        mlp.act.act = mlp.act._gelu_tanh_python
+
+    def quantized(mlp: torch.nn.Module) -> None:
+        mlp.linear_fc1.quant_method = Fp8LinearMethod()
+
+    def bias_returned(mlp: torch.nn.Module) -> None:
+        mlp.linear_fc1.skip_bias_add = True
+
+    model = scenario._tiny_model("cpu", attention="aiter_attn")
+    result: dict[str, Any] = {
+        "blocks_taking_it": sum(FusedBlocks(model)._gelu_in_fc1),
+        "depth": len(model.blocks),
+        "qwen3_vl": gelu_epilogue_problem(model.blocks[0].mlp),
+    }
+    for change in (erf_gelu, python_tanh_gelu, quantized, bias_returned):
+        mlp = scenario._tiny_model("cpu", attention="aiter_attn").blocks[0].mlp
+        change(mlp)
+        result[change.__name__] = gelu_epilogue_problem(mlp)
+    result["qwen2_5_vl"] = gelu_epilogue_problem(scenario._tiny_qwen2_5_vl("cpu").blocks[0].mlp)
     return result
 
 

@@ -5,7 +5,9 @@
 rocm-vit's own towers run theirs: each residual add fused with the norm after it (``norm2``, then the
 next block's ``norm1``, the merger's norm after the last block), q/k/v as views of ``qkv_proj``'s
 output where the attention reads strides, the rotary's cos/sin widened once per call instead of in
-every block. SGLang's ``qkv_proj``, ``proj``, MLPs and the mergers' linears are called as SGLang's
+every block, and where the policy puts the GELU in fc1's epilogue (CUDA) Qwen3-VL's tanh-GELU in
+``linear_fc1``'s GEMM wherever that GEMM is all fc1 does on this rank (``gelu_epilogue_problem``).
+SGLang's ``qkv_proj``, ``proj``, MLPs and the mergers' linears are otherwise called as SGLang's
 blocks call them, so tensor parallelism (their all-reduces), quantization and weight loading stay
 SGLang's. ``unrecognised_reason(vit)`` says why a tower does not fit; SGLang's block loop then runs
 it. The input is never written. Numerics: docs/numerics.md, "SGLang's blocks under the plugin".
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from rocm_vit.fusion import add_norm, norm_kind
+from rocm_vit.policy import active_policy
 from rocm_vit.rotary import apply_rotary
 
 # SGLang 0.5.23's VisionAttention options the fused attention does not reproduce: a tower using any
@@ -101,6 +104,12 @@ class FusedBlocks:
         self._merger = vit.merger
         indexes = getattr(vit, "deepstack_visual_indexes", None) or ()
         self._deepstack = dict(zip((int(i) for i in indexes), getattr(vit, "deepstack_merger_list", ()), strict=True))
+        # Per block: whether fc1 may take the GELU in its epilogue, and whether fc1 is split over ranks.
+        self._gelu_in_fc1 = [gelu_epilogue_problem(block.mlp) is None for block in self._blocks]
+        self._fc1_split = [
+            takes and _tp_size(block.mlp.linear_fc1) > 1
+            for takes, block in zip(self._gelu_in_fc1, self._blocks, strict=True)
+        ]
         # SGLang's own backends copy q/k/v unless they read strides; rocm-vit's read them.
         self._strided_qkv = [
             block.attn.pass_strided_qkv or type(block.attn.qkv_backend).__module__.startswith("rocm_vit.")
@@ -124,13 +133,25 @@ class FusedBlocks:
         for index, (block, args) in enumerate(zip(self._blocks, block_args, strict=True)):
             attended = _attention(block.attn, normed, args, cos, sin, self._strided_qkv[index])
             residual, normed = add_norm(residual, attended, self._norm2[index])
-            residual, normed = add_norm(residual, block.mlp(normed), self._next_norms[index])
+            residual, normed = add_norm(residual, self._mlp(index, block.mlp, normed), self._next_norms[index])
             merger = self._deepstack.get(index)
             if merger is not None:  # post-shuffle norm: over merge² tokens at once
                 _, merged_normed = add_norm(residual.view(-1, merger.hidden_size), None, merger.norm)
                 deepstack.append(_project_qwen3_vl(merger, merged_normed))
         merged = self._project(self._merger, normed.view(-1, self._merger.hidden_size))
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
+
+    def _mlp(self, index: int, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """SGLang's ``mlp(x)``; for Qwen3-VL's where the policy puts the GELU in fc1's epilogue (CUDA),
+        the tanh-GELU in fc1's cuBLASLt GEMM (one rounding where SGLang's pair rounds twice, as
+        rocm-vit's own tower), unless this call gathers fc1's input over ranks (sequence parallelism)."""
+        fused = self._gelu_in_fc1[index] and active_policy().gelu_epilogue.value and x.is_cuda and x.dim() == 2
+        if not fused or (self._fc1_split[index] and _sequence_parallel()):
+            return mlp(x)
+        fc1 = mlp.linear_fc1
+        hidden = torch._addmm_activation(fc1.bias, x, fc1.weight.t(), use_gelu=True)
+        out, _ = mlp.linear_fc2(hidden)
+        return out
 
 
 class _RMSNormView:
@@ -188,6 +209,41 @@ def _attention(
     )
     projected, _ = attn.proj(out.reshape(tokens, -1))
     return projected
+
+
+def gelu_epilogue_problem(mlp: nn.Module) -> str | None:
+    """Why ``mlp``'s activation cannot run in its ``linear_fc1``'s GEMM epilogue, or ``None``.
+
+    The epilogue stands in for fc1's ``quant_method.apply`` (``F.linear`` unquantized) and the
+    activation, so only where that is all fc1 does: no quantization, its bias in its output, no
+    gather of its output over ranks (a sequence-parallel gather of its input is checked per call).
+    """
+    act = getattr(mlp, "act", None)
+    if type(act).__name__ != "GELUTanh":
+        return f"its activation is {type(act).__name__}, not transformers' GELUTanh"
+    if getattr(getattr(act, "act", None), "keywords", None) != {"approximate": "tanh"}:
+        return "its GELUTanh is the Python formula, not torch's tanh-GELU"
+    fc1 = getattr(mlp, "linear_fc1", None)
+    method = type(getattr(fc1, "quant_method", None)).__name__
+    if method != "UnquantizedLinearMethod":
+        return f"linear_fc1 runs {method}"
+    if fc1.bias is None or fc1.skip_bias_add:
+        return "linear_fc1 does not add its bias to its output"
+    if fc1.gather_output and _tp_size(fc1) > 1:
+        return "linear_fc1 gathers its output over ranks"
+    return None
+
+
+def _tp_size(linear: nn.Module) -> int:
+    from sglang.srt.distributed.utils import get_group_rank_size
+
+    return get_group_rank_size(linear.tp_group)[1]
+
+
+def _sequence_parallel() -> bool:
+    from sglang.srt.runtime_context import get_forward
+
+    return bool(get_forward().sp_active)
 
 
 def _project_qwen3_vl(merger: nn.Module, normed: torch.Tensor) -> torch.Tensor:
