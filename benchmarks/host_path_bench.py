@@ -5,22 +5,23 @@ tower, the same weights) spend the same device time in their kernels, yet c's ca
 on an H100 (docs/benchmarks.md, "SGLang's tower at rocm-vit's speed"). This times the host path alone:
 both towers at toy sizes (fp32, hidden 64, 16 patches) on a CPU, served by rocm-vit's runner over a
 graph stand-in whose replay does nothing, so a call is the Python around the graph, the staging
-copies, and what runs before the graph (c: SGLang's patch embedding and the position-embedding add,
-here computed on the CPU; on a GPU two launches). Per stage, the median of wrapped timers.
+copies, and what runs before the graph. Per stage, the median of wrapped timers.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/host_path_bench.py            # the table prints last
     PYTHONPATH=$PWD .venv/bin/python benchmarks/host_path_bench.py --calls 5000
 
 Prediction: o's call is the runner's (~50 µs on a 2-core CPU); c adds SGLang's forward, the cached
-inputs before the blocks and the adapter, well under the 0.25 ms seen on the H100. Run at aff3380 on
-a 2-core CPU (2026-12-08), medians in µs as five of seven runs gave them within 5 % (two ran up to
-2x slower, the host busy): c 144, o 56. c's: before the graph 91 (SGLang's patch embedding 36 and
-the position add 28, both with their CPU compute; 27 of checks, ``grid_thw`` and the cache lookup),
-the adapter 5 around the runner's 42 (o's: 43), SGLang's forward and the hook 6. So host Python
-explains under 0.1 ms of the 0.25: the rest is in the device's timeline (c's 26 more kernels inside
-its graph) or in what the next GPU run's host times show. Moving the patch embedding and the
-position add into the graph would save their Python and two launches, ~40 µs a call at 1 x 224²
-(1.5 % of c's 2.67 ms): not built until a GPU shows it matters.
+inputs before the blocks and the adapter, well under the 0.25 ms seen on the H100. Run on a 2-core CPU
+(2026-12-08), medians in µs as five of seven runs gave them within 5 % (two ran up to 2x slower, the
+host busy):
+- at aff3380, c's patch embedding and position add still outside the graph: c 144, o 56. c's: before
+  the graph 91 (the patch embedding 36 and the position add 28, both with their CPU compute; 27 of
+  checks, ``grid_thw`` and the cache lookup), the adapter 5 around the runner's 42 (o's: 43), SGLang's
+  forward and the hook 6. So host Python explained under 0.1 ms of the 0.25.
+- with both in the graph (``run_embedding``; four runs): c 66, o 56. c's: the layout from the cache 7,
+  the adapter 2 around the runner's 44, SGLang's forward and the hook (the pixels' ``.to``, the table
+  check) 14.
+On a GPU the embedding then costs the graph's device time instead of two launches and their Python.
 """
 
 from __future__ import annotations
@@ -121,22 +122,16 @@ def no_replay_graphs() -> Any:
 
 def _time_stages() -> None:
     """Wrap the stages of a call in timers (each adds well under a microsecond)."""
-    from sglang.srt.models import qwen3_vl
-
-    from rocm_vit import fusion
     from rocm_vit.graphs import runner
     from rocm_vit.integrations.sglang import graph_runner, prepare
 
     stages = (
-        (prepare, "embedded_from_cache", "c: before the graph (embedding, position add)"),
-        (fusion, "add_position_embedding", "    the position-embedding add (fusion.py)"),
-        (qwen3_vl.Qwen3VLVisionPatchEmbed, "forward", "c:   SGLang's patch embedding"),
-        (graph_runner.ViTGraphRunnerAdapter, "run", "c: the adapter (with the runner)"),
+        (prepare, "_covered", "c: the layout from the cache (checks, grid_thw)"),
+        (graph_runner.ViTGraphRunnerAdapter, "run_embedding", "c: the adapter (with the runner)"),
         (runner.ViTGraphRunner, "run", "the runner (staging, replay)"),
     )
     for owner, name, label in stages:
         setattr(owner, name, _timed(getattr(owner, name), label))
-    prepare.add_position_embedding = fusion.add_position_embedding  # imported by name there
 
 
 def _timed(function: Callable, label: str) -> Callable:

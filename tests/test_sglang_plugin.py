@@ -237,11 +237,13 @@ def test_adapter_takes_admission_and_budget_from_sglang_variables(report: dict[s
 
 @needs_sglang
 def test_graph_staging_follows_the_sizing_formula_of_the_docs(report: dict[str, Any]) -> None:
-    # docs/sglang.md, Memory, for the scenario's fp32 tower: hidden 64, head dim 16 (cos and sin of
-    # 8 fp32 values), output 48 wide with one deepstack merger per 4 patches, staging for
+    # docs/sglang.md, Memory, for the scenario's fp32 tower: its patches 96 wide (the embedding runs
+    # in the graph) with their position taps (4 int64) and weights (4 fp32), head dim 16 (cos and sin
+    # of 8 fp32 values), output 48 wide with one deepstack merger per 4 patches, staging for
     # SGLANG_VIT_CUDA_GRAPH_MAX_TOKENS patches; offsets are each graph's own.
-    hidden, head_dim, out, mergers, dtype_bytes = 64, 16, 48, 1, 4
-    per_patch = dtype_bytes * hidden + 2 * 4 * head_dim // 2 + dtype_bytes * out * (1 + mergers) // 4
+    patch_width, head_dim, out, mergers, dtype_bytes = 96, 16, 48, 1, 4
+    embedding = dtype_bytes * patch_width + 8 * 4 + 4 * 4
+    per_patch = embedding + 2 * 4 * head_dim // 2 + dtype_bytes * out * (1 + mergers) // 4
     assert report["graph_vs_eager"]["staging_bytes"] == per_patch * STAGING_TOKENS
 
 

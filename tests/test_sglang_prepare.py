@@ -128,3 +128,18 @@ def test_qwen2_5_vl_graph_forward_hands_the_runner_sglangs_arguments_with_everyt
 def test_a_known_qwen2_5_vl_layout_runs_as_many_ops_for_sixteen_images_as_for_one(report: dict[str, Any]) -> None:
     ops = report["windows"]["ops_on_a_known_layout"]
     assert ops["1"] == ops["16"], ops
+
+
+def test_rocm_vits_adapter_gets_the_patches_and_the_cached_inputs_and_embeds_them_as_sglang_does(
+    report: dict[str, Any],
+) -> None:
+    # Its runner embeds the patches inside the graph (prepare.embed_patches): the same x, bit for bit.
+    embedding = report["embedding_in_graph"]
+    for dtype in DTYPES:
+        assert all(embedding[dtype].values()), (dtype, embedding[dtype])
+
+
+def test_with_the_position_table_split_over_ranks_the_adapter_gets_sglangs_embedded_x(report: dict[str, Any]) -> None:
+    # SGLang's module looks the rows up (its all-reduce) before the graph: run, not run_embedding.
+    assert report["embedding_in_graph"]["split_table_runs"] != ["run_embedding"]
+    assert "x" in report["embedding_in_graph"]["split_table_runs"]

@@ -107,6 +107,7 @@ def main() -> None:
                 key = f"{name}_{str(dtype)[6:]}"
                 report[key] = {"built": _compare(first, expected), "cached": _compare(cached, expected)}
         report["graph_forward"] = _graph_forward(tower_class, sglangs, sglangs_forward)
+        report["embedding_in_graph"] = _embedding_in_graph(tower_class, sglangs, sglangs_forward)
         report["windows"] = _windowed_graph_forward(by_name["qwen2_5_vl_graph_forward_from_cache"])
         report["ops_on_a_known_layout"] = {
             str(images): _ops_per_call(fp32_tower, ours, [(1, 4, 4)] * images) for images in (1, 16)
@@ -131,6 +132,48 @@ class RecordingRunner:
         return arguments
 
 
+class RecordingAdapter(RecordingRunner):
+    """Stands in for rocm-vit's adapter: ``run`` and ``run_embedding`` return what they were given."""
+
+    def run_embedding(self, *arguments: Any) -> dict[str, Any]:
+        return {"run_embedding": arguments}
+
+
+def _embedding_in_graph(tower_class: Any, sglangs_prepare: Any, sglangs_forward: Any) -> dict[str, Any]:
+    """Where the runner has ``run_embedding`` (rocm-vit's adapter) and the tower holds its whole position
+    table: whether the hooked forward hands it the patches and the layout's cached tensors, and whether
+    ``embed_patches`` on them (what the runner runs in its graphs) gives SGLang's ``x`` bit for bit. With the
+    table split over ranks: whether ``run`` gets SGLang's arguments instead."""
+    from rocm_vit.integrations.sglang import prepare
+
+    result: dict[str, Any] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        tower = _tiny_tower(dtype)
+        pixels, grid = _inputs(LAYOUTS["several_images"], dtype)
+        tower.graph_runners = RecordingRunner()
+        expected = _sglangs_forward(tower_class, sglangs_prepare, sglangs_forward, tower, pixels.clone(), grid)
+        tower.graph_runners = RecordingAdapter()
+        handed = [tower_class.forward_with_cuda_graph(tower, pixels.clone(), grid) for _ in range(2)]
+        given, again = handed[0]["run_embedding"], handed[1]["run_embedding"]
+        embedded = prepare.embed_patches(tower, given[0], *given[1])
+        cached = prepare.prepared_layout(tower, tuple(map(tuple, grid.tolist())))
+        result[str(dtype)[6:]] = {
+            "x": _same_value(embedded, expected["x"]),
+            "cos_sin": given[2] is cached.cos and given[3] is cached.sin,
+            "taps_weights": given[1][0] is cached.taps and given[1][1] is cached.weights,
+            "offsets": given[4] is cached.device_cu_seqlens and given[5] == cached.offsets,
+            "same_tensors_again": all(
+                a is b for a, b in zip((*given[1], *given[2:5]), (*again[1], *again[2:5]), strict=True)
+            ),
+        }
+    tower = _tiny_tower(torch.bfloat16)
+    tower.pos_embed.tp_size = 2  # split over two ranks: SGLang's lookup, before the runner
+    tower.graph_runners = RecordingAdapter()
+    pixels, grid = _inputs(LAYOUTS["video"], torch.bfloat16)
+    result["split_table_runs"] = sorted(tower_class.forward_with_cuda_graph(tower, pixels, grid))
+    return result
+
+
 def _graph_forward(tower_class: Any, sglangs_prepare: Any, sglangs_forward: Any) -> dict[str, Any]:
     """Per dtype and layout, whether the hooked forward hands the runner SGLang's arguments, bit for bit.
 
@@ -139,18 +182,13 @@ def _graph_forward(tower_class: Any, sglangs_prepare: Any, sglangs_forward: Any)
     GPU whether a warm call (pixels already on the device) ran with no synchronizing op.
     """
     ours = tower_class.forward_with_cuda_graph
-    hooked_prepare = tower_class._prepare_graph_inputs
     result: dict[str, Any] = {}
     for dtype in (torch.float32, torch.bfloat16):
         tower = _tiny_tower(dtype)
         tower.graph_runners = RecordingRunner()
         for name in ("one_image", "several_images", "video"):
             pixels, grid = _inputs(LAYOUTS[name], dtype)
-            tower_class._prepare_graph_inputs = sglangs_prepare
-            try:
-                expected = sglangs_forward(tower, pixels.clone(), grid)
-            finally:
-                tower_class._prepare_graph_inputs = hooked_prepare
+            expected = _sglangs_forward(tower_class, sglangs_prepare, sglangs_forward, tower, pixels.clone(), grid)
             first = ours(tower, pixels.clone(), grid)
             cached, synchronized = _warm_call(ours, tower, pixels.to(DEVICE), grid.tolist())
             result[f"{name}_{str(dtype)[6:]}"] = {
@@ -159,6 +197,16 @@ def _graph_forward(tower_class: Any, sglangs_prepare: Any, sglangs_forward: Any)
                 "synchronized": synchronized,
             }
     return result
+
+
+def _sglangs_forward(tower_class: Any, sglangs_prepare: Any, sglangs_forward: Any, *arguments: Any) -> Any:
+    """SGLang's ``forward_with_cuda_graph`` with SGLang's ``_prepare_graph_inputs`` put back for the call."""
+    hooked = tower_class._prepare_graph_inputs
+    tower_class._prepare_graph_inputs = sglangs_prepare
+    try:
+        return sglangs_forward(*arguments)
+    finally:
+        tower_class._prepare_graph_inputs = hooked
 
 
 def _windowed_graph_forward(hook: Any) -> dict[str, Any]:

@@ -620,7 +620,7 @@ def _adapter_safety(model: torch.nn.Module, inputs: list, eager: list[torch.Tens
     adapter = model.graph_runners = ViTGraphRunnerAdapter(model, mechanism=_stand_in_mechanism())
     runner_calls: list[int] = []
 
-    def failing_run(*args: Any) -> torch.Tensor:
+    def failing_run(*args: Any, **kwargs: Any) -> torch.Tensor:
         runner_calls.append(1)
         raise RuntimeError("stand-in: a failure inside rocm-vit's path")
 

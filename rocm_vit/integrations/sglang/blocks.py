@@ -25,6 +25,7 @@ from torch import nn
 from rocm_vit.attention import VarlenArgs
 from rocm_vit.integrations.sglang.contract import parameters
 from rocm_vit.integrations.sglang.fused_blocks import FusedBlocks, unrecognised_reason
+from rocm_vit.integrations.sglang.prepare import embed_patches
 from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, stream_capturing
 from rocm_vit.layout import AttentionLayout
 from rocm_vit.recent import remember
@@ -212,7 +213,7 @@ class SGLangBlocks:
         attn_args: Mapping[str, VarlenArgs],
         cos: torch.Tensor,
         sin: torch.Tensor,
-        *,
+        *embed_inputs: torch.Tensor,
         shares_collectives: bool = False,
     ) -> torch.Tensor:
         """What eager runs and graphs capture: SGLang's blocks, merger and deepstack mergers.
@@ -220,7 +221,11 @@ class SGLangBlocks:
         ``ForwardFailedUnderTP`` (some all-reduces may have run).
 
         ``attn_args`` is ``segment_args``'s; each block gets its segmentation's in SGLang's list shape.
+        With ``embed_inputs`` (the adapter's ``run_embedding``) ``x`` is the patches, embedded first
+        (``prepare.embed_patches``).
         """
+        if embed_inputs:
+            x = embed_patches(self.vit, x, *embed_inputs)
         output_ws = None
         if spec.output_workspace:
             attn = self.vit.blocks[0].attn

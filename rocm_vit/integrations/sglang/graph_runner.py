@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from rocm_vit.integrations.sglang.all_reduce import AllReducePlan, agreed_plan, 
 from rocm_vit.integrations.sglang.blocks import SGLANG_GRAPH_ARGS, SGLangBlocks, host_offsets, segment_args
 from rocm_vit.integrations.sglang.contract import eager_unsupported_reason, unsupported_reason
 from rocm_vit.integrations.sglang.imports import original
+from rocm_vit.integrations.sglang.prepare import embed_patches
 from rocm_vit.integrations.sglang.ranks import ForwardFailedUnderTP, RunnerFailures, agreement_group
 from rocm_vit.integrations.sglang.start_calls import capture_tower_buckets, warm_up_tower
 from rocm_vit.policy import Policy, active_policy, runner_options
@@ -194,9 +195,49 @@ class ViTGraphRunnerAdapter:
         )
         if not fits:
             return self._blocks.eager(*upstream_args)
-        try:
+
+        def replay() -> torch.Tensor:
             layout = self._blocks.layout(*host_offsets(cu_seqlens, cu_window_seqlens, attention_layout_key))
             merged = self._runner.run(x, layout, *rotary)
+            return merged if output_indices is None else merged.index_select(0, output_indices)
+
+        return self._served(replay, lambda: self._blocks.eager(*upstream_args))
+
+    def run_embedding(
+        self,
+        pixels: torch.Tensor,
+        embed_inputs: tuple[torch.Tensor, ...],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        offsets: tuple[int, ...],
+    ) -> torch.Tensor:
+        """``run`` for Qwen3-VL's graph path with its patch embedding and position add in the graph:
+        ``pixels`` ``[N, patch]`` in the tower's dtype, ``embed_inputs`` what ``prepare.embed_patches``
+        takes after them, ``offsets`` the host offsets of ``cu_seqlens``. ``cos``, ``sin`` and
+        ``embed_inputs`` must never be written after the call (the per-layout cache's): a replay of
+        the same layout copies them only once."""
+        upstream_args = (cu_seqlens, None, None, cos, sin, None, (offsets, None))
+
+        def eager() -> torch.Tensor:
+            return self._blocks.eager(embed_patches(self.vit, pixels, *embed_inputs), *upstream_args)
+
+        if self._blocks is None:
+            return self._upstream.run(embed_patches(self.vit, pixels, *embed_inputs), *upstream_args)
+        self._agree_on_failures()
+        rotary = self._blocks.rotary(None, cos, sin)
+        if self._runner is None or rotary is None or self._windowed:
+            return eager()
+
+        def replay() -> torch.Tensor:
+            return self._runner.run(pixels, self._blocks.layout(offsets, None), *rotary, *embed_inputs, immutable=True)
+
+        return self._served(replay, eager)
+
+    def _served(self, replay: Callable[[], torch.Tensor], eager: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``replay()`` through rocm-vit's runner; where it fails, what every rank must do instead."""
+        try:
+            return replay()
         except (ForwardFailedUnderTP, ReplayLaunchFailed) as failure:  # never re-run here alone: the call fails
             self._failures.failed()
             self._stop_serving()
@@ -206,7 +247,7 @@ class ViTGraphRunnerAdapter:
                 "other ranks' next calls, so this call fails"
             ) from failure.__cause__
         except PeerReplayNotReady:  # another rank failed before the launch (and counts it): every rank runs eagerly
-            return self._blocks.eager(*upstream_args)
+            return eager()
         except Exception:  # serving must go on: SGLang's eager blocks serve this call
             self._failures.failed()
             if self._agree is None:
@@ -219,8 +260,7 @@ class ViTGraphRunnerAdapter:
             # From the caller's untouched input: the runner never writes the tensors it is given, and
             # what failed launched no collective (a forward that raised is ForwardFailedUnderTP). Where
             # eager and replay do not pair, every rank's replay failed before its launch here alike.
-            return self._blocks.eager(*upstream_args)
-        return merged if output_indices is None else merged.index_select(0, output_indices)
+            return eager()
 
     def _agree_on_failures(self) -> None:
         """Under tensor parallelism, every ``_FAILURE_AGREEMENT_CALLS``-th call: whether any rank's

@@ -6,9 +6,10 @@ and the offsets from ``grid_thw`` at every call: host loops and small kernels pe
 synchronize per call). Here all of it is built once per layout (SGLang's own ops on the tower's
 device, so the same bits) and kept, the offsets on the device too; a call on a known layout runs the
 patch embedding (SGLang's module) and rocm-vit's position-embedding add (SGLang's lookup where the
-table is split over ranks), nothing that grows with the image count and nothing that waits for the
-device. Output equals SGLang's graph path under hook ``qwen3_vl_graph_interpolation`` bit for bit;
-other cases run SGLang's functions (docs/sglang.md).
+table is split over ranks), inside rocm-vit's graphs where its adapter serves the tower, nothing that
+grows with the image count and nothing that waits for the device. Output equals SGLang's graph path
+under hook ``qwen3_vl_graph_interpolation`` bit for bit; other cases run SGLang's functions
+(docs/sglang.md).
 """
 
 from __future__ import annotations
@@ -80,14 +81,23 @@ def forward_with_cuda_graph_from_cache(original: Callable[..., torch.Tensor]) ->
     """``forward_with_cuda_graph`` handing the runner the cached offsets: on the device and as its key.
 
     SGLang's reads the key from its host offsets, then copies them to the device with a blocking copy.
-    The runner is called with SGLang's arguments; ``original`` runs where the cache does not cover the tower.
+    rocm-vit's adapter gets the patches and the cached inputs (``run_embedding``: the embedding in its
+    graphs) where the whole position table is on this rank; any other runner SGLang's arguments.
+    ``original`` runs where the cache does not cover the tower.
     """
 
     def forward_with_cuda_graph(self: Any, x: torch.Tensor, grid_thw: torch.Tensor | list) -> torch.Tensor:
-        embedded = embedded_from_cache(self, x, grid_thw)
-        if embedded is None:
+        prepared = _covered(self, grid_thw)
+        if prepared is None:
             return original(self, x, grid_thw)
-        x, prepared = embedded
+        pixels = x.to(device=self.device, dtype=self.dtype, non_blocking=True)
+        run_embedding = getattr(self.graph_runners, "run_embedding", None)
+        if run_embedding is not None and whole_table(self):  # rocm-vit's adapter: the embedding in the graph
+            embed_inputs = (prepared.taps, prepared.weights)
+            return run_embedding(
+                pixels, embed_inputs, prepared.cos, prepared.sin, prepared.device_cu_seqlens, prepared.offsets
+            )
+        x = _embedded(self, pixels, prepared)
         return self.graph_runners.run(
             x=x,
             position_embeddings=None,
@@ -107,23 +117,39 @@ def embedded_from_cache(
     tower: Any, x: torch.Tensor, grid_thw: torch.Tensor | list
 ) -> tuple[torch.Tensor, PreparedLayout] | None:
     """``x`` patch-embedded with its position embedding added, and its layout; ``None`` where SGLang's must run."""
+    prepared = _covered(tower, grid_thw)
+    if prepared is None:
+        return None
+    x = x.to(device=tower.device, dtype=tower.dtype, non_blocking=True)
+    return _embedded(tower, x, prepared), prepared
+
+
+def embed_patches(tower: Any, pixels: torch.Tensor, taps: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """SGLang's patch embedding, then rocm-vit's position add from the whole table (``whole_table``):
+    what the adapter's runner runs before the blocks for ``run_embedding``, inside its graphs."""
+    x = tower.patch_embed(pixels)
+    return add_position_embedding(x, tower.pos_embed.weight, taps, weights, round_products=True)
+
+
+def _embedded(tower: Any, pixels: torch.Tensor, prepared: PreparedLayout) -> torch.Tensor:
+    if whole_table(tower):
+        return embed_patches(tower, pixels, prepared.taps, prepared.weights)
+    x = tower.patch_embed(pixels)
+    x += _looked_up_position_embedding(tower, prepared)
+    return x
+
+
+def _covered(tower: Any, grid_thw: torch.Tensor | list) -> PreparedLayout | None:
+    """``grid_thw``'s prepared layout, or ``None`` (logged once per reason) where SGLang's function must run."""
     reason = unsupported_reason(tower)
     if reason is not None:
         _log_once(reason)
         return None
     try:
-        grid = host_grid_thw(grid_thw)
-        prepared = prepared_layout(tower, grid)
+        return prepared_layout(tower, host_grid_thw(grid_thw))
     except ValueError as error:  # a grid SGLang may still serve (or reject in its own words)
         _log_once("a grid_thw the cache does not take", error)
         return None
-    x = x.to(device=tower.device, dtype=tower.dtype, non_blocking=True)
-    x = tower.patch_embed(x)
-    if whole_table(tower):
-        x = add_position_embedding(x, tower.pos_embed.weight, prepared.taps, prepared.weights, round_products=True)
-    else:
-        x += _looked_up_position_embedding(tower, prepared)
-    return x, prepared
 
 
 def unsupported_reason(tower: Any) -> str | None:
