@@ -129,29 +129,23 @@ class FusedBlocks:
         if cos.shape[-1] * 2 == head_size:  # SGLang widens them in every block (VisionAttention.forward)
             cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         residual, normed = add_norm(x, None, self._norm1[0])
+        # Once a call: the policy, and whether this call gathers fc1's input over ranks (sequence parallelism).
+        epilogue = (
+            active_policy().gelu_epilogue.value and x.is_cuda and not (any(self._fc1_split) and _sequence_parallel())
+        )
         deepstack = []
         for index, (block, args) in enumerate(zip(self._blocks, block_args, strict=True)):
             attended = _attention(block.attn, normed, args, cos, sin, self._strided_qkv[index])
             residual, normed = add_norm(residual, attended, self._norm2[index])
-            residual, normed = add_norm(residual, self._mlp(index, block.mlp, normed), self._next_norms[index])
+            gelu_in_fc1 = epilogue and self._gelu_in_fc1[index]
+            mlp_out = _mlp_gelu_in_fc1(block.mlp, normed) if gelu_in_fc1 else block.mlp(normed)
+            residual, normed = add_norm(residual, mlp_out, self._next_norms[index])
             merger = self._deepstack.get(index)
             if merger is not None:  # post-shuffle norm: over merge² tokens at once
                 _, merged_normed = add_norm(residual.view(-1, merger.hidden_size), None, merger.norm)
                 deepstack.append(_project_qwen3_vl(merger, merged_normed))
         merged = self._project(self._merger, normed.view(-1, self._merger.hidden_size))
         return torch.cat([merged, *deepstack], dim=1) if deepstack else merged
-
-    def _mlp(self, index: int, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """SGLang's ``mlp(x)``; for Qwen3-VL's where the policy puts the GELU in fc1's epilogue (CUDA),
-        the tanh-GELU in fc1's cuBLASLt GEMM (one rounding where SGLang's pair rounds twice, as
-        rocm-vit's own tower), unless this call gathers fc1's input over ranks (sequence parallelism)."""
-        fused = self._gelu_in_fc1[index] and active_policy().gelu_epilogue.value and x.is_cuda and x.dim() == 2
-        if not fused or (self._fc1_split[index] and _sequence_parallel()):
-            return mlp(x)
-        fc1 = mlp.linear_fc1
-        hidden = torch._addmm_activation(fc1.bias, x, fc1.weight.t(), use_gelu=True)
-        out, _ = mlp.linear_fc2(hidden)
-        return out
 
 
 class _RMSNormView:
@@ -232,6 +226,15 @@ def gelu_epilogue_problem(mlp: nn.Module) -> str | None:
     if fc1.gather_output and _tp_size(fc1) > 1:
         return "linear_fc1 gathers its output over ranks"
     return None
+
+
+def _mlp_gelu_in_fc1(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``Qwen3_VisionMLP.forward`` with the tanh-GELU in fc1's cuBLASLt GEMM: one rounding where SGLang's
+    pair rounds twice, as rocm-vit's own tower (``gelu_epilogue_problem`` must be ``None``; CUDA only)."""
+    fc1 = mlp.linear_fc1
+    hidden = torch._addmm_activation(fc1.bias, x, fc1.weight.t(), use_gelu=True)
+    out, _ = mlp.linear_fc2(hidden)
+    return out
 
 
 def _tp_size(linear: nn.Module) -> int:

@@ -219,11 +219,14 @@ class ViTGraphRunnerAdapter:
         the same layout copies them only once."""
         upstream_args = (cu_seqlens, None, None, cos, sin, None, (offsets, None))
 
-        def eager() -> torch.Tensor:
-            return self._blocks.eager(embed_patches(self.vit, pixels, *embed_inputs), *upstream_args)
+        def eager() -> torch.Tensor:  # SGLang's eager blocks, or SGLang's runner where they do not fit
+            x = embed_patches(self.vit, pixels, *embed_inputs)
+            if self._blocks is None:
+                return self._upstream.run(x, *upstream_args)
+            return self._blocks.eager(x, *upstream_args)
 
         if self._blocks is None:
-            return self._upstream.run(embed_patches(self.vit, pixels, *embed_inputs), *upstream_args)
+            return eager()
         self._agree_on_failures()
         rotary = self._blocks.rotary(None, cos, sin)
         if self._runner is None or rotary is None or self._windowed:

@@ -143,12 +143,12 @@ def _covered(tower: Any, grid_thw: torch.Tensor | list) -> PreparedLayout | None
     """``grid_thw``'s prepared layout, or ``None`` (logged once per reason) where SGLang's function must run."""
     reason = unsupported_reason(tower)
     if reason is not None:
-        _log_once(reason)
+        log_once(reason)
         return None
     try:
         return prepared_layout(tower, host_grid_thw(grid_thw))
     except ValueError as error:  # a grid SGLang may still serve (or reject in its own words)
-        _log_once("a grid_thw the cache does not take", error)
+        log_once("a grid_thw the cache does not take", error)
         return None
 
 
@@ -301,12 +301,12 @@ def tower_cache(tower: Any) -> _LayoutCache:
     return found
 
 
-_logged: set[str] = set()
+_logged: set[tuple[str, str]] = set()
 
 
-def _log_once(reason: str, detail: object = None) -> None:
-    """One warning per ``reason`` (a fixed text); ``detail``, the first case's, is logged with it."""
-    if reason not in _logged:
-        _logged.add(reason)
+def log_once(reason: str, detail: object = None, family: str = "Qwen3-VL") -> None:
+    """One warning per ``family`` and ``reason`` (a fixed text); ``detail``, the first case's, is logged with it."""
+    if (family, reason) not in _logged:
+        _logged.add((family, reason))
         suffix = "" if detail is None else f" ({detail})"
-        logger.warning("rocm-vit: Qwen3-VL's inputs before the blocks are SGLang's: %s%s", reason, suffix)
+        logger.warning("rocm-vit: %s's inputs before the blocks are SGLang's: %s%s", family, reason, suffix)

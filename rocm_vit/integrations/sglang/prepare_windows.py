@@ -12,17 +12,14 @@ SGLang's arguments; nothing grows with the image count and nothing waits for the
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rocm_vit.integrations.sglang.prepare import cached_layout
+from rocm_vit.integrations.sglang.prepare import cached_layout, log_once
 from rocm_vit.layout import host_grid_thw, to_device_async
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ def forward_with_cuda_graph_from_cache(
         try:
             prepared = _prepared(self, grid_thw, permute_inv)
         except ValueError as error:  # a grid SGLang may still serve (or reject in its own words)
-            _log_once(error)
+            log_once("a grid_thw the cache does not take", error, "Qwen2.5-VL")
             return original(self, x, grid_thw)
         x = self.patch_embed(x.to(device=self.device, dtype=self.dtype, non_blocking=True))
         seq_len = x.shape[0]
@@ -106,17 +103,3 @@ def _build(tower: Any, grid_thw: torch.Tensor, permute_inv: Callable) -> Prepare
         cu_window_seqlens=to_device_async(torch.tensor(window_layout, dtype=torch.int32), device),
         layout_key=(tuple(full_layout), window_layout),
     )
-
-
-_logged = False
-
-
-def _log_once(error: ValueError) -> None:
-    """One warning for the first grid the cache refuses (SGLang's function serves each such call)."""
-    global _logged
-    if not _logged:
-        _logged = True
-        logger.warning(
-            "rocm-vit: Qwen2.5-VL's inputs before the blocks are SGLang's for a grid_thw the cache does not take (%s)",
-            error,
-        )
